@@ -1,0 +1,32 @@
+"""gradsolve: record an adaptive ODE solve, replay its mesh, differentiate it fast.
+
+Public API (``import gradsolve as gs``): :func:`record`, :func:`replay`, :func:`solve`,
+:class:`Mesh`, :class:`Solution`, the solvers :class:`Tsit5`, :class:`Dopri5`,
+:class:`Vern7`, :class:`Rosenbrock23`, :class:`Rodas5P`, and :func:`enable_x64`.
+Importing this package never changes global JAX configuration.
+"""
+
+from ._config import enable_x64
+from ._controller import PIDController
+from ._mesh import Mesh, Status
+from ._record import record
+from ._replay import replay
+from ._solution import Solution
+from ._solve import solve
+from ._solver import AbstractExplicitRK, AbstractSolver, Dopri5, Tsit5
+
+__all__ = [
+    "record",
+    "replay",
+    "solve",
+    "Mesh",
+    "Solution",
+    "Status",
+    "PIDController",
+    "AbstractSolver",
+    "AbstractExplicitRK",
+    "Tsit5",
+    "Dopri5",
+    "enable_x64",
+]
+__version__ = "0.1.0"

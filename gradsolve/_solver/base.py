@@ -1,0 +1,122 @@
+"""Solvers as data: the abstract interface that both drivers (record, replay) call.
+
+A solver advances ONE trajectory (``y`` of shape ``(d,)``) by one step of given size and
+returns the new state, an embedded error estimate and a small carried state (e.g. the
+first-same-as-last stage). The drivers batch it over the ensemble with ``jax.vmap``, so a
+step is written once and used by both the adaptive record and the fixed-step replay: the
+replay is therefore the very computation that was accepted while recording.
+
+Contract every solver keeps (the replay relies on it):
+
+- ``step`` with ``h == 0`` returns ``y1 == y0`` exactly and has finite derivatives, so that
+  padded steps (ragged ensembles) are exact identities in value and gradient. Solvers whose
+  formulas divide by ``h`` must guard it (double ``where``).
+- ``step`` is a pure function of its inputs: no Python control flow on traced values.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, ClassVar
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, PyTree
+
+VectorField = Callable[[Any, Array, Any], Array]
+
+
+class AbstractSolver(eqx.Module):
+    """Base class of every gradsolve solver.
+
+    Subclasses define ``order`` (of the propagated solution), ``embedded_order`` (of the
+    error estimator) and ``step``; ``init`` defaults to no carried state.
+    """
+
+    order: eqx.AbstractClassVar[int]
+    embedded_order: eqx.AbstractClassVar[int]
+    implicit: eqx.AbstractClassVar[bool]
+
+    @property
+    def error_order(self) -> int:
+        """Local order of the error estimate, ``min(p, q) + 1``.
+
+        The step-size controller raises the inverse error to ``1 / error_order``
+        (Hairer, Norsett & Wanner, *Solving ODEs I*, II.4).
+        """
+        return min(self.order, self.embedded_order) + 1
+
+    def init(
+        self, f: VectorField, t0: Float[Array, ""], y0: Float[Array, " d"], params: PyTree
+    ) -> PyTree:
+        """State carried between steps (``None`` unless the solver reuses a stage)."""
+        del f, t0, y0, params
+        return None
+
+    @abc.abstractmethod
+    def step(
+        self,
+        f: VectorField,
+        t0: Float[Array, ""],
+        h: Float[Array, ""],
+        y0: Float[Array, " d"],
+        params: PyTree,
+        state: PyTree,
+    ) -> tuple[Float[Array, " d"], Float[Array, " d"], PyTree]:
+        """One step from ``t0`` to ``t0 + h``.
+
+        Returns ``(y1, y_error, new_state)``: the solution, the embedded error estimate
+        (difference of the two solutions of the pair) and the carried state valid at
+        ``t0 + h``. On a rejected step the drivers keep the old state.
+        """
+
+
+class AbstractExplicitRK(AbstractSolver):
+    """An explicit Runge–Kutta pair given by its Butcher tableau.
+
+    Concrete subclasses only set the class-level tableau: ``a`` (strictly lower
+    triangular, ``(s, s)``), ``b`` (``(s,)``), ``b_error`` (``b - b_hat``, ``(s,)``) and
+    ``c`` (``(s,)``). If ``fsal`` the last stage is evaluated at ``(t0 + h, y1)`` and is
+    carried to the next step as its first stage.
+    """
+
+    a: ClassVar[np.ndarray]
+    b: ClassVar[np.ndarray]
+    b_error: ClassVar[np.ndarray]
+    c: ClassVar[np.ndarray]
+    fsal: ClassVar[bool]
+    implicit: ClassVar[bool] = False
+
+    def init(self, f, t0, y0, params):
+        if self.fsal:
+            return f(t0, y0, params)
+        return None
+
+    def step(self, f, t0, h, y0, params, state):
+        a, b, e, c = self.a, self.b, self.b_error, self.c
+        dtype = y0.dtype
+        s = len(b)
+        k0 = state if self.fsal else f(t0, y0, params)
+        ks = [k0]
+
+        def combine(coeffs, upto):
+            # Static sparsity: zero coefficients contribute nothing and are skipped.
+            acc = None
+            for j in range(upto):
+                if coeffs[j] != 0.0:
+                    term = jnp.asarray(coeffs[j], dtype) * ks[j]
+                    acc = term if acc is None else acc + term
+            return jnp.zeros_like(y0) if acc is None else acc
+
+        y1 = None
+        for i in range(1, s):
+            yi = y0 + h * combine(a[i], i)
+            if self.fsal and i == s - 1:
+                y1 = yi  # FSAL: the last stage is taken at the new solution itself.
+            ks.append(f(t0 + jnp.asarray(c[i], dtype) * h, yi, params))
+        if y1 is None:
+            y1 = y0 + h * combine(b, s)
+        y_error = h * combine(e, s)
+        new_state = ks[-1] if self.fsal else None
+        return y1, y_error, new_state
