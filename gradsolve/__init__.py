@@ -13,7 +13,7 @@ from ._record import record
 from ._replay import replay
 from ._solution import Solution
 from ._solve import solve
-from ._solver import AbstractExplicitRK, AbstractSolver, Dopri5, Tsit5
+from ._solver import AbstractExplicitRK, AbstractSolver, Dopri5, Tsit5, Vern7
 
 __all__ = [
     "record",
@@ -27,6 +27,7 @@ __all__ = [
     "AbstractExplicitRK",
     "Tsit5",
     "Dopri5",
+    "Vern7",
     "enable_x64",
 ]
 __version__ = "0.1.0"

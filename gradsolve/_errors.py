@@ -1,0 +1,94 @@
+"""Failure messages for records that did not reach ``t1`` (SPEC §2.6).
+
+Outside ``jit`` a failed record raises a ``RuntimeError`` that names the trajectories, says
+what happened and suggests the fix. For explicit solvers the message also estimates
+stiffness from the Jacobian at the point where the trajectory stopped: an explicit method
+whose step size is pinned at ``h * |lambda_max| ~ 1..4`` is limited by stability, not
+accuracy, and should be replaced by a linearly implicit one.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._mesh import Mesh, Status
+
+_FIX = (
+    "Fixes: a stiff solver such as gs.Rodas5P(), a looser `rtol`/`atol`, or a larger "
+    "`max_steps`."
+)
+
+
+def stiffness_estimate(f, t, y, params, h) -> float:
+    """``h * max|Re(lambda)|`` of the Jacobian of ``f`` at ``(t, y)`` (host-side, one trajectory)."""
+    jac = np.asarray(jax.jacfwd(f, argnums=1)(t, y, params), dtype=np.float64)
+    if not np.all(np.isfinite(jac)):
+        return float("nan")
+    lam = np.linalg.eigvals(jac)
+    return float(abs(h) * np.max(np.abs(np.minimum(lam.real, 0.0)) + 0.0 * lam.imag))
+
+
+def stiffness_report(mesh: Mesh, f, idx: int) -> tuple[bool, str]:
+    """Whether failed trajectory ``idx`` (batched mesh) looks stiff, with a sentence why."""
+    if getattr(mesh.solver, "implicit", False):
+        return False, ""
+    n_acc = int(mesh.n_steps[idx])
+    t = mesh.times[idx, min(n_acc, mesh.times.shape[-1] - 1)]
+    y = mesh.y_last[idx]
+    p = jax.tree_util.tree_map(lambda x: x[idx], mesh.params)
+    try:
+        ratio = stiffness_estimate(f, t, y, p, mesh.dt_next[idx])
+    except Exception:  # noqa: BLE001 - a diagnostic must never mask the real error
+        return False, ""
+    if np.isfinite(ratio) and ratio > 1.0:
+        return True, (
+            f"The problem looks stiff: at t={float(t):.6g} the explicit solver's step "
+            f"h={float(mesh.dt_next[idx]):.3g} times the Jacobian's largest decay rate is "
+            f"{ratio:.2g} (stability-limited, not accuracy-limited). Use a stiff solver: "
+            "solver=gs.Rodas5P()."
+        )
+    return False, ""
+
+
+def raise_if_failed(mesh: Mesh, f, where: str) -> None:
+    """Raise ``RuntimeError`` naming the failed trajectories of a concrete batched mesh."""
+    status = np.asarray(mesh.status)
+    if status.ndim == 0:
+        status = status[None]
+    bad = np.flatnonzero(status != Status.OK)
+    if bad.size == 0:
+        return
+    from ._mesh import _as_batched
+
+    bm = _as_batched(mesh)
+    names = {
+        Status.MAX_STEPS: f"reached max_steps={bm.capacity}",
+        Status.NONFINITE: "met a non-finite state (NaN/inf in f or y)",
+        Status.STEP_UNDERFLOW: "had its step size underflow",
+    }
+    lines = []
+    for code in (Status.MAX_STEPS, Status.NONFINITE, Status.STEP_UNDERFLOW):
+        ids = bad[status[bad] == code]
+        if ids.size:
+            shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
+            t_stop = float(np.asarray(bm.times)[ids[0], min(int(bm.n_steps[ids[0]]), bm.capacity)])
+            lines.append(
+                f"{ids.size} trajectories {names[code]} (indices: {shown}; trajectory "
+                f"{ids[0]} stopped at t={t_stop:.6g} of t1={float(bm.t1):.6g})."
+            )
+    stiff_msg = ""
+    for i in bad[:3]:
+        if status[i] in (Status.MAX_STEPS, Status.STEP_UNDERFLOW):
+            stiff, msg = stiffness_report(bm, f, int(i))
+            if stiff:
+                stiff_msg = f"Trajectory {i}: {msg} "
+                break
+    n = status.size
+    raise RuntimeError(
+        f"{where}: {bad.size} of {n} trajectories failed. " + " ".join(lines) + " "
+        + stiff_msg + _FIX + " Inside jax.jit no exception is raised: check "
+        "`mesh.status` (failed trajectories give NaN outputs); pass throw=False to get that "
+        "behaviour here too."
+    )

@@ -1,0 +1,110 @@
+"""The recorded mesh: what an adaptive solve accepted, kept so it can be replayed."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PyTree
+
+from ._controller import PIDController
+from ._solver.base import AbstractSolver
+
+
+class Status(enum.IntEnum):
+    """Per-trajectory outcome of :func:`gradsolve.record` (``Mesh.status``)."""
+
+    OK = 0
+    MAX_STEPS = 1
+    NONFINITE = 2
+    STEP_UNDERFLOW = 3
+
+
+class Mesh(eqx.Module):
+    """Accepted step times of an adaptive solve, per trajectory (a pytree).
+
+    Shapes use ``n`` for the ensemble axis (absent for a single trajectory), ``S`` for the
+    step capacity and ``k`` for the number of save times.
+
+    Attributes:
+        times: ``(n, S + 1)`` accepted step end points; ``times[..., 0] == t0`` and entries
+            past ``n_steps`` repeat the last time (zero-length padding steps).
+        n_steps: ``(n,)`` accepted steps.
+        n_rejected: ``(n,)`` rejected step attempts.
+        status: ``(n,)`` :class:`Status` codes (0 = ok).
+        save_index: ``(n, k)`` index into ``times`` of each save time. Save times are
+            forced mesh points, so values there are exact nodes of the replay.
+        ts: ``(n, k)`` save times the mesh was recorded with.
+        t0, t1: integration interval.
+        dt_next: ``(n,)`` the step size the controller would try next (diagnostics).
+        y_last: ``(n, d)`` state at the last accepted time (diagnostics).
+        y0, params: the initial state and parameters the mesh was recorded at.
+        solver, rtol, atol, controller: how it was recorded.
+    """
+
+    times: Float[Array, "*n S1"]
+    n_steps: Int[Array, "*n"]
+    n_rejected: Int[Array, "*n"]
+    status: Int[Array, "*n"]
+    save_index: Int[Array, "*n k"]
+    ts: Float[Array, "*n k"]
+    t0: Float[Array, ""]
+    t1: Float[Array, ""]
+    dt_next: Float[Array, "*n"]
+    y_last: Float[Array, "*n d"]
+    y0: Float[Array, "*n d"]
+    params: PyTree
+    solver: AbstractSolver
+    rtol: Any
+    atol: Any
+    controller: PIDController
+
+    @property
+    def is_ensemble(self) -> bool:
+        """Whether this mesh belongs to an ensemble ``(n, d)`` rather than one trajectory."""
+        return self.n_steps.ndim == 1
+
+    @property
+    def capacity(self) -> int:
+        """Static number of step slots (``S``) the replay loops over."""
+        return self.times.shape[-1] - 1
+
+    @property
+    def ok(self) -> Array:
+        """Boolean mask of trajectories whose record succeeded."""
+        return self.status == Status.OK
+
+    def trim(self, exact: bool = False) -> "Mesh":
+        """Drop unused trailing step slots (needs concrete values; not under ``jit``).
+
+        By default the capacity is rounded up to a power of two (at least 16), so that
+        meshes of similar length share one compiled replay; ``exact=True`` cuts to the
+        longest trajectory. :func:`gradsolve.record` trims automatically outside ``jit``.
+        """
+        if isinstance(self.n_steps, jax.core.Tracer):
+            raise ValueError("Mesh.trim() needs concrete `n_steps`; call it outside jax.jit.")
+        used = int(np.max(np.asarray(self.n_steps))) if self.n_steps.size else 0
+        used = max(used, 1)
+        if not exact:
+            used = max(16, 1 << (used - 1).bit_length())
+        if used >= self.capacity:
+            return self
+        return eqx.tree_at(lambda m: m.times, self, self.times[..., : used + 1])
+
+
+def _as_batched(mesh: Mesh) -> Mesh:
+    """The same mesh with a leading ensemble axis of size 1 if it had none."""
+    if mesh.is_ensemble:
+        return mesh
+    add = lambda x: None if x is None else jnp.asarray(x)[None]
+    return eqx.tree_at(
+        lambda m: (m.times, m.n_steps, m.n_rejected, m.status, m.save_index, m.ts,
+                   m.dt_next, m.y_last, m.y0),
+        mesh,
+        tuple(add(x) for x in (mesh.times, mesh.n_steps, mesh.n_rejected, mesh.status,
+                               mesh.save_index, mesh.ts, mesh.dt_next, mesh.y_last, mesh.y0)),
+    )

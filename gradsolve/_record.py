@@ -1,0 +1,283 @@
+"""`record`: adaptive solve of an ensemble that keeps the accepted mesh.
+
+Driver design (why it looks like this): one ``lax.while_loop`` over the *batch*, not a
+``vmap`` of per-trajectory loops. Every iteration attempts one step for every unfinished
+trajectory and scatters accepted step times into a step-major buffer ``(S + 2, n)``;
+trajectories that are done (or rejected) write to a dump row. Under ``vmap`` a
+per-trajectory loop whose carry holds an ``(n, S)`` buffer copies it each iteration; the
+scatter here is in place, so the cost follows the steps actually attempted (the loop ends
+when the slowest trajectory does), not ``max_steps``.
+
+Save times are forced mesh points: a step that would pass the next save time (or ``t1``)
+is shortened to land on it exactly, so the replay hits it as a node with no interpolation.
+This costs at most one extra step per save time.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PyTree
+
+from ._checks import batch, check_interval, check_tolerances, check_vector_field, is_concrete
+from ._controller import PIDController, error_norm, initial_step
+from ._errors import raise_if_failed
+from ._mesh import Mesh, Status
+from ._solver import Tsit5
+from ._solver.base import AbstractSolver
+from ._solver.diffrax_adapter import as_solver
+
+_MAX_STEPS = 4096
+
+
+class _RecordState(NamedTuple):
+    t: Float[Array, " n"]
+    y: Float[Array, "n d"]
+    h: Float[Array, " n"]
+    solver_state: PyTree
+    err_prev: Float[Array, " n"]
+    n_accepted: Int[Array, " n"]
+    n_rejected: Int[Array, " n"]
+    save_ptr: Int[Array, " n"]
+    status: Int[Array, " n"]
+    done: Bool[Array, " n"]
+    times: Float[Array, "S2 n"]
+    save_index: Int[Array, "n k"]
+    last_finite: Bool[Array, " n"]
+    iters: Int[Array, ""]
+
+
+def _tree_where(mask, new, old):
+    def sel(a, b):
+        m = mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim))
+        return jnp.where(m, a, b)
+
+    return jax.tree_util.tree_map(sel, new, old)
+
+
+@eqx.filter_jit
+def record_batched(
+    f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params, ts, rtol, atol,
+    dt0, max_steps: int,
+) -> Mesh:
+    """The record driver on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation)."""
+    n, d = y0.shape
+    k = ts.shape[1]
+    dtype = y0.dtype
+    t0 = jnp.asarray(t0, dtype)
+    t1 = jnp.asarray(t1, dtype)
+    rtol = jnp.asarray(rtol, dtype)
+    atol = jnp.asarray(atol, dtype)
+    rows = jnp.arange(n)
+    order = solver.error_order
+    eps = jnp.finfo(dtype).eps
+    attempts_cap = 4 * max_steps + 64
+
+    vstep = jax.vmap(lambda t, h, y, p, s: solver.step(f, t, h, y, p, s))
+    state0 = jax.vmap(lambda y, p: solver.init(f, t0, y, p))(y0, params)
+    if dt0 is None:
+        h0 = jax.vmap(lambda y, p: initial_step(f, t0, y, p, order, rtol, atol))(y0, params)
+    else:
+        h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
+    h0 = jnp.minimum(h0, t1 - t0)
+
+    times = jnp.zeros((max_steps + 2, n), dtype).at[0].set(t0)
+    ptr0 = jnp.sum(ts <= t0, axis=1).astype(jnp.int32)
+    init = _RecordState(
+        t=jnp.full((n,), t0),
+        y=y0,
+        h=h0,
+        solver_state=state0,
+        err_prev=jnp.ones((n,), dtype),
+        n_accepted=jnp.zeros((n,), jnp.int32),
+        n_rejected=jnp.zeros((n,), jnp.int32),
+        save_ptr=ptr0,
+        status=jnp.zeros((n,), jnp.int32),
+        done=jnp.zeros((n,), bool),
+        times=times,
+        save_index=jnp.zeros((n, k), jnp.int32),
+        last_finite=jnp.ones((n,), bool),
+        iters=jnp.zeros((), jnp.int32),
+    )
+
+    def cond(s: _RecordState):
+        return (~jnp.all(s.done)) & (s.iters < attempts_cap)
+
+    def body(s: _RecordState) -> _RecordState:
+        nxt = jnp.minimum(s.save_ptr, k - 1)
+        target = jnp.where(s.save_ptr < k, ts[rows, nxt], t1)
+        t_try = s.t + s.h
+        clipped = t_try >= target
+        t_new = jnp.where(s.done, s.t, jnp.where(clipped, target, t_try))
+        h_eff = t_new - s.t  # the replay recomputes h this way: bitwise the same step
+        y1, y_err, st1 = vstep(s.t, h_eff, s.y, params, s.solver_state)
+        err = error_norm(y_err, s.y, y1, rtol, atol)
+        err = jnp.where(s.done, 0.0, err)
+        accept = (err <= 1.0) & ~s.done
+        fac = controller.factor(err, s.err_prev, accept, order)
+        h_next = h_eff * fac
+        h_next = jnp.where(accept & clipped, jnp.maximum(h_next, s.h), h_next)
+
+        n_acc = s.n_accepted + accept
+        n_rej = s.n_rejected + (~accept & ~s.done)
+        row = jnp.where(accept, n_acc, max_steps + 1)
+        times = s.times.at[row, rows].set(t_new)
+        reached = jnp.sum(ts <= t_new[:, None], axis=1).astype(jnp.int32)
+        new_ptr = jnp.where(accept, reached, s.save_ptr)
+        jj = jnp.arange(k)[None]
+        newly = (jj >= s.save_ptr[:, None]) & (jj < new_ptr[:, None])
+        save_index = jnp.where(newly, n_acc[:, None], s.save_index)
+
+        finished = accept & (t_new >= t1)
+        active = ~s.done & ~finished
+        tiny = 10 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(t1))
+        underflow = active & (h_next <= tiny)
+        over = active & ((n_acc >= max_steps) | (n_acc + n_rej >= attempts_cap))
+        finite = jnp.isfinite(err)
+        status = jnp.where(
+            underflow, jnp.where(finite, Status.STEP_UNDERFLOW, Status.NONFINITE), s.status
+        )
+        status = jnp.where(over & ~underflow, Status.MAX_STEPS, status)
+        return _RecordState(
+            t=jnp.where(accept, t_new, s.t),
+            y=jnp.where(accept[:, None], y1, s.y),
+            h=jnp.where(s.done, s.h, h_next),
+            solver_state=_tree_where(accept, st1, s.solver_state),
+            err_prev=jnp.where(accept, jnp.maximum(err, 1e-4), s.err_prev),
+            n_accepted=n_acc,
+            n_rejected=n_rej,
+            save_ptr=new_ptr,
+            status=status.astype(jnp.int32),
+            done=s.done | finished | underflow | over,
+            times=times,
+            save_index=save_index,
+            last_finite=jnp.where(s.done, s.last_finite, finite),
+            iters=s.iters + 1,
+        )
+
+    s = jax.lax.while_loop(cond, body, init)
+    status = jnp.where(~s.done, Status.MAX_STEPS, s.status).astype(jnp.int32)
+    slots = jnp.arange(max_steps + 1)[None]
+    times = s.times[: max_steps + 1].T
+    times = jnp.where(slots > s.n_accepted[:, None], s.t[:, None], times)
+    return Mesh(
+        times=times,
+        n_steps=s.n_accepted,
+        n_rejected=s.n_rejected,
+        status=status,
+        save_index=s.save_index,
+        ts=ts,
+        t0=t0,
+        t1=t1,
+        dt_next=s.h,
+        y_last=s.y,
+        y0=y0,
+        params=params,
+        solver=solver,
+        rtol=rtol,
+        atol=atol,
+        controller=controller,
+    )
+
+
+def unbatch_mesh(mesh: Mesh) -> Mesh:
+    """Drop the ensemble axis of size 1 (single-trajectory public form)."""
+    sq = lambda x: x[0]
+    return Mesh(
+        times=sq(mesh.times), n_steps=sq(mesh.n_steps), n_rejected=sq(mesh.n_rejected),
+        status=sq(mesh.status), save_index=sq(mesh.save_index), ts=sq(mesh.ts), t0=mesh.t0,
+        t1=mesh.t1, dt_next=sq(mesh.dt_next), y_last=sq(mesh.y_last), y0=sq(mesh.y0),
+        params=jax.tree_util.tree_map(sq, mesh.params), solver=mesh.solver, rtol=mesh.rtol,
+        atol=mesh.atol, controller=mesh.controller,
+    )
+
+
+def record(
+    f,
+    t0,
+    t1,
+    y0,
+    params,
+    *,
+    ts=None,
+    solver=None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    dt0=None,
+    max_steps: int = _MAX_STEPS,
+    controller: PIDController | None = None,
+    throw: bool | None = None,
+) -> Mesh:
+    """Adaptive solve that keeps each trajectory's accepted step times.
+
+    Args:
+        f: vector field ``f(t, y, params) -> dy/dt`` for ONE trajectory, ``y`` of shape
+            ``(d,)`` (Diffrax's ``ODETerm`` convention); gradsolve batches it.
+        t0, t1: scalars, ``t1 > t0``.
+        y0: ``(d,)`` one trajectory or ``(n, d)`` an ensemble (then every leaf of
+            ``params`` has leading axis ``n``).
+        params: any pytree of arrays.
+        ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
+            ``[t0, t1]``; default ``None`` saves at ``t1`` only. Save times become forced
+            mesh points (the step before each is shortened to land on it).
+        solver: a gradsolve solver (default :class:`Tsit5`) or any ``diffrax`` solver with
+            an error estimate (its own ``step`` is driven by this loop).
+        rtol, atol: tolerances of the mixed error test ``|err| <= atol + rtol |y|`` (RMS).
+        dt0: initial step; ``None`` picks it per trajectory (Hairer's algorithm).
+        max_steps: capacity of the mesh (accepted steps); attempts are capped at
+            ``4 * max_steps + 64``. Memory is ``O(n * max_steps)``; time follows the steps
+            taken.
+        controller: :class:`PIDController` (default: I-controller, as Diffrax).
+        throw: ``None`` (default) raises ``RuntimeError`` for failed trajectories outside
+            ``jit`` and returns status codes inside it; ``True`` also raises inside ``jit``
+            (via ``equinox.error_if``); ``False`` never raises.
+
+    Returns:
+        A :class:`Mesh`. Outside ``jit`` its step axis is trimmed to the longest
+        trajectory; inside ``jit`` it has ``max_steps + 1`` slots. Not differentiable
+        (step sizes carry no gradient, as in Diffrax's default).
+
+    Example:
+        >>> mesh = gs.record(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0, 10, 21))
+        >>> sol = gs.replay(f, mesh, y0, params)
+    """
+    where = "gs.record"
+    solver = as_solver(Tsit5() if solver is None else solver, where)
+    controller = PIDController() if controller is None else controller
+    check_interval(t0, t1, where)
+    check_tolerances(rtol, atol, max_steps, where)
+    b = batch(t0, t1, y0, params, ts, where)
+    check_vector_field(f, t0, b.y0, b.params, where)
+    if not getattr(solver, "adaptive", True):
+        raise ValueError(
+            f"{where}: `solver` {type(solver).__name__} has no embedded error estimate, so it "
+            "cannot record an adaptive mesh; use gs.solve(..., dt0=...) for fixed steps."
+        )
+    sg = jax.lax.stop_gradient
+    mesh = record_batched(
+        f, solver, controller, sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params),
+        sg(b.ts), rtol, atol, dt0, max_steps,
+    )
+    mesh = finalize(mesh, f, where, throw)
+    return unbatch_mesh(mesh) if b.single else mesh
+
+
+def finalize(mesh: Mesh, f, where: str, throw: bool | None) -> Mesh:
+    """Raise for failed trajectories where asked, and trim outside ``jit``."""
+    if is_concrete(mesh.status):
+        if throw is None or throw:
+            raise_if_failed(mesh, f, where)
+        return mesh.trim()
+    if throw:
+        bad = jnp.any(mesh.status != Status.OK)
+        times = eqx.error_if(
+            mesh.times, bad,
+            f"{where}: a trajectory failed (max_steps reached, non-finite state or step-size "
+            "underflow); try a stiff solver such as gs.Rodas5P(), a looser rtol or a larger "
+            "max_steps.",
+        )
+        mesh = eqx.tree_at(lambda m: m.times, mesh, times)
+    return mesh

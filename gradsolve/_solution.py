@@ -1,0 +1,34 @@
+"""The result of a replay (or solve)."""
+
+from __future__ import annotations
+
+import equinox as eqx
+from jaxtyping import Array, Float
+
+from ._mesh import Mesh
+
+
+class Solution(eqx.Module):
+    """Values of a replayed (or solved) ensemble; a pytree, returned from ``jit``.
+
+    Attributes:
+        ys: ``(n, k, d)`` states at the save times (``(k, d)`` for one trajectory).
+        y1: ``(n, d)`` state at ``t1``.
+        ts: ``(n, k)`` or ``(k,)`` the save times.
+        mesh: the :class:`Mesh` that was replayed.
+        stats: dict of arrays: ``num_accepted_steps`` and ``num_rejected_steps`` per
+            trajectory (Diffrax's keys), ``num_replayed_steps`` (the static loop length of
+            the replay, padding included) and ``status``.
+        error_ratio: ``(n,)`` largest embedded-error norm met along the replay, scaled so
+            that ``<= 1`` means the controller would still accept every step of the mesh at
+            these ``y0``/``params``; re-record when it exceeds 1. Not differentiated.
+        route: what ran, e.g. ``"gradsolve-replay"`` or ``"diffrax-diffeqsolve"``.
+    """
+
+    ys: Float[Array, "*n k d"]
+    y1: Float[Array, "*n d"]
+    ts: Float[Array, "*n k"]
+    mesh: Mesh | None
+    stats: dict
+    error_ratio: Float[Array, "*n"]
+    route: str = eqx.field(static=True, default="gradsolve-replay")

@@ -1,0 +1,101 @@
+"""`solve`: record then replay in one jittable call."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._checks import batch, check_interval, check_tolerances, check_vector_field
+from ._controller import PIDController
+from ._record import _MAX_STEPS, finalize, record_batched, unbatch_mesh
+from ._replay import replay
+from ._solution import Solution
+from ._solver import Tsit5
+from ._solver.diffrax_adapter import DiffraxSolver, as_solver
+
+
+def solve(
+    f,
+    t0,
+    t1,
+    y0,
+    params,
+    *,
+    ts=None,
+    solver=None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    dt0=None,
+    max_steps: int = _MAX_STEPS,
+    controller: PIDController | None = None,
+    throw: bool | None = None,
+    group_size: int = 1024,
+    chunk_size: int = 8,
+) -> Solution:
+    """Adaptive solve whose derivative is the discrete adjoint of its accepted steps.
+
+    Records the mesh (no gradient flows through step-size selection, as in Diffrax's
+    default ``RecursiveCheckpointAdjoint``) and replays it at the differentiable ``y0``,
+    ``params`` and ``ts``. Arguments as :func:`gradsolve.record` and
+    :func:`gradsolve.replay`.
+
+    A Diffrax solver without an error estimate (e.g. ``diffrax.Euler()``) falls back to
+    ``diffrax.diffeqsolve`` with constant steps ``dt0`` and ``RecursiveCheckpointAdjoint``;
+    ``Solution.route`` says which ran.
+
+    Example:
+        >>> sol = gs.solve(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
+        >>> sol.ys.shape  # (n, 21, d)
+    """
+    where = "gs.solve"
+    solver = as_solver(Tsit5() if solver is None else solver, where)
+    controller = PIDController() if controller is None else controller
+    check_interval(t0, t1, where)
+    check_tolerances(rtol, atol, max_steps, where)
+    b = batch(t0, t1, y0, params, ts, where)
+    check_vector_field(f, t0, b.y0, b.params, where)
+    if isinstance(solver, DiffraxSolver) and not solver.adaptive:
+        return _diffrax_fallback(f, t0, t1, b, solver.solver, dt0, max_steps)
+    sg = jax.lax.stop_gradient
+    mesh = record_batched(
+        f, solver, controller, sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params),
+        sg(b.ts), rtol, atol, dt0, max_steps,
+    )
+    mesh = finalize(mesh, f, where, throw)
+    if b.single:
+        mesh = unbatch_mesh(mesh)
+        y0r, pr, tsr = b.y0[0], jax.tree_util.tree_map(lambda x: x[0], b.params), b.ts[0]
+    else:
+        y0r, pr, tsr = b.y0, b.params, b.ts
+    sol = replay(f, mesh, y0r, pr, ts=tsr if ts is not None else None,
+                 group_size=group_size, chunk_size=chunk_size)
+    return sol
+
+
+def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps) -> Solution:
+    import diffrax
+
+    if dt0 is None:
+        raise ValueError(
+            f"gs.solve: `solver` {type(dsolver).__name__} has no error estimate; pass `dt0` "
+            "for constant steps."
+        )
+    term = diffrax.ODETerm(lambda t, y, args: f(t, y, args))
+
+    def one(y0, p, ts):
+        sol = diffrax.diffeqsolve(
+            term, dsolver, t0, t1, dt0, y0, args=p, saveat=diffrax.SaveAt(ts=ts, t1=True),
+            stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps,
+            adjoint=diffrax.RecursiveCheckpointAdjoint(),
+        )
+        return sol.ys[:-1], sol.ys[-1], sol.stats["num_accepted_steps"]
+
+    ys, y1, nacc = jax.vmap(one)(b.y0, b.params, b.ts)
+    err = jnp.full((b.n,), jnp.nan, b.y0.dtype)
+    stats = {"num_accepted_steps": nacc, "num_rejected_steps": jnp.zeros_like(nacc)}
+    out_ts = b.ts
+    if b.single:
+        ys, y1, err, out_ts = ys[0], y1[0], err[0], out_ts[0]
+        stats = {k: v[0] for k, v in stats.items()}
+    return Solution(ys=ys, y1=y1, ts=out_ts, mesh=None, stats=stats, error_ratio=err,
+                    route="diffrax-diffeqsolve")

@@ -1,0 +1,85 @@
+"""Drive a ``diffrax`` solver's own ``step`` from gradsolve's record and replay loops.
+
+Given any Diffrax solver with an embedded error estimate, :class:`DiffraxSolver` wraps it in
+the gradsolve solver interface: the record loop calls ``solver.step`` to attempt steps and
+accepts them with gradsolve's controller, and the replay drives the same ``step`` over the
+recorded mesh, so its gradient is the exact discrete adjoint of those Diffrax steps.
+Solvers without an error estimate are flagged ``adaptive = False``; :func:`gradsolve.solve`
+then falls back to ``diffrax.diffeqsolve`` with a constant step and
+``RecursiveCheckpointAdjoint`` and reports that route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+
+from .base import AbstractSolver
+
+
+def _is_diffrax_solver(obj) -> bool:
+    try:
+        import diffrax
+    except ImportError:  # pragma: no cover - diffrax is a dependency
+        return False
+    return isinstance(obj, diffrax.AbstractSolver)
+
+
+class DiffraxSolver(AbstractSolver):
+    """A Diffrax solver seen through gradsolve's interface (made by :func:`as_solver`)."""
+
+    solver: Any
+    order: int = eqx.field(static=True)
+    embedded_order: int = eqx.field(static=True)
+    implicit: bool = eqx.field(static=True)
+    adaptive: bool = eqx.field(static=True)
+
+    def _term(self, f):
+        import diffrax
+
+        return diffrax.ODETerm(lambda t, y, args: f(t, y, args))
+
+    def init(self, f, t0, y0, params):
+        return self.solver.init(self._term(f), t0, t0 + 1.0, y0, params)
+
+    def step(self, f, t0, h, y0, params, state):
+        import diffrax
+
+        y1, y_err, _, new_state, result = self.solver.step(
+            self._term(f), t0, t0 + h, y0, params, state, made_jump=False
+        )
+        if y_err is None:
+            y_err = jnp.zeros_like(y0)
+        failed = result != diffrax.RESULTS.successful
+        # A failed implicit solve is a rejected step: infinite error shrinks h.
+        y_err = jnp.where(failed, jnp.inf, y_err)
+        y1 = jnp.where(h == 0, y0, y1)
+        return y1, y_err, new_state
+
+
+def as_solver(solver, where: str) -> AbstractSolver:
+    """Accept a gradsolve solver or any ``diffrax`` solver; raise a clear error otherwise."""
+    if isinstance(solver, AbstractSolver):
+        return solver
+    if _is_diffrax_solver(solver):
+        import diffrax
+
+        term = diffrax.ODETerm(lambda t, y, args: y)
+        order = solver.order(term)
+        if order is None:
+            raise ValueError(f"{where}: `solver` {type(solver).__name__} is not an ODE solver.")
+        implicit = isinstance(solver, diffrax.AbstractImplicitSolver)
+        # Diffrax solvers expose an error estimate iff they are adaptive-capable.
+        adaptive = not isinstance(
+            solver, (diffrax.Euler, diffrax.SemiImplicitEuler, diffrax.ImplicitEuler)
+        ) or isinstance(solver, diffrax.ImplicitEuler)
+        return DiffraxSolver(
+            solver=solver, order=int(order), embedded_order=max(int(order) - 1, 1),
+            implicit=implicit, adaptive=adaptive,
+        )
+    raise ValueError(
+        f"{where}: `solver` must be a gradsolve solver (gs.Tsit5(), gs.Rodas5P(), ...) or a "
+        f"diffrax solver instance, got {solver!r}."
+    )

@@ -1,0 +1,1 @@
+"""The ``gradsolve`` console command (placeholder; filled in below)."""

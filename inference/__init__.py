@@ -1,0 +1,1 @@
+"""Fitting and sampling ODE models with gradsolve (see SPEC §4)."""

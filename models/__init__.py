@@ -1,0 +1,65 @@
+"""models: ODE models as data, a model zoo, and embedded data sets.
+
+``import models`` gives :class:`ODEModel` (vector field, priors, initial state, noise model,
+defaults; ``simulate``, ``predict``, ``log_prior``, ``log_likelihood``), :class:`Dataset`
+with :func:`load_dataset` / :func:`list_datasets` (files shipped in ``models/data``, no
+download), and one constructor per zoo model. ``models`` uses ``gradsolve`` to solve;
+``gradsolve`` never imports ``models``. Importing this package changes no JAX config.
+"""
+
+from ._dataset import Dataset, list_datasets, load_dataset
+from ._lynx_hare import lynx_hare
+from ._model import ODEModel, prior_median
+from ._zoo import (
+    brusselator,
+    fitzhugh_nagumo,
+    hires,
+    lorenz,
+    lorenz96,
+    lotka_volterra,
+    one_compartment_pk,
+    pendulum,
+    robertson,
+    seir,
+    sir,
+    van_der_pol,
+)
+
+ZOO = (
+    "lotka_volterra",
+    "sir",
+    "seir",
+    "van_der_pol",
+    "fitzhugh_nagumo",
+    "lorenz",
+    "pendulum",
+    "robertson",
+    "hires",
+    "brusselator",
+    "one_compartment_pk",
+    "lorenz96",
+    "lynx_hare",
+)
+"""Names of the zoo constructors (each ``models.<name>()`` returns an :class:`ODEModel`)."""
+
+__all__ = [
+    "ODEModel",
+    "Dataset",
+    "load_dataset",
+    "list_datasets",
+    "prior_median",
+    "ZOO",
+    "lotka_volterra",
+    "sir",
+    "seir",
+    "van_der_pol",
+    "fitzhugh_nagumo",
+    "lorenz",
+    "pendulum",
+    "robertson",
+    "hires",
+    "brusselator",
+    "one_compartment_pk",
+    "lorenz96",
+    "lynx_hare",
+]

@@ -1,0 +1,498 @@
+"""`ODEModel`: an ODE model as data (vector field, priors, initial state, noise model)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+
+from ._dataset import Dataset
+
+__all__ = ["ODEModel", "prior_median"]
+
+# Number of prior draws used for a median when the distribution has no usable icdf.
+_MEDIAN_DRAWS = 20001
+
+
+def prior_median(d: dist.Distribution) -> jax.Array:
+    """Median of a NumPyro distribution, elementwise, of shape ``batch_shape + event_shape``.
+
+    Uses the inverse CDF at 1/2 when the (unwrapped) base distribution has one, otherwise the
+    elementwise median of 20,001 draws (fixed seed, so it is reproducible).
+    """
+    shape = tuple(d.batch_shape) + tuple(d.event_shape)
+    base = d
+    while isinstance(base, (dist.Independent, dist.ExpandedDistribution)):
+        base = base.base_dist
+    if tuple(base.event_shape) == ():
+        try:
+            with jax.ensure_compile_time_eval():
+                med = base.icdf(jnp.full(base.batch_shape, 0.5))
+                med = jnp.broadcast_to(med, shape)
+            if bool(jnp.all(jnp.isfinite(med))):
+                return med
+        except Exception:  # no icdf (NotImplementedError, missing optional dependency, ...)
+            pass
+    with jax.ensure_compile_time_eval():
+        draws = d.sample(jax.random.PRNGKey(0), (_MEDIAN_DRAWS,))
+        return jnp.median(draws, axis=0)
+
+
+def _is_distribution(d: Any) -> bool:
+    return isinstance(d, dist.Distribution)
+
+
+def _default_normal_noise(params: Mapping[str, Any], y_pred: jax.Array) -> dist.Distribution:
+    """Independent Normal(y_pred, sigma) observations (the default when ``noise`` is None)."""
+    return dist.Normal(y_pred, params["sigma"]).to_event(jnp.ndim(y_pred))
+
+
+@eqx.filter_jit
+def _sample_prior(priors, key, n):
+    # compiled once per prior structure (eager NumPyro sampling costs seconds)
+    keys = jax.random.split(key, len(priors))
+    shape = () if n is None else (n,)
+    return {k: d.sample(kk, shape) for kk, (k, d) in zip(keys, priors.items())}
+
+
+class ODEModel(eqx.Module):
+    """One ODE model, as data.
+
+    Built by keyword (every zoo constructor in :mod:`models` does exactly this)::
+
+        ODEModel(name=..., vector_field=..., priors=..., y0=..., t0=0.0, noise=None,
+                 observed=None, stiff=False, defaults=None, state_names=None)
+
+    Arguments:
+        name: a short name.
+        vector_field: ``f(t, y, params) -> dy/dt`` for ONE trajectory, ``y`` of shape ``(d,)``
+            and ``params`` a dict of named arrays (the keys of ``priors``).
+        priors: dict parameter name -> NumPyro distribution. A vector parameter has a
+            vector distribution, e.g. ``dist.LogNormal(0., 1.).expand([2]).to_event(1)``;
+            a parameter's shape is the prior's ``batch_shape + event_shape``.
+        y0: the state at ``t0``, shape ``(d,)``: an array, or a function ``params -> (d,)``
+            array (unknown initial states are parameters).
+        t0: initial time (a Python float).
+        noise: ``noise(params, y_pred) -> distribution`` of the observations of ONE trajectory,
+            ``y_pred`` the predicted observed states, shape ``(k, m)``; the distribution's
+            samples have shape ``(k, m)`` (use ``.to_event(2)``). Default (``None``):
+            independent ``Normal(y_pred, params["sigma"])``, which needs a ``sigma`` prior.
+        observed: indices of the measured states (tuple); default all states, in order.
+        stiff: picks the default solver (``gs.Rodas5P()`` if stiff, else ``gs.Tsit5()``).
+        defaults: a parameter dict (e.g. a sensible or literature value); missing entries are
+            the prior medians (see :func:`prior_median`).
+        state_names: names of the ``d`` states; default ``("y0", "y1", ...)``.
+
+    Parameters are passed as dicts with exactly the keys of ``priors``. A dict whose every
+    value has one extra leading axis ``n`` is an ensemble of ``n`` parameter sets: then
+    :meth:`predict`, :meth:`solve`, :meth:`log_prior` and :meth:`log_likelihood` return a
+    leading axis ``n`` too (gradsolve's ensemble rule). All of them are jittable and
+    differentiable (``eqx.filter_jit`` also takes the model itself as an argument).
+    """
+
+    name: str = eqx.field(static=True)
+    vector_field: Callable[[Any, jax.Array, Mapping[str, Any]], jax.Array] = eqx.field(static=True)
+    priors: dict[str, dist.Distribution]
+    y0: Any
+    t0: float = eqx.field(static=True)
+    noise: Callable[[Mapping[str, Any], jax.Array], dist.Distribution] = eqx.field(static=True)
+    observed: tuple[int, ...] = eqx.field(static=True)
+    stiff: bool = eqx.field(static=True)
+    defaults: dict[str, jax.Array]
+    state_names: tuple[str, ...] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        vector_field: Callable,
+        priors: Mapping[str, dist.Distribution],
+        y0: Any,
+        t0: float = 0.0,
+        noise: Callable | None = None,
+        observed: Any = None,
+        stiff: bool = False,
+        defaults: Mapping[str, Any] | None = None,
+        state_names: Any = None,
+    ):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`name` must be a non-empty string, got {name!r}")
+        if not callable(vector_field):
+            raise ValueError("`vector_field` must be a callable f(t, y, params) -> dy/dt")
+        if not isinstance(priors, Mapping) or not priors:
+            raise ValueError("`priors` must be a non-empty dict: parameter name -> NumPyro distribution")
+        bad = [k for k, v in priors.items() if not isinstance(k, str) or not _is_distribution(v)]
+        if bad:
+            raise ValueError(
+                f"`priors` entries {bad} are not (str -> numpyro.distributions.Distribution)"
+            )
+        priors = {k: priors[k] for k in priors}
+        if noise is None:
+            if "sigma" not in priors:
+                raise ValueError(
+                    "`noise` not given and `priors` has no 'sigma' entry for the default "
+                    "Normal(y_pred, sigma) noise model: pass `noise=` or add a 'sigma' prior"
+                )
+            noise = _default_normal_noise
+        elif not callable(noise):
+            raise ValueError("`noise` must be a callable noise(params, y_pred) -> distribution")
+        try:
+            t0 = float(t0)
+        except (TypeError, ValueError):
+            raise ValueError(f"`t0` must be a Python float (a scalar), got {t0!r}") from None
+
+        # Defaults: given values, the rest prior medians.
+        defaults = {} if defaults is None else dict(defaults)
+        unknown = sorted(set(defaults) - set(priors))
+        if unknown:
+            raise ValueError(f"`defaults` has unknown parameter names {unknown}; priors: {sorted(priors)}")
+        full_defaults = {}
+        for k, d in priors.items():
+            shape = tuple(d.batch_shape) + tuple(d.event_shape)
+            if k in defaults:
+                v = jnp.asarray(defaults[k], dtype=jnp.result_type(float))
+                if v.shape != shape:
+                    raise ValueError(
+                        f"`defaults[{k!r}]` has shape {v.shape}, but its prior has shape {shape}"
+                    )
+            else:
+                v = jnp.asarray(prior_median(d), dtype=jnp.result_type(float))
+            full_defaults[k] = v
+
+        # Initial state and dimension.
+        if callable(y0):
+            y0_shape = jax.eval_shape(y0, full_defaults).shape
+        else:
+            y0 = jnp.asarray(y0, dtype=jnp.result_type(float))
+            y0_shape = y0.shape
+        if len(y0_shape) != 1:
+            raise ValueError(f"`y0` must have shape (d,) (one trajectory), got shape {y0_shape}")
+        d = y0_shape[0]
+        y0_struct = jax.ShapeDtypeStruct((d,), jnp.result_type(float))
+        try:
+            f_shape = jax.eval_shape(vector_field, t0, y0_struct, full_defaults).shape
+        except Exception as e:  # surface the user's error with context
+            raise ValueError(
+                f"`vector_field` failed on (t0, y0 of shape {(d,)}, defaults): {e}"
+            ) from e
+        if f_shape != (d,):
+            raise ValueError(
+                f"`vector_field` returns shape {f_shape} for y of shape {(d,)}; it must return (d,)"
+            )
+
+        if observed is None:
+            observed = tuple(range(d))
+        else:
+            try:
+                observed = tuple(int(i) for i in np.atleast_1d(np.asarray(observed)))
+            except (TypeError, ValueError):
+                raise ValueError(f"`observed` must be a tuple of state indices, got {observed!r}") from None
+            if not observed or any(i < 0 or i >= d for i in observed):
+                raise ValueError(f"`observed` must hold state indices in [0, {d}), got {observed}")
+        if state_names is None:
+            state_names = tuple(f"y{i}" for i in range(d))
+        else:
+            state_names = tuple(str(s) for s in state_names)
+            if len(state_names) != d:
+                raise ValueError(f"`state_names` has {len(state_names)} names for {d} states")
+
+        self.name = name
+        self.vector_field = vector_field
+        self.priors = priors
+        self.y0 = y0
+        self.t0 = t0
+        self.noise = noise
+        self.observed = observed
+        self.stiff = bool(stiff)
+        self.defaults = full_defaults
+        self.state_names = state_names
+
+    # ---------------------------------------------------------------- descriptive properties
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        """The parameter names (keys of ``priors``)."""
+        return tuple(self.priors)
+
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shape of each parameter for ONE trajectory (``batch_shape + event_shape``)."""
+        return {k: tuple(d.batch_shape) + tuple(d.event_shape) for k, d in self.priors.items()}
+
+    @property
+    def n_states(self) -> int:
+        """``d``, the number of states."""
+        return len(self.state_names)
+
+    @property
+    def observed_names(self) -> tuple[str, ...]:
+        """Names of the observed states, in the order of the data columns."""
+        return tuple(self.state_names[i] for i in self.observed)
+
+    @property
+    def solver(self):
+        """The default solver: ``gs.Rodas5P()`` if ``stiff`` else ``gs.Tsit5()``."""
+        import gradsolve as gs
+
+        return gs.Rodas5P() if self.stiff else gs.Tsit5()
+
+    def replace(self, **changes: Any) -> "ODEModel":
+        """A copy with some constructor arguments changed (validated again).
+
+        If ``priors`` changes and ``defaults`` is not given, the defaults become the new
+        priors' medians, except for parameters whose prior is unchanged.
+        """
+        kwargs = dict(
+            name=self.name,
+            vector_field=self.vector_field,
+            priors=self.priors,
+            y0=self.y0,
+            t0=self.t0,
+            noise=self.noise,
+            observed=self.observed,
+            stiff=self.stiff,
+            defaults=self.defaults,
+            state_names=self.state_names,
+        )
+        unknown = sorted(set(changes) - set(kwargs))
+        if unknown:
+            raise ValueError(f"replace() got unknown arguments {unknown}")
+        if "priors" in changes and "defaults" not in changes:
+            kwargs["defaults"] = {
+                k: v
+                for k, v in self.defaults.items()
+                if k in changes["priors"] and changes["priors"][k] is self.priors.get(k)
+            }
+        if ("y0" in changes or "vector_field" in changes) and "state_names" not in changes:
+            kwargs["state_names"] = None
+            if "observed" not in changes:
+                kwargs["observed"] = None
+        kwargs.update(changes)
+        return ODEModel(**kwargs)
+
+    # ---------------------------------------------------------------- parameter handling
+
+    def check_params(self, params: Mapping[str, Any]) -> int | None:
+        """Validate a parameter dict; return the ensemble size ``n`` or ``None`` (one set).
+
+        Raises ``ValueError`` naming missing or unknown parameters and wrong shapes.
+        """
+        if not isinstance(params, Mapping):
+            raise ValueError(
+                f"{self.name}: `params` must be a dict with keys {sorted(self.priors)}, "
+                f"got {type(params).__name__}"
+            )
+        missing = sorted(set(self.priors) - set(params))
+        unknown = sorted(set(params) - set(self.priors))
+        if missing or unknown:
+            parts = []
+            if missing:
+                parts.append(f"missing parameters {missing}")
+            if unknown:
+                parts.append(f"unknown parameters {unknown}")
+            raise ValueError(
+                f"{self.name}: `params` has " + " and ".join(parts)
+                + f"; expected exactly {sorted(self.priors)}"
+            )
+        sizes: dict[str, int | None] = {}
+        for k, ref in self.param_shapes.items():
+            shape = tuple(np.shape(params[k]))
+            if shape == ref:
+                sizes[k] = None
+            elif len(shape) == len(ref) + 1 and shape[1:] == ref:
+                sizes[k] = shape[0]
+            else:
+                raise ValueError(
+                    f"{self.name}: parameter {k!r} has shape {shape}; expected {ref} (one "
+                    f"parameter set) or (n, *{ref}) (an ensemble of n)"
+                )
+        distinct = set(sizes.values())
+        if len(distinct) > 1:
+            raise ValueError(
+                f"{self.name}: inconsistent ensemble axes in `params` (ensemble rule: either no "
+                f"parameter or every parameter has the same leading axis n): {sizes}"
+            )
+        return distinct.pop()
+
+    def _as_arrays(self, params: Mapping[str, Any]) -> dict[str, jax.Array]:
+        return {k: jnp.asarray(params[k]) for k in self.priors}
+
+    def sample_prior(self, key: jax.Array, n: int | None = None) -> dict[str, jax.Array]:
+        """Draw one parameter dict (``n=None``) or an ensemble of ``n`` from the priors."""
+        return _sample_prior(self.priors, key, None if n is None else int(n))
+
+    def initial_state(self, params: Mapping[str, Any]) -> jax.Array:
+        """``y0`` at these parameters: shape ``(d,)``, or ``(n, d)`` for an ensemble."""
+        n = self.check_params(params)
+        return self._initial_state(self._as_arrays(params), n)
+
+    def _initial_state(self, params: dict[str, jax.Array], n: int | None) -> jax.Array:
+        dtype = jnp.result_type(float)
+        if callable(self.y0):
+            y0 = jax.vmap(self.y0)(params) if n is not None else self.y0(params)
+            y0 = jnp.asarray(y0)
+            if not jnp.issubdtype(y0.dtype, jnp.floating):
+                y0 = y0.astype(dtype)
+        else:
+            y0 = jnp.asarray(self.y0)
+            if n is not None:
+                y0 = jnp.broadcast_to(y0, (n,) + y0.shape)
+        return y0
+
+    # ---------------------------------------------------------------- solving
+
+    def solve(
+        self,
+        params: Mapping[str, Any],
+        ts: Any,
+        *,
+        solver: Any = None,
+        rtol: float = 1e-8,
+        atol: float = 1e-10,
+        **solve_kwargs: Any,
+    ):
+        """Solve from ``t0`` to ``ts[-1]`` with gradsolve; returns a ``gs.Solution``.
+
+        ``solver`` defaults to :attr:`solver`; extra keywords (``dt0``, ``max_steps``, ...)
+        go to ``gradsolve.solve``. ``Solution.ys`` holds ALL states, shape ``(k, d)`` or
+        ``(n, k, d)``.
+        """
+        import gradsolve as gs
+
+        n = self.check_params(params)
+        params = self._as_arrays(params)
+        if np.ndim(ts) != 1 or np.shape(ts)[0] == 0:
+            raise ValueError(f"{self.name}: `ts` must have shape (k,) with k >= 1, got {np.shape(ts)}")
+        if isinstance(ts, jax.core.Tracer):
+            ts = jnp.asarray(ts)
+            t1 = ts[-1]
+        else:
+            ts_np = np.asarray(ts, dtype=float)
+            t1 = float(ts_np[-1])
+            ts = jnp.asarray(ts_np, dtype=jnp.result_type(float))
+        y0 = self._initial_state(params, n)
+        return gs.solve(
+            self.vector_field,
+            self.t0,
+            t1,
+            y0,
+            params,
+            ts=ts,
+            solver=self.solver if solver is None else solver,
+            rtol=rtol,
+            atol=atol,
+            **solve_kwargs,
+        )
+
+    def _observe(self, ys: jax.Array) -> jax.Array:
+        if self.observed == tuple(range(self.n_states)):
+            return ys
+        return ys[..., np.asarray(self.observed)]
+
+    def predict(self, params: Mapping[str, Any], ts: Any, **solve_kwargs: Any) -> jax.Array:
+        """Noise-free observed states at ``ts``: shape ``(k, m)``, or ``(n, k, m)``.
+
+        Keywords as in :meth:`solve` (``solver``, ``rtol=1e-8``, ``atol=1e-10``, ...).
+        """
+        return self._observe(self.solve(params, ts, **solve_kwargs).ys)
+
+    # ---------------------------------------------------------------- densities
+
+    def log_prior(self, params: Mapping[str, Any]) -> jax.Array:
+        """Sum of the priors' log densities (constrained space): scalar, or ``(n,)``."""
+        self.check_params(params)
+        params = self._as_arrays(params)
+        total = 0.0
+        for k, d in self.priors.items():
+            lp = d.log_prob(params[k])
+            nb = len(d.batch_shape)
+            if nb:
+                lp = jnp.sum(lp, axis=tuple(range(-nb, 0)))
+            total = total + lp
+        return jnp.asarray(total)
+
+    def _check_data(self, data: Any) -> tuple[jax.Array, jax.Array]:
+        try:
+            ts, ys = data.ts, data.ys
+        except AttributeError:
+            raise ValueError(
+                f"{self.name}: `data` must be a models.Dataset (with .ts and .ys), got {type(data).__name__}"
+            ) from None
+        m = len(self.observed)
+        if np.ndim(ys) != 2 or np.shape(ys)[1] != m or np.shape(ys)[0] != np.shape(ts)[0]:
+            raise ValueError(
+                f"{self.name}: `data.ys` has shape {np.shape(ys)}; expected ({np.shape(ts)[0]}, {m}) "
+                f"for observed states {self.observed_names}"
+            )
+        return ts, jnp.asarray(ys)
+
+    def log_likelihood_from_prediction(
+        self, params: Mapping[str, Any], y_pred: jax.Array, ys: jax.Array
+    ) -> jax.Array:
+        """Log likelihood of observations ``ys`` (``(k, m)``) given predictions ``y_pred``.
+
+        ``y_pred`` of shape ``(k, m)`` (scalar result) or ``(n, k, m)`` with an ensemble of
+        parameters (result ``(n,)``). Useful when the states come from elsewhere (e.g. a
+        replayed mesh).
+        """
+        n = self.check_params(params)
+        params = self._as_arrays(params)
+
+        def one(p, yp):
+            return jnp.sum(self.noise(p, yp).log_prob(ys))
+
+        if n is None:
+            return one(params, y_pred)
+        return jax.vmap(one)(params, y_pred)
+
+    def log_likelihood(self, params: Mapping[str, Any], data: Dataset, **solve_kwargs: Any) -> jax.Array:
+        """Log likelihood of ``data`` at ``params`` (scalar, or ``(n,)`` for an ensemble).
+
+        Solves at ``data.ts`` (keywords as in :meth:`solve`) and sums the noise model's log
+        density of ``data.ys``. Jittable and differentiable.
+        """
+        ts, ys = self._check_data(data)
+        y_pred = self.predict(params, ts, **solve_kwargs)
+        return self.log_likelihood_from_prediction(params, y_pred, ys)
+
+    def log_joint(self, params: Mapping[str, Any], data: Dataset, **solve_kwargs: Any) -> jax.Array:
+        """``log_prior(params) + log_likelihood(params, data)`` (unnormalised log posterior)."""
+        return self.log_prior(params) + self.log_likelihood(params, data, **solve_kwargs)
+
+    # ---------------------------------------------------------------- synthetic data
+
+    def simulate(
+        self,
+        key: jax.Array,
+        params: Mapping[str, Any] | None,
+        ts: Any,
+        *,
+        rtol: float = 1e-8,
+        atol: float = 1e-10,
+        **solve_kwargs: Any,
+    ) -> Dataset:
+        """Synthetic data: solve at ``ts``, keep the observed states, draw the noise.
+
+        ``params=None`` uses :attr:`defaults`. One parameter set only (for an ensemble,
+        call once per member or ``jax.vmap`` :meth:`predict` and the noise yourself).
+        """
+        if params is None:
+            params = self.defaults
+        n = self.check_params(params)
+        if n is not None:
+            raise ValueError(
+                f"{self.name}: simulate() draws ONE data set; `params` is an ensemble of {n}"
+            )
+        y_pred = self.predict(params, ts, rtol=rtol, atol=atol, **solve_kwargs)
+        ys = self.noise(self._as_arrays(params), y_pred).sample(key)
+        return Dataset(
+            ts=ts,
+            ys=ys,
+            names=self.observed_names,
+            source=f"simulated from model {self.name!r}",
+        )

@@ -1,0 +1,1 @@
+"""Embedded data files of :mod:`models` (read with :func:`models.load_dataset`)."""

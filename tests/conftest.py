@@ -1,0 +1,57 @@
+"""Shared fixtures: float64 for the whole suite (set here, never by importing gradsolve)
+and small reference problems."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+
+
+def lotka_volterra(t, y, p):
+    """dx = a x - b x y, dy = -c y + d x y; p = [a, b, c, d]."""
+    return jnp.stack([p[0] * y[0] - p[1] * y[0] * y[1], -p[2] * y[1] + p[3] * y[0] * y[1]])
+
+
+def van_der_pol(t, y, p):
+    """y'' - mu (1 - y^2) y' + y = 0 as a first-order system; p = {"mu": mu}."""
+    return jnp.stack([y[1], p["mu"] * (1 - y[0] ** 2) * y[1] - y[0]])
+
+
+def decay(t, y, p):
+    return -p["k"] * y
+
+
+def robertson(t, y, k):
+    r1 = k[0] * y[0]
+    r2 = k[1] * y[1] ** 2
+    r3 = k[2] * y[1] * y[2]
+    return jnp.stack([-r1 + r3, r1 - r2 - r3, r2])
+
+
+@pytest.fixture
+def lv_ensemble():
+    """32 Lotka–Volterra trajectories with parameters spread +-10 %, 21 save times on [0, 10]."""
+    n = 32
+    key = jax.random.PRNGKey(0)
+    base = jnp.array([1.5, 1.0, 3.0, 1.0])
+    p = base * (1 + 0.2 * (jax.random.uniform(key, (n, 4)) - 0.5))
+    y0 = jnp.tile(jnp.array([1.0, 1.0]), (n, 1)) * (1 + 0.1 * jax.random.uniform(jax.random.PRNGKey(1), (n, 2)))
+    ts = jnp.linspace(0.0, 10.0, 21)
+    return lotka_volterra, y0, p, ts
+
+
+def pytest_configure(config):
+    # Identical programs built by different Python callables compile once per run.
+    import os
+    import tempfile
+
+    cache = os.environ.get("GRADSOLVE_TEST_JAX_CACHE") or os.path.join(tempfile.gettempdir(), "gradsolve-jax-cache")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

@@ -1,0 +1,199 @@
+"""Replay values and gradients against independent references: Diffrax on the same mesh,
+Diffrax's default adjoint on its own mesh, closed forms and central finite differences."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gradsolve as gs
+from conftest import decay, lotka_volterra, van_der_pol
+
+DIFFRAX_TWIN = [(gs.Tsit5, diffrax.Tsit5), (gs.Dopri5, diffrax.Dopri5)]
+
+
+def _diffrax_on_mesh(f, dsolver, times, y0, p, ts):
+    term = diffrax.ODETerm(lambda t, y, a: f(t, y, a))
+    sol = diffrax.diffeqsolve(
+        term, dsolver, times[0], times[-1], None, y0, args=p, saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=diffrax.StepTo(ts=times), max_steps=len(times) + 1,
+    )
+    return sol.ys
+
+
+@pytest.mark.parametrize("gs_solver, dfx_solver", DIFFRAX_TWIN)
+def test_same_mesh_matches_diffrax_stepto(lv_ensemble, gs_solver, dfx_solver):
+    f, y0, p, ts = lv_ensemble
+    mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts, solver=gs_solver(), rtol=1e-7, atol=1e-9)
+    assert np.all(np.asarray(mesh.status) == 0)
+
+    def loss_gs(y0_, p_):
+        return jnp.sum(gs.replay(f, mesh, y0_, p_).ys ** 2, axis=(1, 2))
+
+    ys = gs.replay(f, mesh, y0, p).ys
+    g_y0, g_p = jax.grad(lambda a, b: jnp.sum(loss_gs(a, b)), argnums=(0, 1))(y0, p)
+    i = 7  # one member of the ensemble (each Diffrax mesh length is its own compile)
+    times = jnp.asarray(np.asarray(mesh.times[i, : int(mesh.n_steps[i]) + 1]))
+    ref_loss = lambda a, b: jnp.sum(_diffrax_on_mesh(f, dfx_solver(), times, a, b, ts) ** 2)
+    ref = jax.jit(lambda a, b: (_diffrax_on_mesh(f, dfx_solver(), times, a, b, ts),
+                                jax.grad(ref_loss, argnums=(0, 1))(a, b)))
+    ref_ys, ref_g = ref(y0[i], p[i])
+    np.testing.assert_allclose(ys[i], ref_ys, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(g_y0[i], ref_g[0], rtol=1e-12)
+    np.testing.assert_allclose(g_p[i], ref_g[1], rtol=1e-12)
+
+
+def test_gradient_matches_diffrax_default_adjoint(lv_ensemble):
+    f, y0, p, ts = lv_ensemble
+    term = diffrax.ODETerm(lambda t, y, a: f(t, y, a))
+
+    def dfx_loss(y0_, p_):
+        def one(a, b):
+            sol = diffrax.diffeqsolve(
+                term, diffrax.Tsit5(), 0.0, 10.0, None, a, args=b,
+                saveat=diffrax.SaveAt(ts=ts),
+                stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-11),
+                max_steps=100000,
+            )
+            return sol.ys
+        return jnp.sum(jax.vmap(one)(y0_, p_) ** 2)
+
+    def gs_loss(y0_, p_):
+        return jnp.sum(gs.solve(f, 0.0, 10.0, y0_, p_, ts=ts, rtol=1e-9, atol=1e-11).ys ** 2)
+
+    ref = jax.jit(jax.grad(dfx_loss, argnums=(0, 1)))(y0, p)
+    got = jax.jit(jax.grad(gs_loss, argnums=(0, 1)))(y0, p)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Dopri5(), gs.Vern7()], ids=lambda s: type(s).__name__)
+def test_exponential_decay_closed_form(solver):
+    k, y0, ts = 0.7, jnp.array([2.0]), jnp.linspace(0.0, 3.0, 7)
+
+    def out(k_, y0_):
+        return gs.solve(decay, 0.0, 3.0, y0_, {"k": k_}, ts=ts, solver=solver, rtol=1e-11, atol=1e-13).ys[:, 0]
+
+    e = jnp.exp(-k * ts)
+    np.testing.assert_allclose(out(k, y0), 2.0 * e, rtol=1e-8)
+    np.testing.assert_allclose(jax.jacrev(out, 0)(k, y0), -ts * 2.0 * e, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(jax.jacrev(out, 1)(k, y0)[:, 0], e, rtol=1e-8)
+
+
+def test_frozen_mesh_gradient_vs_finite_differences():
+    n = 6
+    mu = jnp.linspace(0.5, 2.0, n)
+    y0 = jnp.stack([jnp.linspace(1.0, 2.0, n), jnp.zeros(n)], axis=1)
+    ts = jnp.linspace(0.0, 5.0, 11)
+    mesh = gs.record(van_der_pol, 0.0, 5.0, y0, {"mu": mu}, ts=ts, rtol=1e-6, atol=1e-9)
+
+    def loss(mu_, y0_):
+        sol = gs.replay(van_der_pol, mesh, y0_, {"mu": mu_})
+        return jnp.sum(jnp.sin(sol.ys[..., 0]) + sol.ys[..., 1] ** 2)
+
+    g_mu, g_y0 = jax.grad(loss, argnums=(0, 1))(mu, y0)
+    eps = 1e-5
+    for i in range(n):
+        dm = jnp.zeros(n).at[i].set(eps)
+        fd = (loss(mu + dm, y0) - loss(mu - dm, y0)) / (2 * eps)
+        np.testing.assert_allclose(g_mu[i], fd, rtol=1e-6)
+        for j in range(2):
+            dy = jnp.zeros((n, 2)).at[i, j].set(eps)
+            fd = (loss(mu, y0 + dy) - loss(mu, y0 - dy)) / (2 * eps)
+            np.testing.assert_allclose(g_y0[i, j], fd, rtol=1e-6)
+
+
+def test_forward_mode_equals_reverse_mode(lv_ensemble):
+    f, y0, p, ts = lv_ensemble
+    y0, p = y0[:4], p[:4]
+    mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts)
+    fn = lambda q: gs.replay(f, mesh, y0, q).ys[:, ::5]
+    np.testing.assert_allclose(jax.jacfwd(fn)(p), jax.jacrev(fn)(p), rtol=1e-10, atol=1e-12)
+    hess = jax.hessian(lambda q: jnp.sum(fn(q) ** 2))(p)
+    assert hess.shape == (4, 4, 4, 4) and np.all(np.isfinite(hess))
+
+
+def test_gradient_wrt_save_times_is_vector_field(lv_ensemble):
+    f, y0, p, _ = lv_ensemble
+    y0, p = y0[:3], p[:3]
+    ts = jnp.array([0.0, 1.3, 2.7, 4.1, 6.0])  # t0 and t1 pinned, the rest interior
+    mesh = gs.record(f, 0.0, 6.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12)
+    sol = gs.replay(f, mesh, y0, p, ts=ts)
+    jac = jax.jacfwd(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(ts)  # (n, k, d, k)
+    for i in range(3):
+        for j in range(len(ts)):
+            expected = f(ts[j], sol.ys[i, j], p[i])
+            np.testing.assert_allclose(jac[i, j, :, j], expected, rtol=1e-6, atol=1e-8)
+    jr = jax.jacrev(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(ts)
+    np.testing.assert_allclose(jr, jac, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("group_size", [4, 1024])
+def test_ragged_ensemble_members_equal_single_solves(group_size):
+    n = 12
+    scale = jnp.geomspace(0.3, 3.0, n)  # step counts differ ~10x
+    p = jnp.array([1.5, 1.0, 3.0, 1.0]) * scale[:, None]
+    y0 = jnp.tile(jnp.array([1.0, 1.0]), (n, 1))
+    ts = jnp.linspace(0.0, 8.0, 9)
+    mesh = gs.record(lotka_volterra, 0.0, 8.0, y0, p, ts=ts)
+    steps = np.asarray(mesh.n_steps)
+    assert steps.max() > 5 * steps.min()
+    sol = gs.replay(lotka_volterra, mesh, y0, p, group_size=group_size)
+    gsum = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, group_size=group_size).ys ** 2))(p)
+    for i in [int(np.argmin(steps)), 5, int(np.argmax(steps))]:
+        single = gs.solve(lotka_volterra, 0.0, 8.0, y0[i], p[i], ts=ts)
+        assert int(single.mesh.n_steps) == steps[i]
+        np.testing.assert_allclose(sol.ys[i], single.ys, rtol=1e-12, atol=1e-14)
+        g1 = jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 8.0, y0[i], q, ts=ts).ys ** 2))(p[i])
+        np.testing.assert_allclose(gsum[i], g1, rtol=1e-12)
+    if group_size == 4:
+        # Length-sorted groups: work is close to the sum of steps, not n * max.
+        work = float(sol.stats["replay_work"])
+        assert work <= 1.5 * steps.sum() + 8 * n
+        assert work < n * steps.max()
+
+
+def test_error_ratio_flags_parameter_drift(lv_ensemble):
+    f, y0, p, ts = lv_ensemble
+    mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts, rtol=1e-6, atol=1e-9)
+    at_record = gs.replay(f, mesh, y0, p).error_ratio
+    assert at_record.shape == (32,)
+    assert np.all(np.asarray(at_record) <= 1.0)
+    far = gs.replay(f, mesh, y0, p * 2.0).error_ratio
+    assert np.all(np.asarray(far) > 1.0)
+
+
+def test_single_trajectory_shapes_and_jit():
+    p = jnp.array([1.5, 1.0, 3.0, 1.0])
+    y0 = jnp.array([1.0, 1.0])
+    ts = jnp.linspace(0.0, 5.0, 6)
+    sol = gs.solve(lotka_volterra, 0.0, 5.0, y0, p, ts=ts)
+    assert sol.ys.shape == (6, 2) and sol.y1.shape == (2,) and sol.error_ratio.shape == ()
+    assert sol.mesh.n_steps.shape == ()
+    jitted = jax.jit(lambda a, b: gs.solve(lotka_volterra, 0.0, 5.0, a, b, ts=ts))(y0, p)
+    np.testing.assert_allclose(jitted.ys, sol.ys, rtol=1e-13)
+    np.testing.assert_allclose(sol.y1, sol.ys[-1], rtol=1e-14)
+    # Without ts the solution is saved at t1 only, like Diffrax's default SaveAt(t1=True).
+    assert gs.solve(lotka_volterra, 0.0, 5.0, y0, p).ys.shape == (1, 2)
+
+
+def test_jit_capacity_cost_follows_steps_taken():
+    p = jnp.array([1.5, 1.0, 3.0, 1.0])
+    y0 = jnp.array([1.0, 1.0])
+    solve = lambda m: jax.jit(lambda a: gs.solve(lotka_volterra, 0.0, 5.0, y0, a, max_steps=m))(p)
+    small, large = solve(500), solve(50_000)
+    assert small.mesh.capacity == 500 and large.mesh.capacity == 50_000
+    np.testing.assert_allclose(small.ys, large.ys, rtol=1e-14)
+    # Chunks past the last step are skipped: executed work is the same for both capacities.
+    assert float(small.stats["replay_work"]) == float(large.stats["replay_work"])
+    assert float(large.stats["replay_work"]) < 0.05 * 50_000
+
+
+def test_user_vmap_over_replay(lv_ensemble):
+    f, y0, p, ts = lv_ensemble
+    mesh = gs.record(f, 0.0, 10.0, y0[:4], p[:4], ts=ts)
+    scales = jnp.array([1.0, 1.001, 0.999])
+    out = jax.vmap(lambda s: gs.replay(f, mesh, y0[:4], p[:4] * s).ys)(scales)
+    ref = gs.replay(f, mesh, y0[:4], p[:4] * 1.001).ys
+    np.testing.assert_allclose(out[1], ref, rtol=1e-13)
