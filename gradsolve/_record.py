@@ -28,7 +28,7 @@ from ._errors import raise_if_failed
 from ._mesh import Mesh, Status
 from ._solver import Tsit5
 from ._solver.base import AbstractSolver
-from ._solver.diffrax_adapter import as_solver
+from ._solver.diffrax_adapter import DiffraxSolver, as_solver
 
 _MAX_STEPS = 4096
 
@@ -249,6 +249,8 @@ def record(
     controller = PIDController() if controller is None else controller
     check_interval(t0, t1, where)
     check_tolerances(rtol, atol, max_steps, where)
+    if isinstance(solver, DiffraxSolver):
+        solver = solver.with_tolerances(rtol, atol)
     b = batch(t0, t1, y0, params, ts, where)
     check_vector_field(f, t0, b.y0, b.params, where)
     if not getattr(solver, "adaptive", True):

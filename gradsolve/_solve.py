@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._checks import batch, check_interval, check_tolerances, check_vector_field
 from ._controller import PIDController
@@ -52,6 +53,8 @@ def solve(
     controller = PIDController() if controller is None else controller
     check_interval(t0, t1, where)
     check_tolerances(rtol, atol, max_steps, where)
+    if isinstance(solver, DiffraxSolver):
+        solver = solver.with_tolerances(rtol, atol)
     b = batch(t0, t1, y0, params, ts, where)
     check_vector_field(f, t0, b.y0, b.params, where)
     if isinstance(solver, DiffraxSolver) and not solver.adaptive:
@@ -81,6 +84,10 @@ def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps) -> Solution:
             "for constant steps."
         )
     term = diffrax.ODETerm(lambda t, y, args: f(t, y, args))
+    try:  # constant steps: the step count is known, make room for it
+        max_steps = max(max_steps, int(np.ceil((float(t1) - float(t0)) / float(dt0))) + 2)
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        pass
 
     def one(y0, p, ts):
         sol = diffrax.diffeqsolve(

@@ -24,11 +24,14 @@ def _as_str_tuple(value: Any, m: int, argname: str) -> tuple[str, ...] | None:
     if isinstance(value, str):
         return (value,) * m
     if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"`{argname}` must be a string or a sequence of {m} strings, got {value!r}")
+        raise ValueError(
+            f"`{argname}` must be a string or a sequence of {m} strings, got {value!r}"
+        )
     value = tuple(value)
     if len(value) != m:
         raise ValueError(
-            f"`{argname}` has {len(value)} entries but `ys` has {m} columns (one per observed state)"
+            f"`{argname}` has {len(value)} entries but `ys` has {m} columns "
+            "(one per observed state)"
         )
     return value
 
@@ -149,7 +152,10 @@ def _parse_csv(text: str, name: str) -> Dataset:
                 raise ValueError(f"data set {name!r}: first column must be 't', got {header[0]!r}")
             continue
         if len(fields) != len(header):
-            raise ValueError(f"data set {name!r}, line {lineno}: {len(fields)} fields, expected {len(header)}")
+            raise ValueError(
+                f"data set {name!r}, line {lineno}: {len(fields)} fields, "
+                f"expected {len(header)}"
+            )
         rows.append([float(f) for f in fields])
     if header is None or not rows:
         raise ValueError(f"data set {name!r} has no data rows")

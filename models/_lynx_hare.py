@@ -26,7 +26,7 @@ def _lynx_hare_noise(p, z_pred):
 
 
 def lynx_hare() -> ODEModel:
-    r"""The Lotka–Volterra model of the lynx–hare pelts, exactly as in Carpenter's Stan case study.
+    r"""Lotka–Volterra model of the lynx–hare pelts, exactly as in Carpenter's Stan case study.
 
     .. math::
         \frac{du}{dt} = (\alpha - \beta v)\,u, \qquad

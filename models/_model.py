@@ -92,7 +92,16 @@ class ODEModel(eqx.Module):
     value has one extra leading axis ``n`` is an ensemble of ``n`` parameter sets: then
     :meth:`predict`, :meth:`solve`, :meth:`log_prior` and :meth:`log_likelihood` return a
     leading axis ``n`` too (gradsolve's ensemble rule). All of them are jittable and
-    differentiable (``eqx.filter_jit`` also takes the model itself as an argument).
+    differentiable: ``jax.jit(lambda p: model.log_joint(p, data))`` or
+    ``eqx.filter_jit(model.log_joint)(params, data)``. (Plain ``jax.jit(model.log_prior)``
+    fails: JAX hashes the bound method, and the model holds arrays.) Outside ``jit`` the
+    solve runs eagerly, which is slow (seconds); wrap repeated calls in ``jit``.
+
+    The observation model of ONE trajectory is ``model.noise(params, y_pred)``, a NumPyro
+    distribution with event shape ``(k, m)``: a NumPyro program is
+    ``numpyro.sample(name, model.priors[name])`` for each parameter, then
+    ``numpyro.sample("obs", model.noise(params, model.predict(params, data.ts)),
+    obs=data.ys)``.
     """
 
     name: str = eqx.field(static=True)
@@ -125,7 +134,9 @@ class ODEModel(eqx.Module):
         if not callable(vector_field):
             raise ValueError("`vector_field` must be a callable f(t, y, params) -> dy/dt")
         if not isinstance(priors, Mapping) or not priors:
-            raise ValueError("`priors` must be a non-empty dict: parameter name -> NumPyro distribution")
+            raise ValueError(
+                "`priors` must be a non-empty dict: parameter name -> NumPyro distribution"
+            )
         bad = [k for k, v in priors.items() if not isinstance(k, str) or not _is_distribution(v)]
         if bad:
             raise ValueError(
@@ -150,7 +161,9 @@ class ODEModel(eqx.Module):
         defaults = {} if defaults is None else dict(defaults)
         unknown = sorted(set(defaults) - set(priors))
         if unknown:
-            raise ValueError(f"`defaults` has unknown parameter names {unknown}; priors: {sorted(priors)}")
+            raise ValueError(
+                f"`defaults` has unknown parameter names {unknown}; priors: {sorted(priors)}"
+            )
         full_defaults = {}
         for k, d in priors.items():
             shape = tuple(d.batch_shape) + tuple(d.event_shape)
@@ -191,7 +204,9 @@ class ODEModel(eqx.Module):
             try:
                 observed = tuple(int(i) for i in np.atleast_1d(np.asarray(observed)))
             except (TypeError, ValueError):
-                raise ValueError(f"`observed` must be a tuple of state indices, got {observed!r}") from None
+                raise ValueError(
+                    f"`observed` must be a tuple of state indices, got {observed!r}"
+                ) from None
             if not observed or any(i < 0 or i >= d for i in observed):
                 raise ValueError(f"`observed` must hold state indices in [0, {d}), got {observed}")
         if state_names is None:
@@ -367,7 +382,9 @@ class ODEModel(eqx.Module):
         n = self.check_params(params)
         params = self._as_arrays(params)
         if np.ndim(ts) != 1 or np.shape(ts)[0] == 0:
-            raise ValueError(f"{self.name}: `ts` must have shape (k,) with k >= 1, got {np.shape(ts)}")
+            raise ValueError(
+                f"{self.name}: `ts` must have shape (k,) with k >= 1, got {np.shape(ts)}"
+            )
         if isinstance(ts, jax.core.Tracer):
             ts = jnp.asarray(ts)
             t1 = ts[-1]
@@ -421,12 +438,14 @@ class ODEModel(eqx.Module):
             ts, ys = data.ts, data.ys
         except AttributeError:
             raise ValueError(
-                f"{self.name}: `data` must be a models.Dataset (with .ts and .ys), got {type(data).__name__}"
+                f"{self.name}: `data` must be a models.Dataset (with .ts and .ys), "
+                f"got {type(data).__name__}"
             ) from None
         m = len(self.observed)
         if np.ndim(ys) != 2 or np.shape(ys)[1] != m or np.shape(ys)[0] != np.shape(ts)[0]:
             raise ValueError(
-                f"{self.name}: `data.ys` has shape {np.shape(ys)}; expected ({np.shape(ts)[0]}, {m}) "
+                f"{self.name}: `data.ys` has shape {np.shape(ys)}; "
+                f"expected ({np.shape(ts)[0]}, {m}) "
                 f"for observed states {self.observed_names}"
             )
         return ts, jnp.asarray(ys)
@@ -450,7 +469,9 @@ class ODEModel(eqx.Module):
             return one(params, y_pred)
         return jax.vmap(one)(params, y_pred)
 
-    def log_likelihood(self, params: Mapping[str, Any], data: Dataset, **solve_kwargs: Any) -> jax.Array:
+    def log_likelihood(
+        self, params: Mapping[str, Any], data: Dataset, **solve_kwargs: Any
+    ) -> jax.Array:
         """Log likelihood of ``data`` at ``params`` (scalar, or ``(n,)`` for an ensemble).
 
         Solves at ``data.ts`` (keywords as in :meth:`solve`) and sums the noise model's log

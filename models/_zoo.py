@@ -95,7 +95,9 @@ def lotka_volterra() -> ODEModel:
     return ODEModel(
         name="lotka_volterra",
         vector_field=_lotka_volterra_field,
-        **_lognormal_params(alpha=(1.5, 0.5), beta=(1.0, 0.5), gamma=(3.0, 0.5), delta=(1.0, 0.5), sigma=(0.1, 0.5)),
+        **_lognormal_params(
+            alpha=(1.5, 0.5), beta=(1.0, 0.5), gamma=(3.0, 0.5), delta=(1.0, 0.5), sigma=(0.1, 0.5)
+        ),
         y0=jnp.array([1.0, 1.0]),
         t0=0.0,
         noise=_lognormal_noise,
@@ -318,7 +320,9 @@ def lorenz() -> ODEModel:
     return ODEModel(
         name="lorenz",
         vector_field=_lorenz_field,
-        **_lognormal_params(sigma=(10.0, 0.1), rho=(28.0, 0.1), beta=(8.0 / 3.0, 0.1), sigma_obs=(1.0, 0.5)),
+        **_lognormal_params(
+            sigma=(10.0, 0.1), rho=(28.0, 0.1), beta=(8.0 / 3.0, 0.1), sigma_obs=(1.0, 0.5)
+        ),
         y0=jnp.array([0.0, 1.0, 0.0]),
         t0=0.0,
         noise=functools.partial(_normal_noise, scale_key="sigma_obs"),
@@ -565,7 +569,9 @@ def one_compartment_pk(dose: float = 300.0) -> ODEModel:
     return ODEModel(
         name="one_compartment_pk",
         vector_field=_pk_field,
-        **_lognormal_params(ka=(0.5, 0.5), Vmax=(20.4, 0.5), Km=(4.0, 0.5), V=(49.0, 0.5), sigma=(0.1, 0.5)),
+        **_lognormal_params(
+            ka=(0.5, 0.5), Vmax=(20.4, 0.5), Km=(4.0, 0.5), V=(49.0, 0.5), sigma=(0.1, 0.5)
+        ),
         y0=jnp.array([dose, 0.0]),
         t0=0.0,
         noise=_lognormal_noise,

@@ -161,7 +161,7 @@ def _observed_order(solver, ns, t1=2.0):
 
 
 def test_rodas5p_order_non_autonomous():
-    slope, errs = _observed_order(Rodas5P(), [10, 20, 40, 80])
+    slope, errs = _observed_order(Rodas5P(), [20, 40, 80, 160])
     assert errs[-1] < 1e-9, errs
     assert 4.5 < slope < 5.7, (slope, errs)
 
@@ -366,7 +366,8 @@ def ensemble_params(n=256):
 def _check_against_reference(y, ref, rtol, atol):
     """Within 100x the requested tolerance, componentwise."""
     y, ref = np.asarray(y), np.asarray(ref)
-    assert np.all(np.abs(y - ref) <= 100 * (rtol * np.abs(ref) + atol)), (y, ref, np.abs(y - ref) / np.abs(ref))
+    ok = np.abs(y - ref) <= 100 * (rtol * np.abs(ref) + atol)
+    assert np.all(ok), (y, ref, np.abs(y - ref) / np.abs(ref))
 
 
 @pytest.mark.slow

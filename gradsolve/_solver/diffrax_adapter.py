@@ -36,6 +36,25 @@ class DiffraxSolver(AbstractSolver):
     implicit: bool = eqx.field(static=True)
     adaptive: bool = eqx.field(static=True)
 
+    def with_tolerances(self, rtol, atol) -> "DiffraxSolver":
+        """Fill an implicit solver's root-finder tolerances from the record's, as
+        ``diffrax.diffeqsolve`` does from its step-size controller."""
+        import optimistix as optx
+        from diffrax._root_finder import use_stepsize_tol  # the sentinel diffeqsolve fills
+
+        rf = getattr(self.solver, "root_finder", None)
+        if rf is None:
+            return self
+        values = {"rtol": float(rtol), "atol": float(atol), "norm": optx.rms_norm}
+        names = [a for a in ("rtol", "atol", "norm") if getattr(rf, a, None) is use_stepsize_tol]
+        if not names:
+            return self
+        new = eqx.tree_at(
+            lambda s: tuple(getattr(s.root_finder, a) for a in names), self.solver,
+            tuple(values[a] for a in names),
+        )
+        return eqx.tree_at(lambda a: a.solver, self, new)
+
     def _term(self, f):
         import diffrax
 
