@@ -13,7 +13,16 @@ from ._record import record
 from ._replay import replay
 from ._solution import Solution
 from ._solve import solve
-from ._solver import AbstractExplicitRK, AbstractSolver, Dopri5, Tsit5, Vern7
+from ._solver import (
+    AbstractExplicitRK,
+    AbstractRosenbrock,
+    AbstractSolver,
+    Dopri5,
+    Rodas5P,
+    Rosenbrock23,
+    Tsit5,
+    Vern7,
+)
 
 __all__ = [
     "record",
@@ -28,6 +37,9 @@ __all__ = [
     "Tsit5",
     "Dopri5",
     "Vern7",
+    "Rosenbrock23",
+    "Rodas5P",
+    "AbstractRosenbrock",
     "enable_x64",
 ]
 __version__ = "0.1.0"

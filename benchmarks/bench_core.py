@@ -1,0 +1,136 @@
+"""gradsolve replay gradient vs Diffrax's default adjoint, measured side by side.
+
+For each problem and ensemble size: the gradient of sum(ys**2) w.r.t. params through
+
+- ``gs.replay`` on a mesh recorded once (the fitting/sampling use: mesh reused),
+- ``gs.solve`` (record + replay every call),
+- ``jax.vmap(diffrax.diffeqsolve)`` with ``RecursiveCheckpointAdjoint`` (default, and with
+  ``checkpoints`` set to the step count),
+
+plus forward times (gs forward replay, gs record, Diffrax forward). Times are the best of
+``--repeats`` calls after compilation, interleaved so machine load hits both sides alike.
+Run: ``python benchmarks/bench_core.py [--quick] [--json PATH]`` or ``gradsolve bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+import diffrax  # noqa: E402
+
+import gradsolve as gs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from problems import make  # noqa: E402
+
+RTOL, ATOL = 1e-6, 1e-8
+
+
+def _best(fns: dict, repeats: int) -> dict:
+    """Best wall time of each zero-arg callable, calls interleaved round-robin."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[k] = min(best[k], time.perf_counter() - t)
+    return best
+
+
+def bench_one(name: str, n: int, repeats: int) -> dict:
+    f, t1, y0, p, ts, stiff = make(name, n)
+    gsolver = gs.Rodas5P() if stiff else gs.Tsit5()
+    dsolver = diffrax.Kvaerno5() if stiff else diffrax.Tsit5()
+    term = diffrax.ODETerm(lambda t, y, a: f(t, y, a))
+    mesh = gs.record(f, 0.0, t1, y0, p, ts=ts, solver=gsolver, rtol=RTOL, atol=ATOL)
+    max_steps = int(np.max(mesh.n_steps)) * 4 + 64
+
+    def dfx_ys(p_, checkpoints=None):
+        def one(a, b):
+            return diffrax.diffeqsolve(
+                term, dsolver, 0.0, t1, None, a, args=b, saveat=diffrax.SaveAt(ts=ts),
+                stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+                max_steps=max_steps, adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints),
+            ).ys
+        return jax.vmap(one)(y0, p_)
+
+    gs_loss = lambda p_: jnp.sum(gs.replay(f, mesh, y0, p_).ys ** 2)
+    solve_loss = lambda p_: jnp.sum(gs.solve(f, 0.0, t1, y0, p_, ts=ts, solver=gsolver, rtol=RTOL, atol=ATOL, max_steps=max_steps).ys ** 2)
+    dfx_loss = lambda p_: jnp.sum(dfx_ys(p_) ** 2)
+    ck = int(np.max(mesh.n_steps) + np.max(mesh.n_rejected)) + 1
+    dfx_loss_ck = lambda p_: jnp.sum(dfx_ys(p_, ck) ** 2)
+    fns = {
+        "gs_grad": jax.jit(jax.grad(gs_loss)),
+        "gs_solve_grad": jax.jit(jax.grad(solve_loss)),
+        "dfx_grad": jax.jit(jax.grad(dfx_loss)),
+        "dfx_grad_ckpt": jax.jit(jax.grad(dfx_loss_ck)),
+        "gs_forward": jax.jit(lambda p_: gs.replay(f, mesh, y0, p_).ys),
+        "gs_record": jax.jit(lambda p_: gs.record(f, 0.0, t1, y0, p_, ts=ts, solver=gsolver, rtol=RTOL, atol=ATOL, max_steps=max_steps).times),
+        "dfx_forward": jax.jit(dfx_ys),
+    }
+    grads = {k: fns[k](p) for k in ("gs_grad", "dfx_grad")}
+    for fn in fns.values():
+        jax.block_until_ready(fn(p))
+    t = _best({k: (lambda fn=fn: fn(p)) for k, fn in fns.items()}, repeats)
+    g1, g2 = np.asarray(grads["gs_grad"]), np.asarray(grads["dfx_grad"])
+    agree = float(np.max(np.abs(g1 - g2)) / np.max(np.abs(g2)))
+    ms = {k: 1e3 * v for k, v in t.items()}
+    return {
+        "problem": name, "n": n, "mean_steps": float(np.mean(mesh.n_steps)),
+        **{f"{k}_ms": v for k, v in ms.items()},
+        "ratio_grad": ms["dfx_grad"] / ms["gs_grad"],
+        "ratio_grad_ckpt": ms["dfx_grad_ckpt"] / ms["gs_grad"],
+        "ratio_solve_grad": ms["dfx_grad"] / ms["gs_solve_grad"],
+        "cheap_gradient": ms["gs_grad"] / ms["gs_forward"],
+        "ratio_record": ms["dfx_forward"] / ms["gs_record"],
+        "grad_rel_diff": agree,
+    }
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="LV and Lorenz at n = 1, 100 only")
+    ap.add_argument("--problems", default="lotka_volterra,lorenz,van_der_pol,robertson")
+    ap.add_argument("--sizes", default="1,100,1000,10000")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "core.json"))
+    args = ap.parse_args(argv)
+    problems = args.problems.split(",")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.quick:
+        problems, sizes, args.repeats = ["lotka_volterra", "lorenz"], [1, 100], 5
+    rows = []
+    head = f"{'problem':<15}{'n':>7}{'steps':>7}{'gs grad ms':>12}{'diffrax ms':>12}{'ratio':>8}{'ckpt ratio':>11}{'solve ratio':>12}{'grad/fwd':>9}{'record x':>9}{'grad diff':>11}"
+    print(head)
+    for name in problems:
+        for n in sizes:
+            if name == "robertson" and n > 1000:
+                continue  # Kvaerno5 vmapped at 10,000 takes minutes on 2 cores
+            r = bench_one(name, n, args.repeats)
+            rows.append(r)
+            print(f"{name:<15}{n:>7}{r['mean_steps']:>7.0f}{r['gs_grad_ms']:>12.2f}{r['dfx_grad_ms']:>12.2f}"
+                  f"{r['ratio_grad']:>8.1f}{r['ratio_grad_ckpt']:>11.1f}{r['ratio_solve_grad']:>12.1f}"
+                  f"{r['cheap_gradient']:>9.2f}{r['ratio_record']:>9.2f}{r['grad_rel_diff']:>11.1e}", flush=True)
+    meta = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+            "jax": jax.__version__, "diffrax": diffrax.__version__, "devices": [str(d) for d in jax.devices()],
+            "rtol": RTOL, "atol": ATOL}
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as fh:
+        json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    print(f"wrote {args.json}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
