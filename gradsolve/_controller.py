@@ -5,7 +5,7 @@ digital filters written on inverse scaled errors):
 
     h_{n+1} = h_n * safety * r_n^{(p + i)/k} * r_{n-1}^{-p/k},   r = 1 / ||err||,
 
-clipped to ``[factormin, factormax]`` (``factormax = safety``-capped below 1 on rejection),
+clipped to ``[factormin, factormax]`` (capped at ``safety`` after a rejection),
 with ``k`` the solver's error order. ``pcoeff=0, icoeff=1`` (the default, as in Diffrax) is
 the classical I-controller; ``pcoeff=0.4, icoeff=0.3`` is Hairer's PI setting for DOPRI5.
 """
@@ -59,7 +59,10 @@ class PIDController(eqx.Module):
         fac = self.safety * inv ** ((self.pcoeff + self.icoeff) / k)
         if self.pcoeff != 0:
             fac = fac * inv_prev ** (-self.pcoeff / k)
-        fmin = jnp.where(accept, 1.0, self.factormin)
+        # Accepted steps may shrink too (Hairer's choice): a step accepted with error
+        # near 1 that kept its size would likely be rejected next. Diffrax keeps it
+        # (factor >= 1 on acceptance), which costs it more rejections on stiff problems.
+        fmin = self.factormin
         fmax = jnp.where(accept, self.factormax, self.safety)
         fac = jnp.where(jnp.isfinite(err), fac, self.factormin)
         return jnp.clip(fac, fmin, fmax)

@@ -10,7 +10,6 @@ accuracy, and should be replaced by a linearly implicit one.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ._mesh import Mesh, Status

@@ -25,6 +25,7 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 from ._checks import batch, check_interval, check_tolerances, check_vector_field, is_concrete
 from ._controller import PIDController, error_norm, initial_step
 from ._errors import raise_if_failed
+from ._misc import tree_where
 from ._mesh import Mesh, Status
 from ._solver import Tsit5
 from ._solver.base import AbstractSolver
@@ -48,14 +49,6 @@ class _RecordState(NamedTuple):
     save_index: Int[Array, "n k"]
     last_finite: Bool[Array, " n"]
     iters: Int[Array, ""]
-
-
-def _tree_where(mask, new, old):
-    def sel(a, b):
-        m = mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim))
-        return jnp.where(m, a, b)
-
-    return jax.tree_util.tree_map(sel, new, old)
 
 
 @eqx.filter_jit
@@ -145,7 +138,7 @@ def record_batched(
             t=jnp.where(accept, t_new, s.t),
             y=jnp.where(accept[:, None], y1, s.y),
             h=jnp.where(s.done, s.h, h_next),
-            solver_state=_tree_where(accept, st1, s.solver_state),
+            solver_state=tree_where(accept, st1, s.solver_state),
             err_prev=jnp.where(accept, jnp.maximum(err, 1e-4), s.err_prev),
             n_accepted=n_acc,
             n_rejected=n_rej,
@@ -245,6 +238,20 @@ def record(
         >>> sol = gs.replay(f, mesh, y0, params)
     """
     where = "gs.record"
+    solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
+                                    controller, where)
+    if not getattr(solver, "adaptive", True):
+        raise ValueError(
+            f"{where}: `solver` {type(solver.solver).__name__} has no embedded error estimate, "
+            "so it cannot record an adaptive mesh; use gs.solve(..., dt0=...) for fixed steps."
+        )
+    mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
+                           where)
+    return unbatch_mesh(mesh) if b.single else mesh
+
+
+def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller, where):
+    """Validate the arguments shared by record and solve; returns ``(solver, controller, batched)``."""
     solver = as_solver(Tsit5() if solver is None else solver, where)
     controller = PIDController() if controller is None else controller
     check_interval(t0, t1, where)
@@ -253,18 +260,17 @@ def record(
         solver = solver.with_tolerances(rtol, atol)
     b = batch(t0, t1, y0, params, ts, where)
     check_vector_field(f, t0, b.y0, b.params, where)
-    if not getattr(solver, "adaptive", True):
-        raise ValueError(
-            f"{where}: `solver` {type(solver).__name__} has no embedded error estimate, so it "
-            "cannot record an adaptive mesh; use gs.solve(..., dt0=...) for fixed steps."
-        )
+    return solver, controller, b
+
+
+def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw, where):
+    """Record batched, validated inputs (no gradient flows into the mesh) and finalize."""
     sg = jax.lax.stop_gradient
     mesh = record_batched(
         f, solver, controller, sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params),
         sg(b.ts), rtol, atol, dt0, max_steps,
     )
-    mesh = finalize(mesh, f, where, throw)
-    return unbatch_mesh(mesh) if b.single else mesh
+    return finalize(mesh, f, where, throw)
 
 
 def finalize(mesh: Mesh, f, where: str, throw: bool | None) -> Mesh:

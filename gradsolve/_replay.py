@@ -35,18 +35,11 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ._checks import batch, is_concrete
 from ._controller import error_norm
+from ._misc import tree_where
 from ._mesh import Mesh, Status, _as_batched
 from ._solution import Solution
 
 _sg = jax.lax.stop_gradient
-
-
-def _tree_where(mask, new, old):
-    def sel(a, b):
-        m = mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim))
-        return jnp.where(m, a, b)
-
-    return jax.tree_util.tree_map(sel, new, old)
 
 
 def _replay_block(
@@ -77,7 +70,7 @@ def _replay_block(
         err = error_norm(_sg(y_err), _sg(y), _sg(y1), rtol, atol)
         emax = jnp.maximum(emax, jnp.where(active, err, 0.0))
         y = jnp.where(active[:, None], y1, y)
-        st = _tree_where(active, st1, st)
+        st = tree_where(active, st1, st)
         return (y, st, emax), y
 
     def run(carry, xs):

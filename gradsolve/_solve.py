@@ -6,13 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import batch, check_interval, check_tolerances, check_vector_field
 from ._controller import PIDController
-from ._record import _MAX_STEPS, finalize, record_batched, unbatch_mesh
+from ._record import _MAX_STEPS, prepare, record_prepared, unbatch_mesh
 from ._replay import replay
 from ._solution import Solution
-from ._solver import Tsit5
-from ._solver.diffrax_adapter import DiffraxSolver, as_solver
+from ._solver.diffrax_adapter import DiffraxSolver
 
 
 def solve(
@@ -49,22 +47,12 @@ def solve(
         >>> sol.ys.shape  # (n, 21, d)
     """
     where = "gs.solve"
-    solver = as_solver(Tsit5() if solver is None else solver, where)
-    controller = PIDController() if controller is None else controller
-    check_interval(t0, t1, where)
-    check_tolerances(rtol, atol, max_steps, where)
-    if isinstance(solver, DiffraxSolver):
-        solver = solver.with_tolerances(rtol, atol)
-    b = batch(t0, t1, y0, params, ts, where)
-    check_vector_field(f, t0, b.y0, b.params, where)
+    solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
+                                    controller, where)
     if isinstance(solver, DiffraxSolver) and not solver.adaptive:
         return _diffrax_fallback(f, t0, t1, b, solver.solver, dt0, max_steps)
-    sg = jax.lax.stop_gradient
-    mesh = record_batched(
-        f, solver, controller, sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params),
-        sg(b.ts), rtol, atol, dt0, max_steps,
-    )
-    mesh = finalize(mesh, f, where, throw)
+    mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
+                           where)
     if b.single:
         mesh = unbatch_mesh(mesh)
         y0r, pr, tsr = b.y0[0], jax.tree_util.tree_map(lambda x: x[0], b.params), b.ts[0]
