@@ -54,7 +54,7 @@ def bench_one(name: str, n: int, repeats: int) -> dict:
     dsolver = diffrax.Kvaerno5() if stiff else diffrax.Tsit5()
     term = diffrax.ODETerm(lambda t, y, a: f(t, y, a))
     mesh = gs.record(f, 0.0, t1, y0, p, ts=ts, solver=gsolver, rtol=RTOL, atol=ATOL)
-    max_steps = int(np.max(mesh.n_steps)) * 4 + 64
+    max_steps = max(int(np.max(mesh.n_steps)) * 4 + 64, 16384 if stiff else 4096)
 
     def dfx_ys(p_, checkpoints=None):
         def one(a, b):
