@@ -1,1 +1,34 @@
-"""Fitting and sampling ODE models with gradsolve (see SPEC §4)."""
+"""Fitting and sampling ODE models with gradsolve (see SPEC §4).
+
+- :func:`log_density`, :func:`numpyro_model`, :class:`ParamSpace`: the unnormalised log
+  posterior of an :class:`models.ODEModel` given a :class:`models.Dataset`, its NumPyro
+  program, and the map to a flat unconstrained vector.
+- :func:`fit` (Optax, many starts as one ensemble, mesh reuse with re-recording on drift),
+  :func:`fit_least_squares` (Optimistix Levenberg–Marquardt), :class:`FitResult`.
+- :func:`sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
+  returns ``arviz.InferenceData``.
+
+Importing this package changes no JAX configuration (use float64 for accuracy work:
+``jax.config.update("jax_enable_x64", True)`` or ``gradsolve.enable_x64()``).
+"""
+
+from ._density import ParamSpace, log_density, numpyro_model
+from ._fit import FitResult, fit, fit_least_squares
+
+__all__ = [
+    "log_density",
+    "numpyro_model",
+    "ParamSpace",
+    "fit",
+    "FitResult",
+    "fit_least_squares",
+    "sample",
+]
+
+
+def __getattr__(name):  # sample imports arviz (slow); load it on first use
+    if name == "sample":
+        from ._sample import sample
+
+        return sample
+    raise AttributeError(f"module 'inference' has no attribute {name!r}")
