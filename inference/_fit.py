@@ -75,7 +75,9 @@ class FitResult:
         status: ``(n_starts,)`` 0 ok, 1 failed (its solve failed; frozen, loss ``inf``).
         objective: ``"map"``, ``"mle"`` or ``"least_squares"``.
         n_steps: optimisation steps done.
-        max_error_ratio: ``(n_starts,)`` largest replay ``error_ratio`` met per start.
+        max_error_ratio: ``(n_starts,)`` largest replay ``error_ratio`` met per start (in
+            units of ``rtol``/``atol``).
+        n_redrawn: starts re-drawn from the prior because their first solve failed.
     """
 
     params: dict
@@ -91,6 +93,7 @@ class FitResult:
     objective: str
     n_steps: int
     max_error_ratio: np.ndarray
+    n_redrawn: int = 0
 
     @property
     def loss(self) -> float:
@@ -443,6 +446,7 @@ def fit(
         opt_state = eng._init_opt(jnp.asarray(u))
         n_grad = 0
         can_redraw = not (init is not None and n == 1)
+        n_redrawn = 0
         for rnd in range(max_redraws + 1):
             _, _, loss, _, _ = eng.step(u, opt_state, mesh_d, u, alive)
             n_grad += 1
@@ -452,6 +456,7 @@ def fit(
             key, kd = jax.random.split(key)
             draws = np.asarray(space.to_unconstrained(model.sample_prior(kd, n)))
             rows = np.nonzero(bad)[0]
+            n_redrawn += len(rows)
             u[rows] = draws[rows]
             sub, idx, take = eng.record_rows(u, rows)
             mesh_h = _scatter_mesh(mesh_h, sub, idx, take)
@@ -488,6 +493,7 @@ def fit(
         history[: old_hist.shape[0]] = old_hist[: history.shape[0]]
         max_err = np.asarray(ckpt["max_err"]).copy()
         elapsed_before = float(ckpt["elapsed"])
+        n_redrawn = int(ckpt["n_redrawn"])
 
     def snapshot():
         return dict(
@@ -495,6 +501,7 @@ def fit(
             opt_state=_to_numpy(opt_state), mesh=mesh_h, alive=alive.copy(),
             step=step_i, key=np.asarray(key), n_records=n_records, per_start=per_start.copy(),
             n_grad=n_grad, history=history[:step_i].copy(), max_err=max_err.copy(),
+            n_redrawn=n_redrawn,
             elapsed=elapsed_before + time.perf_counter() - t_start,
         )
 
@@ -606,6 +613,7 @@ def fit(
         objective=objective,
         n_steps=step_i,
         max_error_ratio=max_err,
+        n_redrawn=n_redrawn,
     )
 
 

@@ -218,8 +218,9 @@ def sample(
     if not 0 < frozen_tol_factor <= 1:
         raise ValueError(f"`frozen_tol_factor` must lie in (0, 1], got {frozen_tol_factor}")
     t_start = time.perf_counter()
-    prob = _Problem(model, data, SolveOptions(solver, rtol, atol,
-                                              4096 if max_steps is None else max_steps))
+    # records (between warmup windows, the sampling mesh) get a generous step budget; the
+    # in-potential solve of rerecord="always" uses `max_steps` (below: `ms`)
+    prob = _Problem(model, data, SolveOptions(solver, rtol, atol, 4096))
     space = prob.space
     D = space.dim
     C = int(num_chains)
@@ -275,6 +276,15 @@ def sample(
                                                   fit_kwargs)
         m0 = record_np(u0, C)
         ok0 = m0.status == 0
+        k_re = k_init
+        for _ in range(20 if isinstance(init, str) and init == "prior" else 0):
+            if ok0.all():
+                break  # re-draw the prior starts whose solve fails
+            k_re, kd = jax.random.split(k_re)
+            draws = np.asarray(space.to_unconstrained(model.sample_prior(kd, C)))
+            u0 = np.where(ok0[:, None], u0, draws)
+            m0 = record_np(u0, C)
+            ok0 = m0.status == 0
         if not ok0.all():
             raise RuntimeError(
                 "inference.sample: the ODE solve fails at initial point(s) "
