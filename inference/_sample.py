@@ -38,8 +38,13 @@ Mesh policy (``rerecord``), and why each is exact:
   for warmup and sampling.
 
 Solver failures and non-finite likelihoods give ``-inf`` log density with a finite gradient
-(NumPyro then marks the transition divergent); their counts are in the attributes
-``solver_failures_warmup`` / ``solver_failures_sampling``.
+(NumPyro then marks the transition divergent, ``sample_stats["diverging"]``). Failed
+potential evaluations are counted (attributes ``solver_failures_warmup`` /
+``solver_failures_sampling``) by a host callback that costs about as much as the gradient
+itself on a CPU, so by default only under ``rerecord="always"``, where every evaluation
+solves (``count_failures=True`` forces it; otherwise the counts are ``-1``). Records that
+fail between warmup windows keep the chain's previous mesh and are counted in
+``record_failures``.
 
 Default initialisation (``init="map"``): a multi-start MAP fit (:func:`inference.fit`,
 16 starts, 300 Adam steps); each chain starts at its best point plus ``N(0, init_jitter^2)``
@@ -159,7 +164,7 @@ def sample(
     max_tree_depth: int = 10,
     init_jitter: float = 0.05,
     fit_kwargs: Mapping[str, Any] | None = None,
-    count_failures: bool = True,
+    count_failures: bool | None = None,
 ):
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
@@ -188,16 +193,20 @@ def sample(
         init_jitter: standard deviation of the per-chain jitter in unconstrained space.
         fit_kwargs: overrides for the MAP fit of ``init="map"`` (e.g. ``n_starts``,
             ``steps``).
-        count_failures: count failed potential evaluations (a host callback that runs
-            only on failure).
+        count_failures: count failed potential evaluations with a host callback (about
+            doubles the cost of a gradient on CPU); default: only for
+            ``rerecord="always"``.
 
     Returns:
         ``arviz.InferenceData`` with ``posterior`` (the model's parameter names and shapes,
         e.g. ``theta (chain, draw, 4)``), ``sample_stats`` (``diverging``, ``tree_depth``,
         ``n_steps``, ``step_size``, ``energy``, ``lp``, ``acceptance_rate``,
-        ``error_ratio``; attributes ``max_error_ratio``, ``solver_failures_warmup``,
-        ``solver_failures_sampling``) and ``observed_data`` (``obs (time, observed_state)``).
-        Its ``attrs`` record the mesh policy, initialisation and timings.
+        ``error_ratio``) and ``observed_data`` (``obs (time, observed_state)``). The groups'
+        ``attrs`` record the mesh policy (``mesh_policy``, ``mesh_policy_description``,
+        ``sampling_mesh``), ``max_error_ratio``, ``solver_failures_warmup`` /
+        ``solver_failures_sampling`` (``-1`` if not counted), ``record_failures``,
+        ``divergences``, ``n_records``, the initialisation (``init``, ``init_fit_*``) and
+        timings (``warmup_time_s``, ``sampling_time_s``, ``wall_time_s``).
 
     Example:
         >>> idata = inference.sample(models.lynx_hare(), models.load_dataset("lynx_hare"))
@@ -226,6 +235,8 @@ def sample(
     C = int(num_chains)
     chunk = 100  # iterations per compiled loop call (the draw buffer's length)
     counter = _FailureCounter()
+    if count_failures is None:
+        count_failures = rerecord == "always"
     ftf = float(frozen_tol_factor)
 
     # --------------------------------------------------------------- log densities of u
@@ -302,10 +313,12 @@ def sample(
         it = 0  # iterations done (warmup + sampling)
         win = 0  # warmup windows done
         draws, extras = [], []
-        failures_warmup = failures_sampling = 0
+        failures_warmup = failures_sampling = record_failures = 0
         warmup_time = sample_time = 0.0
         state_np = None
         n_records = 1
+        sampling_mesh_kind = {"warmup": "", "always": "none (gs.solve)",
+                              "never": "initial points' mean"}[rerecord]
     else:
         u0 = ckpt["u0"]
         init_desc, fit_info = ckpt["init_desc"], ckpt["fit_info"]
@@ -313,10 +326,12 @@ def sample(
         it, win = int(ckpt["it"]), int(ckpt["win"])
         draws, extras = list(ckpt["draws"]), list(ckpt["extras"])
         failures_warmup = int(ckpt["failures_warmup"])
+        record_failures = int(ckpt["record_failures"])
         failures_sampling = int(ckpt["failures_sampling"])
         warmup_time, sample_time = float(ckpt["warmup_time"]), float(ckpt["sample_time"])
         state_np = ckpt["state"]
         n_records = int(ckpt["n_records"])
+        sampling_mesh_kind = ckpt["sampling_mesh_kind"]
 
     # ------------------------------------------------------------------ the NumPyro kernel
     if rerecord == "always":
@@ -355,7 +370,7 @@ def sample(
             st = vstep(st, meshes)
             rec = (st.z, st.diverging, st.num_steps, st.adapt_state.step_size, st.energy,
                    st.potential_energy, st.accept_prob)
-            b = jax.tree_util.tree_map(lambda a, r: a.at[:, i].set(r), b, rec)
+            b = jax.tree_util.tree_map(lambda a, r: a.at[:, i].set(r.astype(a.dtype)), b, rec)
             return st, b
 
         return jax.lax.fori_loop(0, n, body, (state, buf))
@@ -376,6 +391,27 @@ def sample(
             cap = _capacity(need)
         return state, _stack_meshes(mesh_h_new, C, cap)
 
+    def sampling_mesh(z):
+        """One mesh at the chains' mean; if it does not hold at every chain's position
+        (error ratio > 0.5 in units of rtol/atol, e.g. chains in different modes), the
+        union of its step times and those of meshes recorded at each chain's position."""
+        nonlocal n_records
+        mean = record_np(np.mean(z, axis=0))
+        n_records += 1
+        if int(mean.status) == 0:
+            er = _error_ratios(prob, space, _to_jax(mean), z[:, None, :]) * ftf
+            if np.all(er <= 0.5):
+                return mean, "chains' mean"
+        per = record_np(z, C)
+        n_records += 1
+        parts = [per] if int(mean.status) != 0 else [per, mean]
+        if not np.all(per.status == 0) and int(mean.status) != 0:
+            raise RuntimeError(
+                "inference.sample: recording the sampling mesh failed at the chains' "
+                "positions and at their mean; try rerecord='always' or another solver."
+            )
+        return _union_mesh(parts), "union of the chains' meshes and the mean's"
+
     def save():
         if checkpoint is None:
             return
@@ -383,8 +419,10 @@ def sample(
             fingerprint=fingerprint, state=_to_numpy(state), mesh=mesh_h, ms=ms, cap=cap,
             it=it, win=win, draws=draws, extras=extras, u0=np.asarray(u0),
             init_desc=init_desc, fit_info=fit_info, failures_warmup=failures_warmup,
+            record_failures=record_failures,
             failures_sampling=failures_sampling, warmup_time=warmup_time,
             sample_time=sample_time, n_records=n_records,
+            sampling_mesh_kind=sampling_mesh_kind,
         ))
 
     bar = None
@@ -408,29 +446,23 @@ def sample(
             last = win == len(windows)
             z = np.asarray(state.z)
             if rerecord == "warmup":
-                if last:  # the sampling mesh: one, at the chains' mean, frozen from now on
-                    new = record_np(np.mean(z, axis=0))
-                    if int(new.status) != 0:
-                        raise RuntimeError(
-                            "inference.sample: recording the sampling mesh at the chains' "
-                            "mean failed; try rerecord='always' or a larger max_steps."
-                        )
-                    mesh_h = new
+                if last:  # the sampling mesh: one for all chains, frozen from now on
+                    mesh_h, sampling_mesh_kind = sampling_mesh(z)
                 else:  # per chain, at each chain's position
                     new = record_np(z, C)
+                    n_records += 1
                     okc = new.status == 0
+                    record_failures += int(np.sum(~okc))
                     mesh_h = _scatter_mesh(mesh_h if np.ndim(mesh_h.n_steps) == 1
                                            else _ensemble_np(mesh_h, C), new, np.arange(C),
                                            okc)
-                n_records += 1
                 state, meshes = set_mesh(state, mesh_h)
             warmup_time += time.perf_counter() - t_w
             if bar is not None:
                 bar.update(n)
             save()
         if num_warmup == 0 and rerecord == "warmup" and np.ndim(mesh_h.n_steps) == 1:
-            mesh_h = record_np(np.mean(np.asarray(state.z), axis=0))
-            n_records += 1
+            mesh_h, sampling_mesh_kind = sampling_mesh(np.asarray(state.z))
             state, meshes = set_mesh(state, mesh_h)
         # ------------------------------------------------------------------ sampling
         done = it - int(num_warmup)
@@ -516,6 +548,7 @@ def sample(
         "mesh_policy": rerecord,
         "mesh_policy_description": policy,
         "sampling_mesh_steps": int(np.max(single.n_steps)) if rerecord != "always" else -1,
+        "sampling_mesh": sampling_mesh_kind,
         "n_records": n_records,
         "solve_max_steps": ms if rerecord == "always" else -1,
         "init": init_desc,
@@ -530,8 +563,10 @@ def sample(
         "num_samples": int(num_samples),
         "num_chains": C,
         "max_error_ratio": max_err,
-        "solver_failures_warmup": failures_warmup,
-        "solver_failures_sampling": failures_sampling,
+        "solver_failures_warmup": failures_warmup if count_failures else -1,
+        "solver_failures_sampling": failures_sampling if count_failures else -1,
+        "record_failures": record_failures,
+        "divergences": int(np.sum(diverging)),
     }
     if fit_info:
         attrs.update({f"init_fit_{k}": v for k, v in fit_info.items()})
@@ -560,24 +595,58 @@ def _single_np(mesh_np):
                        jax.tree_util.tree_map(lambda x: np.asarray(x)[0], mesh_np.params))
 
 
-def _error_ratios(prob: _Problem, space, mesh, z: np.ndarray, chunk: int = 1024) -> np.ndarray:
-    """Replay ``error_ratio`` (mesh tolerance units) at every draw ``z (C, S, D)``."""
+_ER_CACHE: dict = {}
+
+
+def _error_ratios(prob: _Problem, space, mesh, z: np.ndarray, chunk: int = 512) -> np.ndarray:
+    """Replay ``error_ratio`` (mesh tolerance units) of one mesh at every ``z (C, S, D)``."""
     C, S, D = z.shape
     flat = z.reshape(C * S, D)
-
-    @jax.jit
-    def er(u):
-        return jax.vmap(lambda uu: prob.replay(mesh, space.from_unconstrained(uu), None)
-                        .error_ratio)(u)
-
+    key = id(prob)
+    er = _ER_CACHE.get(key)
+    if er is None or er[0] is not prob:
+        fn = jax.jit(lambda u, m: jax.vmap(
+            lambda uu: prob.replay(m, space.from_unconstrained(uu), None).error_ratio)(u))
+        _ER_CACHE.clear()
+        _ER_CACHE[key] = er = (prob, fn)
+    fn = er[1]
     out = []
     for i in range(0, flat.shape[0], chunk):
         block = flat[i:i + chunk]
         pad = chunk - block.shape[0]
         if pad:
             block = np.concatenate([block, np.repeat(block[-1:], pad, axis=0)])
-        out.append(np.asarray(er(jnp.asarray(block)))[: chunk - pad])
+        out.append(np.asarray(fn(jnp.asarray(block), mesh))[: chunk - pad])
     return np.concatenate(out).reshape(C, S)
+
+
+def _union_mesh(parts) -> Any:
+    """One host mesh whose step times are the union of those of ``parts`` (single meshes or
+    ensembles); every save time is a node of each part, hence of the union."""
+    times = []
+    first = None
+    for m in parts:
+        t = np.atleast_2d(np.asarray(m.times))
+        n = np.atleast_1d(np.asarray(m.n_steps))
+        st = np.atleast_1d(np.asarray(m.status))
+        for row, nn, s in zip(t, n, st):
+            if s == 0:
+                times.append(row[: nn + 1])
+        if first is None:
+            first = _single_np(m)
+    union = np.unique(np.concatenate(times))
+    ts = np.asarray(first.ts)
+    save_index = np.searchsorted(union, ts).astype(np.asarray(first.save_index).dtype)
+    if not np.array_equal(union[save_index], ts):
+        raise RuntimeError("inference.sample: internal error: save times missing from the "
+                           "union mesh")
+    return eqx.tree_at(
+        lambda m: (m.times, m.n_steps, m.n_rejected, m.status, m.save_index),
+        first,
+        (union, np.asarray(len(union) - 1, np.asarray(first.n_steps).dtype),
+         np.zeros_like(np.asarray(first.n_rejected)), np.zeros_like(np.asarray(first.status)),
+         save_index),
+    )
 
 
 def _initial_points(model, data, space, init, C, key, jitter, seed, rtol, atol, solver,

@@ -3,6 +3,7 @@ and small reference problems."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 jax.config.update("jax_enable_x64", True)
@@ -33,6 +34,28 @@ def robertson(t, y, k):
     r2 = k[1] * y[1] ** 2
     r3 = k[2] * y[1] * y[2]
     return jnp.stack([-r1 + r3, r1 - r2 - r3, r2])
+
+
+# Carpenter (2018), "Predator-Prey Population Dynamics: the Lotka-Volterra model in Stan":
+# posterior means and sds of the lynx–hare model (independent reference for fit/sample).
+REF_MEAN = {
+    "theta": np.array([0.55, 0.028, 0.80, 0.024]),
+    "z_init": np.array([33.9, 5.9]),
+    "sigma": np.array([0.25, 0.25]),
+}
+REF_SD = {
+    "theta": np.array([0.065, 0.004, 0.091, 0.0036]),
+    "z_init": np.array([2.9, 0.53]),
+    "sigma": np.array([0.045, 0.045]),
+}
+
+
+@pytest.fixture(scope="module")
+def lynx():
+    """The lynx–hare model and the embedded Hudson's Bay Company data."""
+    import models
+
+    return models.lynx_hare(), models.load_dataset("lynx_hare")
 
 
 @pytest.fixture
