@@ -11,6 +11,7 @@ from ._controller import PIDController
 from ._mesh import Mesh, Status
 from ._record import record
 from ._replay import replay
+from ._sharding import ensemble_sharding, shard_ensemble
 from ._solution import Solution
 from ._solve import solve
 from ._solver import (
@@ -41,5 +42,7 @@ __all__ = [
     "Rodas5P",
     "AbstractRosenbrock",
     "enable_x64",
+    "ensemble_sharding",
+    "shard_ensemble",
 ]
 __version__ = "0.1.0"

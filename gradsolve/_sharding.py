@@ -1,0 +1,68 @@
+"""Spreading an ensemble over devices (``jax.sharding``).
+
+The ensemble axis is embarrassingly parallel, so sharding is data placement: put ``y0``
+and every ``params`` leaf on a 1-D device mesh split along the leading (ensemble) axis, and
+the jitted record/replay (GSPMD) runs each device's trajectories where they live; only the
+loop's "all done?" test and the step counts cross devices. Multi-host: call
+``jax.distributed.initialize()`` on every host first; ``jax.devices()`` then spans all hosts
+and the same call shards over them.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh as DeviceMesh
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def ensemble_sharding(devices=None) -> NamedSharding:
+    """A ``NamedSharding`` that splits axis 0 (the ensemble) over ``devices``.
+
+    Args:
+        devices: a sequence of devices; default ``jax.devices()`` (all hosts' devices
+            after ``jax.distributed.initialize()``).
+
+    Example:
+        >>> s = gs.ensemble_sharding()
+        >>> y0 = jax.device_put(y0, s)
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("ensemble_sharding: `devices` is empty.")
+    return NamedSharding(DeviceMesh(np.array(devices), ("ensemble",)), PartitionSpec("ensemble"))
+
+
+def shard_ensemble(tree, devices=None):
+    """Place every leaf of ``tree`` (e.g. ``(y0, params)``) split along its leading axis.
+
+    Every leaf needs the same leading size ``n``, divisible by the number of devices.
+    gradsolve's functions then run sharded with unchanged results.
+
+    Args:
+        tree: pytree of arrays with leading ensemble axis ``n``.
+        devices: as in :func:`ensemble_sharding`.
+
+    Returns:
+        The same pytree, sharded.
+
+    Example:
+        >>> y0, p = gs.shard_ensemble((y0, p))
+        >>> sol = jax.jit(lambda a, b: gs.solve(f, 0.0, 1.0, a, b))(y0, p)
+    """
+    sharding = ensemble_sharding(devices)
+    n_dev = sharding.mesh.devices.size
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    sizes = {np.shape(x)[0] if np.ndim(x) else None for _, x in leaves}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            "shard_ensemble: every leaf of `tree` needs the same leading ensemble axis; got "
+            f"leading sizes {sorted(map(str, sizes))}."
+        )
+    (n,) = sizes
+    if n % n_dev:
+        raise ValueError(
+            f"shard_ensemble: ensemble size {n} is not divisible by the {n_dev} devices; pad "
+            "the ensemble (e.g. repeat a trajectory) or pass fewer `devices`."
+        )
+    return jax.device_put(tree, sharding)
