@@ -148,12 +148,12 @@ def test_param_space_roundtrip_and_jacobian(lynx):
 
 def test_fit_recovers_synthetic_lotka_volterra(lv_synthetic):
     m, data, true = lv_synthetic
-    res = inference.fit(m, data, n_starts=32, steps=1500, optimizer=optax.adam(3e-2),
+    res = inference.fit(m, data, n_starts=64, steps=1500, optimizer=optax.adam(3e-2),
                         progress=False, seed=0)
     print(f"\nLV synthetic fit: n_records={res.n_records}, n_grad_evals={res.n_grad_evals}, "
           f"wall={res.wall_time:.1f}s, best loss={res.loss:.4f}")
-    assert res.all_params["alpha"].shape == (32,)
-    assert res.loss_history.shape == (1500, 32)
+    assert res.all_params["alpha"].shape == (64,)
+    assert res.loss_history.shape == (1500, 64)
     assert res.n_records * 5 < res.n_grad_evals
     sd = _laplace_sd(m, data, res.params)
     for k in true:
