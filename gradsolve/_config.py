@@ -11,6 +11,9 @@ def enable_x64(enable: bool = True) -> None:
     gradsolve itself works in whatever precision its inputs have; float32 solves are fine
     for tolerances above ~1e-5. Call this once at program start, before creating arrays.
 
+    Args:
+        enable: ``True`` (default) switches 64-bit floats on, ``False`` back off.
+
     Example:
         >>> import gradsolve as gs
         >>> gs.enable_x64()

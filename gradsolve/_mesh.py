@@ -16,7 +16,22 @@ from ._solver.base import AbstractSolver
 
 
 class Status(enum.IntEnum):
-    """Per-trajectory outcome of :func:`gradsolve.record` (``Mesh.status``)."""
+    """Per-trajectory outcome of :func:`gradsolve.record` (``Mesh.status``).
+
+    An ``IntEnum``: ``Mesh.status`` holds these codes as ``int32`` arrays of shape ``(n,)``.
+
+    Attributes:
+        OK: 0, the solve reached ``t1``.
+        MAX_STEPS: 1, the mesh capacity ``max_steps`` (or the attempt cap) was reached
+            before ``t1``; raise ``max_steps`` or, for a stiff problem, use
+            :class:`Rodas5P`.
+        NONFINITE: 2, a NaN or inf appeared in ``f`` or the state.
+        STEP_UNDERFLOW: 3, the step size became too small to advance the time.
+
+    Example:
+        >>> mesh = gs.record(f, 0.0, 10.0, y0, params, throw=False)
+        >>> failed = mesh.status != gs.Status.OK          # (n,) bool
+    """
 
     OK = 0
     MAX_STEPS = 1
@@ -44,6 +59,12 @@ class Mesh(eqx.Module):
         y_last: ``(n, d)`` state at the last accepted time (diagnostics).
         y0, params: the initial state and parameters the mesh was recorded at.
         solver, rtol, atol, controller: how it was recorded.
+
+    Example:
+        >>> mesh = gs.record(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
+        >>> mesh.times.shape                # (n, S + 1): trimmed outside jit
+        >>> mesh.n_steps, mesh.status       # (n,) each
+        >>> sol = gs.replay(f, mesh, y0, 1.1 * params)   # reuse the mesh
     """
 
     times: Float[Array, "*n S1"]

@@ -23,6 +23,12 @@ class Solution(eqx.Module):
             that ``<= 1`` means the controller would still accept every step of the mesh at
             these ``y0``/``params``; re-record when it exceeds 1. Not differentiated.
         route: what ran, e.g. ``"gradsolve-replay"`` or ``"diffrax-diffeqsolve"``.
+
+    Example:
+        >>> sol = gs.solve(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
+        >>> sol.ys.shape                    # (n, 21, d)
+        >>> sol.stats["num_accepted_steps"] # (n,)
+        >>> bool((sol.error_ratio <= 1).all())   # False means: re-record the mesh
     """
 
     ys: Float[Array, "*n k d"]

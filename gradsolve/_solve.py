@@ -35,8 +35,29 @@ def solve(
 
     Records the mesh (no gradient flows through step-size selection, as in Diffrax's
     default ``RecursiveCheckpointAdjoint``) and replays it at the differentiable ``y0``,
-    ``params`` and ``ts``. Arguments as :func:`gradsolve.record` and
-    :func:`gradsolve.replay`.
+    ``params`` and ``ts``.
+
+    Args:
+        f: vector field ``f(t, y, params) -> dy/dt`` for ONE trajectory, ``y`` of shape
+            ``(d,)``; gradsolve batches it.
+        t0, t1: scalars, ``t1 > t0``.
+        y0: ``(d,)`` one trajectory or ``(n, d)`` an ensemble (then every leaf of
+            ``params`` has leading axis ``n``).
+        params: any pytree of arrays.
+        ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
+            ``[t0, t1]``; default ``None`` saves at ``t1`` only.
+        solver: a gradsolve solver (default :class:`Tsit5`) or any ``diffrax`` solver.
+        rtol, atol: tolerances of the error test ``|err| <= atol + rtol |y|`` (RMS).
+        dt0: initial step; ``None`` picks it per trajectory.
+        max_steps: capacity of the recorded mesh (accepted steps).
+        controller: :class:`PIDController` (default: I-controller, as Diffrax).
+        throw: failure policy, as in :func:`gradsolve.record`.
+        group_size, chunk_size: replay layout, as in :func:`gradsolve.replay`.
+
+    Returns:
+        A :class:`Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
+        ``error_ratio (n,)``, ``stats``, ``mesh`` and ``route``. Differentiable with
+        respect to ``y0``, ``params`` and ``ts``.
 
     A Diffrax solver without an error estimate (e.g. ``diffrax.Euler()``) falls back to
     ``diffrax.diffeqsolve`` with constant steps ``dt0`` and ``RecursiveCheckpointAdjoint``;

@@ -50,6 +50,10 @@ class ParamSpace:
     ``priors``. All methods accept extra leading batch axes: ``u`` of shape ``(..., D)``
     corresponds to parameter leaves of shape ``(..., *shape)``.
 
+    Args:
+        priors: dict parameter name -> NumPyro distribution (``ODEModel.priors``); the
+            flat vector has length ``D``, the total size of all parameters.
+
     Example:
         >>> space = ParamSpace(model.priors)
         >>> u = space.to_unconstrained(model.defaults)          # (D,)
@@ -306,6 +310,17 @@ def numpyro_model(
     ``numpyro.sample("obs", model.noise(params, y_pred), obs=ys)``. Pass ``ys=None`` for
     predictive simulation. A failed solve adds ``numpyro.factor("solver_failure", -inf)``.
     ``numpyro.infer.util.log_density`` of it equals :func:`log_density`.
+
+    Args:
+        model: a :class:`models.ODEModel`.
+        data: a :class:`models.Dataset` (``ts (k,)``, ``ys (k, m)``) giving the program's
+            default ``ts`` and ``ys``; ``None``: pass ``ts`` (and ``ys``) when calling it.
+        solver, rtol, atol, max_steps: how the ODE is solved (``gs.solve``; default solver
+            the model's).
+
+    Returns:
+        The NumPyro program ``program(ts=..., ys=...)``; its ``"obs"`` site has shape
+        ``(k, m)``.
 
     Example:
         >>> mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(inference.numpyro_model(m, data)),

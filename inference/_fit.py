@@ -87,6 +87,13 @@ class FitResult:
         max_error_ratio: ``(n_starts,)`` largest replay ``error_ratio`` met per start (in
             units of ``rtol``/``atol``).
         n_redrawn: starts re-drawn from the prior because their first solve failed.
+
+    Example:
+        >>> res = inference.fit(model, data, n_starts=8, steps=500)
+        >>> res.params                       # the best start's parameter dict
+        >>> res.losses.shape                 # (8,)
+        >>> res.loss_history.shape           # (500, 8)
+        >>> res.n_records, res.n_grad_evals  # meshes recorded vs gradients taken
     """
 
     params: dict
@@ -682,6 +689,7 @@ def fit_least_squares(
         init: ``None`` (prior draws; the first start is ``model.defaults`` when
             ``n_starts == 1``) or a parameter dict (the first start).
         n_starts: starts, solved one after another with the same compiled solver.
+        seed: seeds the prior draws of the starts.
         max_iter: LM steps per mesh; max_rerecords: LM solves per start.
         lm_rtol, lm_atol: Optimistix LM tolerances.
         drift_tol, error_ratio_max, rtol, atol, solver, max_steps, record_tol_factor: as
@@ -690,6 +698,11 @@ def fit_least_squares(
     Returns:
         :class:`FitResult` with ``objective="least_squares"`` and ``losses`` half the
         residual sum of squares; ``n_grad_evals`` counts LM steps (Jacobians).
+
+    Example:
+        >>> res = inference.fit_least_squares(models.lynx_hare(),
+        ...                                   models.load_dataset("lynx_hare"))
+        >>> res.params["theta"], res.losses      # (4,), (1,)
     """
     import optimistix as optx
 

@@ -49,6 +49,13 @@ class Dataset(eqx.Module):
 
     A :class:`Dataset` is a pytree (``ts`` and ``ys`` are its leaves; the metadata is
     static), so it can be passed to ``jax.jit``-compiled functions.
+
+    Example:
+        >>> data = models.Dataset(ts=jnp.arange(5.0), ys=jnp.ones((5, 2)),
+        ...                       names=("hare", "lynx"), units="thousands")
+        >>> data.ts.shape, data.ys.shape    # (5,), (5, 2)
+        >>> models.load_dataset("lynx_hare").names
+        ('hare', 'lynx')
     """
 
     ts: jax.Array
@@ -121,7 +128,15 @@ def _data_dir():
 
 
 def list_datasets() -> list[str]:
-    """Names of the embedded data sets, for :func:`load_dataset`."""
+    """Names of the embedded data sets, for :func:`load_dataset`.
+
+    Returns:
+        A sorted list of names.
+
+    Example:
+        >>> models.list_datasets()
+        ['influenza_england_1978', 'lynx_hare']
+    """
     return sorted(
         entry.name[: -len(".csv")]
         for entry in _data_dir().iterdir()
@@ -185,6 +200,17 @@ def load_dataset(name: str) -> Dataset:
     - ``"influenza_england_1978"``: boys confined to bed each day of the 1978 influenza
       outbreak in an English boarding school (763 boys); ``ts = 1, ..., 14`` (days), one
       column. Fits :func:`models.sir` with its defaults (``t0 = 0``, one initial case).
+
+    Args:
+        name: one of :func:`list_datasets`.
+
+    Returns:
+        A :class:`Dataset` with ``ts (k,)`` and ``ys (k, m)``.
+
+    Example:
+        >>> data = models.load_dataset("lynx_hare")
+        >>> data.ts.shape, data.ys.shape, data.names
+        ((21,), (21, 2), ('hare', 'lynx'))
     """
     if not isinstance(name, str):
         raise TypeError(f"dataset name must be a string, got {type(name).__name__}")

@@ -58,6 +58,12 @@ def lynx_hare() -> ODEModel:
     Source: B. Carpenter (2018), "Predator-Prey Population Dynamics: the Lotka-Volterra
     model in Stan", Stan case study (https://mc-stan.org/users/documentation/case-studies/
     lotka-volterra-predator-prey.html); A. J. Lotka (1925); V. Volterra (1926).
+
+    Example:
+        >>> data = models.load_dataset("lynx_hare")
+        >>> model = models.lynx_hare()
+        >>> model.predict(model.defaults, data.ts).shape  # (21, 2): hare, lynx
+        >>> model.log_joint(model.defaults, data)  # log prior + log likelihood
     """
     return ODEModel(
         name="lynx_hare",

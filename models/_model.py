@@ -24,6 +24,17 @@ def prior_median(d: dist.Distribution) -> jax.Array:
 
     Uses the inverse CDF at 1/2 when the (unwrapped) base distribution has one, otherwise the
     elementwise median of 20,001 draws (fixed seed, so it is reproducible).
+
+    Args:
+        d: a NumPyro distribution (possibly ``expand``-ed, ``to_event``-ed or truncated).
+
+    Returns:
+        An array of shape ``d.batch_shape + d.event_shape``.
+
+    Example:
+        >>> import numpyro.distributions as dist
+        >>> models.prior_median(dist.LogNormal(0.0, 1.0))            # 1.0
+        >>> models.prior_median(dist.Normal(jnp.zeros(3), 1.0)).shape  # (3,)
     """
     shape = tuple(d.batch_shape) + tuple(d.event_shape)
     base = d
@@ -102,6 +113,20 @@ class ODEModel(eqx.Module):
     ``numpyro.sample(name, model.priors[name])`` for each parameter, then
     ``numpyro.sample("obs", model.noise(params, model.predict(params, data.ts)),
     obs=data.ys)``.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, equinox as eqx
+        >>> import numpyro.distributions as dist
+        >>> model = models.ODEModel(
+        ...     name="decay",
+        ...     vector_field=lambda t, y, p: -p["k"] * y,
+        ...     priors={"k": dist.LogNormal(0.0, 0.5), "sigma": dist.LogNormal(-2.0, 0.5)},
+        ...     y0=jnp.array([1.0]),
+        ... )
+        >>> ts = jnp.linspace(0.5, 5.0, 10)
+        >>> data = model.simulate(jax.random.key(0), None, ts)    # ts (10,), ys (10, 1)
+        >>> model.predict(model.defaults, ts).shape               # (10, 1)
+        >>> eqx.filter_jit(model.log_joint)(model.defaults, data)  # scalar
     """
 
     name: str = eqx.field(static=True)

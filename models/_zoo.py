@@ -91,6 +91,10 @@ def lotka_volterra() -> ODEModel:
     118:558. The default values are the standard example of SciML's DifferentialEquations.jl
     and Diffrax documentation (``alpha, beta, gamma, delta = 1.5, 1, 3, 1``, ``y0 = (1, 1)``).
     For the fitted lynx–hare variant see :func:`models.lynx_hare`.
+
+    Example:
+        >>> model = models.lotka_volterra()
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 10.0, 21)).shape  # (21, 2): prey, predator
     """
     return ODEModel(
         name="lotka_volterra",
@@ -146,6 +150,15 @@ def sir(N: float = 763.0, I0: float = 1.0) -> ODEModel:
     The defaults are the maximum-likelihood values for that data set (computed with SciPy,
     rounded). Source of the model: W. O. Kermack & A. G. McKendrick (1927), Proc. R. Soc.
     Lond. A 115:700.
+
+    Args:
+        N: population size (persons), default 763 (the boarding school).
+        I0: initial number of infected persons, default 1.
+
+    Example:
+        >>> data = models.load_dataset("influenza_england_1978")
+        >>> model = models.sir()
+        >>> model.predict(model.defaults, data.ts).shape  # (14, 1): infected
     """
     N = float(N)
     I0 = float(I0)
@@ -202,6 +215,13 @@ def seir(I0: float = 1e-4) -> ODEModel:
     M. J. Keeling & P. Rohani, *Modeling Infectious Diseases in Humans and Animals*
     (Princeton, 2008), §2.5 (the SEIR model); R. M. Anderson & R. M. May, *Infectious
     Diseases of Humans* (Oxford, 1991). A typical horizon is ``[0, 150]`` days.
+
+    Args:
+        I0: initial infectious fraction of the population, default ``1e-4``.
+
+    Example:
+        >>> model = models.seir()
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 150.0, 31)).shape  # (31, 1): infectious fraction
     """
     I0 = float(I0)
     if not 0 < I0 < 1:
@@ -244,6 +264,14 @@ def van_der_pol(mu: float = 1.0) -> ODEModel:
 
     Sources: B. van der Pol (1926), Phil. Mag. 2:978; E. Hairer & G. Wanner, *Solving
     Ordinary Differential Equations II* (2nd ed., Springer 1996), §IV.1 (the stiff case).
+
+    Args:
+        mu: damping strength: the default of parameter ``mu`` and its prior's median;
+            ``mu >= 100`` marks the model stiff.
+
+    Example:
+        >>> model = models.van_der_pol(mu=1000.0)
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 3000.0, 31)).shape  # (31, 2); stiff: Rodas5P
     """
     mu = float(mu)
     if not mu > 0:
@@ -283,6 +311,10 @@ def fitzhugh_nagumo() -> ODEModel:
     (1962), Proc. IRE 50:2061; J. O. Ramsay, G. Hooker, D. Campbell & J. Cao (2007),
     "Parameter estimation for differential equations: a generalized smoothing approach",
     J. R. Statist. Soc. B 69:741.
+
+    Example:
+        >>> model = models.fitzhugh_nagumo()
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 20.0, 41)).shape  # (41, 2): V, R
     """
     return ODEModel(
         name="fitzhugh_nagumo",
@@ -316,6 +348,10 @@ def lorenz() -> ODEModel:
     ``sigma_obs = 1``, Normal observation noise of all states, prior ``LogNormal(0, 0.5)``.
 
     Source: E. N. Lorenz (1963), "Deterministic nonperiodic flow", J. Atmos. Sci. 20:130.
+
+    Example:
+        >>> model = models.lorenz()
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 5.0, 51)).shape  # (51, 3): x, y, z
     """
     return ODEModel(
         name="lorenz",
@@ -356,6 +392,14 @@ def pendulum(g: float = 9.81, theta0: float = 1.0) -> ODEModel:
 
     Source: e.g. S. H. Strogatz, *Nonlinear Dynamics and Chaos* (2nd ed., 2015), §6.7;
     J. R. Taylor, *Classical Mechanics* (2005), §5.4 (linear damping).
+
+    Args:
+        g: gravitational acceleration (m/s²), a known constant, default 9.81.
+        theta0: initial angle (rad), released at rest, default 1.
+
+    Example:
+        >>> model = models.pendulum(theta0=0.5)
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 10.0, 101)).shape  # (101, 1): the angle
     """
     g = float(g)
     if not g > 0:
@@ -404,6 +448,10 @@ def robertson() -> ODEModel:
     Sources: H. H. Robertson (1966), "The solution of a set of reaction rate equations", in
     *Numerical Analysis: an Introduction*, J. Walsh (ed.), Academic Press, 178–182;
     E. Hairer & G. Wanner, *Solving ODEs II* (2nd ed., 1996), §IV.1 and §IV.10 (ROBER).
+
+    Example:
+        >>> model = models.robertson()
+        >>> model.predict(model.defaults, jnp.logspace(-4.0, 5.0, 19)).shape  # (19, 3); stiff: Rodas5P
     """
     return ODEModel(
         name="robertson",
@@ -470,6 +518,10 @@ def hires() -> ODEModel:
     Sources: E. Schäfer (1975), J. Math. Biol. 2:41; E. Hairer & G. Wanner, *Solving ODEs
     II* (2nd ed., 1996), §IV.10 (HIRES); F. Mazzia & F. Iavernaro, *Test Set for IVP
     Solvers* (HIRES).
+
+    Example:
+        >>> model = models.hires()
+        >>> model.predict(model.defaults, jnp.linspace(1.0, 321.8122, 20)).shape  # (20, 8); stiff: Rodas5P
     """
     k_ref = jnp.array(_HIRES_K)
     return ODEModel(
@@ -510,6 +562,10 @@ def brusselator() -> ODEModel:
 
     Sources: I. Prigogine & R. Lefever (1968), J. Chem. Phys. 48:1695; E. Hairer,
     S. P. Nørsett & G. Wanner, *Solving ODEs I* (2nd ed., 1993), §I.16 and §II.10.
+
+    Example:
+        >>> model = models.brusselator()
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 20.0, 41)).shape  # (41, 2): x, y
     """
     return ODEModel(
         name="brusselator",
@@ -562,6 +618,13 @@ def one_compartment_pk(dose: float = 300.0) -> ODEModel:
     known constructor argument, not a parameter. Source of the model: M. Rowland &
     T. N. Tozer, *Clinical Pharmacokinetics and Pharmacodynamics* (4th ed., 2011), ch. 20
     (nonlinear kinetics).
+
+    Args:
+        dose: the oral dose (mg) at ``t0 = 0``, a known constant, default 300.
+
+    Example:
+        >>> model = models.one_compartment_pk(dose=300.0)
+        >>> model.predict(model.defaults, jnp.linspace(0.5, 24.0, 48)).shape  # (48, 1): concentration
     """
     dose = float(dose)
     if not dose > 0:
@@ -605,6 +668,14 @@ def lorenz96(d: int = 40, F: float = 8.0) -> ODEModel:
 
     Source: E. N. Lorenz (1996), "Predictability — a problem partly solved", Proc. ECMWF
     Seminar on Predictability, vol. 1, 1–18; Lorenz & Emanuel (1998), J. Atmos. Sci. 55:399.
+
+    Args:
+        d: number of sites (states), ``d >= 4``, default 40.
+        F: forcing: the default of parameter ``F`` and its prior's median, default 8.
+
+    Example:
+        >>> model = models.lorenz96(d=8)
+        >>> model.predict(model.defaults, jnp.linspace(0.0, 2.0, 21)).shape  # (21, 8)
     """
     d = int(d)
     if d < 4:

@@ -31,7 +31,20 @@ class AbstractSolver(eqx.Module):
     """Base class of every gradsolve solver.
 
     Subclasses define ``order`` (of the propagated solution), ``embedded_order`` (of the
-    error estimator) and ``step``; ``init`` defaults to no carried state.
+    error estimator) and ``step``; ``init`` defaults to no carried state. Solvers are
+    stateless equinox modules: construct them with no arguments.
+
+    Attributes:
+        order: class-level int, order of the propagated solution.
+        embedded_order: class-level int, order of the embedded solution.
+        implicit: class-level bool, whether ``step`` solves linear systems with the
+            Jacobian (stiff solvers).
+
+    Example:
+        >>> isinstance(gs.Tsit5(), gs.AbstractSolver)
+        True
+        >>> gs.Tsit5().error_order          # min(order, embedded_order) + 1
+        5
     """
 
     order: eqx.AbstractClassVar[int]
@@ -79,6 +92,28 @@ class AbstractExplicitRK(AbstractSolver):
     triangular, ``(s, s)``), ``b`` (``(s,)``), ``b_error`` (``b - b_hat``, ``(s,)``) and
     ``c`` (``(s,)``). If ``fsal`` the last stage is evaluated at ``(t0 + h, y1)`` and is
     carried to the next step as its first stage.
+
+    Attributes:
+        a: ``(s, s)`` strictly lower triangular stage coefficients.
+        b: ``(s,)`` weights of the propagated solution.
+        b_error: ``(s,)`` error weights ``b - b_hat``.
+        c: ``(s,)`` stage times.
+        fsal: first-same-as-last: the last stage is the next step's first.
+
+    Example:
+        A Heun–Euler 2(1) pair, usable wherever a solver is accepted:
+
+        >>> from typing import ClassVar
+        >>> import numpy as np
+        >>> class HeunEuler(gs.AbstractExplicitRK):
+        ...     a: ClassVar = np.array([[0.0, 0.0], [1.0, 0.0]])
+        ...     b: ClassVar = np.array([0.5, 0.5])
+        ...     b_error: ClassVar = np.array([-0.5, 0.5])
+        ...     c: ClassVar = np.array([0.0, 1.0])
+        ...     fsal: ClassVar = False
+        ...     order: ClassVar = 2
+        ...     embedded_order: ClassVar = 1
+        >>> sol = gs.solve(f, 0.0, 1.0, y0, params, solver=HeunEuler())
     """
 
     a: ClassVar[np.ndarray]

@@ -76,6 +76,14 @@ class AbstractRosenbrock(AbstractSolver):
 
     ``c[0]`` must be 0 and ``a[0]`` zero, so the first stage reuses ``f(t0, y0)``.
     ``f`` must be differentiable in ``t`` and ``y`` at the step's start.
+
+    Example:
+        The built-in methods are subclasses; a new one only sets the arrays above (as
+        ``ClassVar`` attributes, with ``order`` and ``embedded_order``):
+
+        >>> isinstance(gs.Rodas5P(), gs.AbstractRosenbrock), gs.Rodas5P().implicit
+        (True, True)
+        >>> sol = gs.solve(f, t0, t1, y0, params, solver=gs.Rodas5P())
     """
 
     gamma: ClassVar[float]
