@@ -1,8 +1,8 @@
 """gradsolve: record an adaptive ODE solve, replay its mesh, differentiate it fast.
 
-Public API (``import gradsolve as gs``): :func:`record`, :func:`replay`, :func:`solve`,
-:class:`Mesh`, :class:`Solution`, the solvers :class:`Tsit5`, :class:`Dopri5`,
-:class:`Vern7`, :class:`Rosenbrock23`, :class:`Rodas5P`, and :func:`enable_x64`.
+Public API (``import gradsolve as gs``): `record`, `replay`, `solve`,
+`Mesh`, `Solution`, the solvers `Tsit5`, `Dopri5`,
+`Vern7`, `Rosenbrock23`, `Rodas5P`, and `enable_x64`.
 Importing this package never changes global JAX configuration.
 """
 

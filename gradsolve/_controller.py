@@ -19,7 +19,7 @@ from jaxtyping import Array, Float
 
 
 class PIDController(eqx.Module):
-    """Coefficients of the adaptive step-size controller used by :func:`gradsolve.record`.
+    """Coefficients of the adaptive step-size controller used by `gradsolve.record`.
 
     Args:
         pcoeff: proportional coefficient (0 gives an I-controller).

@@ -16,7 +16,7 @@ from ._solver.base import AbstractSolver
 
 
 class Status(enum.IntEnum):
-    """Per-trajectory outcome of :func:`gradsolve.record` (``Mesh.status``).
+    """Per-trajectory outcome of `gradsolve.record` (``Mesh.status``).
 
     An ``IntEnum``: ``Mesh.status`` holds these codes as ``int32`` arrays of shape ``(n,)``.
 
@@ -24,7 +24,7 @@ class Status(enum.IntEnum):
         OK: 0, the solve reached ``t1``.
         MAX_STEPS: 1, the mesh capacity ``max_steps`` (or the attempt cap) was reached
             before ``t1``; raise ``max_steps`` or, for a stiff problem, use
-            :class:`Rodas5P`.
+            `Rodas5P`.
         NONFINITE: 2, a NaN or inf appeared in ``f`` or the state.
         STEP_UNDERFLOW: 3, the step size became too small to advance the time.
 
@@ -50,7 +50,7 @@ class Mesh(eqx.Module):
             past ``n_steps`` repeat the last time (zero-length padding steps).
         n_steps: ``(n,)`` accepted steps.
         n_rejected: ``(n,)`` rejected step attempts.
-        status: ``(n,)`` :class:`Status` codes (0 = ok).
+        status: ``(n,)`` `Status` codes (0 = ok).
         save_index: ``(n, k)`` index into ``times`` of each save time. Save times are
             forced mesh points, so values there are exact nodes of the replay.
         ts: ``(n, k)`` save times the mesh was recorded with.
@@ -104,7 +104,7 @@ class Mesh(eqx.Module):
 
         By default the capacity is rounded up to a power of two (at least 16), so that
         meshes of similar length share one compiled replay; ``exact=True`` cuts to the
-        longest trajectory. :func:`gradsolve.record` trims automatically outside ``jit``.
+        longest trajectory. `gradsolve.record` trims automatically outside ``jit``.
         """
         if isinstance(self.n_steps, jax.core.Tracer):
             raise ValueError("Mesh.trim() needs concrete `n_steps`; call it outside jax.jit.")

@@ -216,20 +216,20 @@ def record(
         ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
             ``[t0, t1]``; default ``None`` saves at ``t1`` only. Save times become forced
             mesh points (the step before each is shortened to land on it).
-        solver: a gradsolve solver (default :class:`Tsit5`) or any ``diffrax`` solver with
+        solver: a gradsolve solver (default `Tsit5`) or any ``diffrax`` solver with
             an error estimate (its own ``step`` is driven by this loop).
         rtol, atol: tolerances of the mixed error test ``|err| <= atol + rtol |y|`` (RMS).
         dt0: initial step; ``None`` picks it per trajectory (Hairer's algorithm).
         max_steps: capacity of the mesh (accepted steps); attempts are capped at
             ``4 * max_steps + 64``. Memory is ``O(n * max_steps)``; time follows the steps
             taken.
-        controller: :class:`PIDController` (default: I-controller, as Diffrax).
+        controller: `PIDController` (default: I-controller, as Diffrax).
         throw: ``None`` (default) raises ``RuntimeError`` for failed trajectories outside
             ``jit`` and returns status codes inside it; ``True`` also raises inside ``jit``
             (via ``equinox.error_if``); ``False`` never raises.
 
     Returns:
-        A :class:`Mesh`. Outside ``jit`` its step axis is trimmed to the longest
+        A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest
         trajectory; inside ``jit`` it has ``max_steps + 1`` slots. Not differentiable
         (step sizes carry no gradient, as in Diffrax's default).
 

@@ -138,7 +138,7 @@ def replay(
 
     Args:
         f: the vector field ``f(t, y, params)`` (one trajectory), as given to ``record``.
-        mesh: a :class:`Mesh` from :func:`gradsolve.record`.
+        mesh: a `Mesh` from `gradsolve.record`.
         y0: ``(d,)`` or ``(n, d)``, matching the mesh.
         params: pytree; leaves with leading axis ``n`` for an ensemble.
         ts: save times of the same shape as ``mesh.ts``; default the recorded ones. They
@@ -150,7 +150,7 @@ def replay(
         chunk_size: steps per skippable, rematerialised chunk.
 
     Returns:
-        :class:`Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.
+        `Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.
         Trajectories whose record failed give NaN.
 
     Differentiable in reverse and forward mode w.r.t. ``y0``, every leaf of ``params`` and
@@ -215,7 +215,7 @@ def _check_moved_ts(bm: Mesh, ts) -> None:
 
 @eqx.filter_jit
 def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int):
-    """Jitted body of :func:`replay` on batched, validated inputs."""
+    """Jitted body of `replay` on batched, validated inputs."""
     bm = _as_batched(mesh)
     dtype = y0.dtype
     rows = jnp.arange(y0.shape[0])[:, None]

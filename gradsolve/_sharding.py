@@ -41,7 +41,7 @@ def shard_ensemble(tree, devices=None):
 
     Args:
         tree: pytree of arrays with leading ensemble axis ``n``.
-        devices: as in :func:`ensemble_sharding`.
+        devices: as in `ensemble_sharding`.
 
     Returns:
         The same pytree, sharded.

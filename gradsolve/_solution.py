@@ -15,7 +15,7 @@ class Solution(eqx.Module):
         ys: ``(n, k, d)`` states at the save times (``(k, d)`` for one trajectory).
         y1: ``(n, d)`` state at ``t1``.
         ts: ``(n, k)`` or ``(k,)`` the save times.
-        mesh: the :class:`Mesh` that was replayed.
+        mesh: the `Mesh` that was replayed.
         stats: dict of arrays: ``num_accepted_steps`` and ``num_rejected_steps`` per
             trajectory (Diffrax's keys), ``num_replayed_steps`` (the static loop length of
             the replay, padding included) and ``status``.

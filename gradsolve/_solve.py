@@ -46,16 +46,16 @@ def solve(
         params: any pytree of arrays.
         ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
             ``[t0, t1]``; default ``None`` saves at ``t1`` only.
-        solver: a gradsolve solver (default :class:`Tsit5`) or any ``diffrax`` solver.
+        solver: a gradsolve solver (default `Tsit5`) or any ``diffrax`` solver.
         rtol, atol: tolerances of the error test ``|err| <= atol + rtol |y|`` (RMS).
         dt0: initial step; ``None`` picks it per trajectory.
         max_steps: capacity of the recorded mesh (accepted steps).
-        controller: :class:`PIDController` (default: I-controller, as Diffrax).
-        throw: failure policy, as in :func:`gradsolve.record`.
-        group_size, chunk_size: replay layout, as in :func:`gradsolve.replay`.
+        controller: `PIDController` (default: I-controller, as Diffrax).
+        throw: failure policy, as in `gradsolve.record`.
+        group_size, chunk_size: replay layout, as in `gradsolve.replay`.
 
     Returns:
-        A :class:`Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
+        A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
         ``error_ratio (n,)``, ``stats``, ``mesh`` and ``route``. Differentiable with
         respect to ``y0``, ``params`` and ``ts``.
 

@@ -1,11 +1,11 @@
 """Fitting and sampling ODE models with gradsolve (see SPEC §4).
 
-- :func:`log_density`, :func:`numpyro_model`, :class:`ParamSpace`: the unnormalised log
-  posterior of an :class:`models.ODEModel` given a :class:`models.Dataset`, its NumPyro
+- `log_density`, `numpyro_model`, `ParamSpace`: the unnormalised log
+  posterior of an `models.ODEModel` given a `models.Dataset`, its NumPyro
   program, and the map to a flat unconstrained vector.
-- :func:`fit` (Optax, many starts as one ensemble, mesh reuse with re-recording on drift),
-  :func:`fit_least_squares` (Optimistix Levenberg–Marquardt), :class:`FitResult`.
-- :func:`sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
+- `fit` (Optax, many starts as one ensemble, mesh reuse with re-recording on drift),
+  `fit_least_squares` (Optimistix Levenberg–Marquardt), `FitResult`.
+- `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
 
 Importing this package changes no JAX configuration (use float64 for accuracy work:

@@ -2,7 +2,7 @@
 
 This is what a user writes without gradsolve (Tsit5 with a PID controller, Diffrax's
 default ``RecursiveCheckpointAdjoint``); the tests use it as the independent reference for
-:func:`inference.sample` and the benchmarks time against it.
+`inference.sample` and the benchmarks time against it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ def diffrax_numpyro_model(model, data, *, rtol: float = 1e-6, atol: float = 1e-8
     """NumPyro program of ``model`` given ``data`` whose ODE is solved by Diffrax.
 
     Args:
-        model: a :class:`models.ODEModel`.
-        data: a :class:`models.Dataset`.
+        model: a `models.ODEModel`.
+        data: a `models.Dataset`.
         rtol, atol, max_steps: Diffrax ``PIDController`` tolerances and step cap.
 
     Returns:

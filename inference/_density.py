@@ -1,13 +1,13 @@
-"""Log densities of an :class:`models.ODEModel` given data, its NumPyro program, and the
+"""Log densities of an `models.ODEModel` given data, its NumPyro program, and the
 map between constrained parameter dicts and one flat unconstrained vector.
 
 Everything here is jittable and differentiable. Two ways to get the ODE solution:
 
-- :func:`log_density` (and :func:`numpyro_model`) solve with ``gs.solve`` (record + replay
+- `log_density` (and `numpyro_model`) solve with ``gs.solve`` (record + replay
   in one call): the value and gradient are those of the adaptive solution, exactly what
   Diffrax's default adjoint would give.
 - The internal ``_Problem`` also evaluates the likelihood on a *given* recorded mesh (a
-  fixed-step replay), which is what :func:`inference.fit` and :func:`inference.sample` use
+  fixed-step replay), which is what `inference.fit` and `inference.sample` use
   to reuse one mesh across many gradient evaluations.
 
 A solver failure (max_steps reached, non-finite state, step underflow) or a non-finite
@@ -273,8 +273,8 @@ def log_density(
     """Unnormalised log posterior ``log p(params) + log p(data | params)``.
 
     Args:
-        model: a :class:`models.ODEModel`.
-        data: a :class:`models.Dataset` (``ts (k,)``, ``ys (k, m)``).
+        model: a `models.ODEModel`.
+        data: a `models.Dataset` (``ts (k,)``, ``ys (k, m)``).
         params: a constrained parameter dict (the keys of ``model.priors``); with every leaf
             carrying a leading axis ``n`` it is an ensemble and the result has shape ``(n,)``.
         solver, rtol, atol, max_steps: how the ODE is solved (``gs.solve``; default solver
@@ -309,11 +309,11 @@ def numpyro_model(
     its prior (``numpyro.sample(name, prior)``), solves with ``gs.solve`` and observes
     ``numpyro.sample("obs", model.noise(params, y_pred), obs=ys)``. Pass ``ys=None`` for
     predictive simulation. A failed solve adds ``numpyro.factor("solver_failure", -inf)``.
-    ``numpyro.infer.util.log_density`` of it equals :func:`log_density`.
+    ``numpyro.infer.util.log_density`` of it equals `log_density`.
 
     Args:
-        model: a :class:`models.ODEModel`.
-        data: a :class:`models.Dataset` (``ts (k,)``, ``ys (k, m)``) giving the program's
+        model: a `models.ODEModel`.
+        data: a `models.Dataset` (``ts (k,)``, ``ys (k, m)``) giving the program's
             default ``ts`` and ``ys``; ``None``: pass ``ts`` (and ``ys``) when calling it.
         solver, rtol, atol, max_steps: how the ODE is solved (``gs.solve``; default solver
             the model's).

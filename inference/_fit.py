@@ -1,6 +1,6 @@
 """Gradient-based fits (MAP / maximum likelihood) of many starts at once, reusing meshes.
 
-How :func:`fit` works:
+How `fit` works:
 
 1. The ``n_starts`` starting points form ONE ensemble: every parameter leaf gets a leading
    axis ``n`` and a single ``gs.record`` call records a mesh for all of them.
@@ -8,7 +8,7 @@ How :func:`fit` works:
    meshes (``gs.replay``; one jitted function, compiled once per mesh capacity, which is
    rounded up to a power of two so it rarely changes), then applies the Optax update in the
    same compiled call. The optimisation variable is the flat unconstrained vector of
-   :class:`inference.ParamSpace`, so positive parameters stay positive.
+   `inference.ParamSpace`, so positive parameters stay positive.
 3. Each step also measures, per start, the parameter drift since its mesh was recorded
    (relative, in constrained space) and the replay's ``error_ratio`` (in units of
    ``rtol``/``atol``: ``> 1`` means the controller would no longer accept that mesh at the
@@ -34,7 +34,7 @@ Between re-records the optimiser minimises the fixed-mesh (fixed-step) discretis
 loss, whose gradient is exact for it; the re-record rule keeps that discretisation within the
 solver's tolerance of the adaptive one.
 
-:func:`fit_least_squares` solves the least-squares problem (log-residuals for LogNormal
+`fit_least_squares` solves the least-squares problem (log-residuals for LogNormal
 noise) with Optimistix's Levenberg–Marquardt on forward-mode Jacobians of the replay,
 re-recording between LM solves until the mesh holds at the solution.
 """
@@ -66,7 +66,7 @@ _FAILED = 1
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class FitResult:
-    """Result of :func:`fit` / :func:`fit_least_squares`.
+    """Result of `fit` / `fit_least_squares`.
 
     Attributes:
         params: the best start's constrained parameter dict.
@@ -364,8 +364,8 @@ def fit(
     drift (see the module docstring).
 
     Args:
-        model: a :class:`models.ODEModel`.
-        data: a :class:`models.Dataset`.
+        model: a `models.ODEModel`.
+        data: a `models.Dataset`.
         init: ``None`` (starts drawn from the priors), a parameter dict (the first start;
             others are prior draws), or an ensemble dict (leaves with leading axis ``n``).
         optimizer: an Optax transformation on the flat unconstrained vector (default
@@ -399,7 +399,7 @@ def fit(
             ``params``, ``n_records``); returning ``True`` stops the fit early.
 
     Returns:
-        :class:`FitResult`.
+        `FitResult`.
 
     Example:
         >>> res = inference.fit(models.lynx_hare(), models.load_dataset("lynx_hare"),
@@ -685,7 +685,7 @@ def fit_least_squares(
     solution until that solution's drift and ``error_ratio`` are within bounds.
 
     Args:
-        model, data: as :func:`fit`.
+        model, data: as `fit`.
         init: ``None`` (prior draws; the first start is ``model.defaults`` when
             ``n_starts == 1``) or a parameter dict (the first start).
         n_starts: starts, solved one after another with the same compiled solver.
@@ -693,10 +693,10 @@ def fit_least_squares(
         max_iter: LM steps per mesh; max_rerecords: LM solves per start.
         lm_rtol, lm_atol: Optimistix LM tolerances.
         drift_tol, error_ratio_max, rtol, atol, solver, max_steps, record_tol_factor: as
-            :func:`fit`.
+            `fit`.
 
     Returns:
-        :class:`FitResult` with ``objective="least_squares"`` and ``losses`` half the
+        `FitResult` with ``objective="least_squares"`` and ``losses`` half the
         residual sum of squares; ``n_grad_evals`` counts LM steps (Jacobians).
 
     Example:

@@ -1,6 +1,6 @@
 """NUTS/HMC (NumPyro) whose potential gradients come from gradsolve, returning ArviZ data.
 
-The sampler works on the flat unconstrained vector ``u`` of :class:`inference.ParamSpace`:
+The sampler works on the flat unconstrained vector ``u`` of `inference.ParamSpace`:
 the potential is ``U(u) = -(log prior(x(u)) + log|dx/du| + log likelihood(x(u)))`` and its
 gradient is the discrete adjoint of ``gs.replay`` on a recorded mesh. NumPyro's own NUTS/HMC
 kernel (``numpyro.infer.hmc.hmc(potential_fn_gen=...)``, with its dual-averaging step size
@@ -46,7 +46,7 @@ solves (``count_failures=True`` forces it; otherwise the counts are ``-1``). Rec
 fail between warmup windows keep the chain's previous mesh and are counted in
 ``record_failures``.
 
-Default initialisation (``init="map"``): a multi-start MAP fit (:func:`inference.fit`,
+Default initialisation (``init="map"``): a multi-start MAP fit (`inference.fit`,
 16 starts, 300 Adam steps); each chain starts at its best point plus ``N(0, init_jitter^2)``
 jitter in unconstrained space. The InferenceData's attributes say so.
 """
@@ -169,7 +169,7 @@ def sample(
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
     Args:
-        model: a :class:`models.ODEModel`; data: a :class:`models.Dataset`.
+        model: a `models.ODEModel`; data: a `models.Dataset`.
         num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``; the chains run
             vectorised (``jax.vmap``, as ``chain_method="vectorized"``).
         kernel: ``"nuts"`` or ``"hmc"``.

@@ -1,8 +1,8 @@
 """models: ODE models as data, a model zoo, and embedded data sets.
 
-``import models`` gives :class:`ODEModel` (vector field, priors, initial state, noise model,
-defaults; ``simulate``, ``predict``, ``log_prior``, ``log_likelihood``), :class:`Dataset`
-with :func:`load_dataset` / :func:`list_datasets` (files shipped in ``models/data``, no
+``import models`` gives `ODEModel` (vector field, priors, initial state, noise model,
+defaults; ``simulate``, ``predict``, ``log_prior``, ``log_likelihood``), `Dataset`
+with `load_dataset` / `list_datasets` (files shipped in ``models/data``, no
 download), and one constructor per zoo model. ``models`` uses ``gradsolve`` to solve;
 ``gradsolve`` never imports ``models``. Importing this package changes no JAX config.
 """
@@ -40,7 +40,7 @@ ZOO = (
     "lorenz96",
     "lynx_hare",
 )
-"""Names of the zoo constructors (each ``models.<name>()`` returns an :class:`ODEModel`)."""
+"""Names of the zoo constructors (each ``models.<name>()`` returns an `ODEModel`)."""
 
 __all__ = [
     "ODEModel",

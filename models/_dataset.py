@@ -1,4 +1,4 @@
-"""Observed data sets: :class:`Dataset`, the embedded files, :func:`load_dataset`."""
+"""Observed data sets: `Dataset`, the embedded files, `load_dataset`."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class Dataset(eqx.Module):
         units: optional units, one string for all columns or one per column.
         source: optional free text: where the numbers come from.
 
-    A :class:`Dataset` is a pytree (``ts`` and ``ys`` are its leaves; the metadata is
+    A `Dataset` is a pytree (``ts`` and ``ys`` are its leaves; the metadata is
     static), so it can be passed to ``jax.jit``-compiled functions.
 
     Example:
@@ -128,7 +128,7 @@ def _data_dir():
 
 
 def list_datasets() -> list[str]:
-    """Names of the embedded data sets, for :func:`load_dataset`.
+    """Names of the embedded data sets, for `load_dataset`.
 
     Returns:
         A sorted list of names.
@@ -190,22 +190,22 @@ def _parse_csv(text: str, name: str) -> Dataset:
 
 
 def load_dataset(name: str) -> Dataset:
-    """Load an embedded data set (no download) as a :class:`Dataset`.
+    """Load an embedded data set (no download) as a `Dataset`.
 
-    Available: see :func:`list_datasets`.
+    Available: see `list_datasets`.
 
     - ``"lynx_hare"``: Hudson's Bay Company pelts of snowshoe hare and Canada lynx,
       1900–1920, in thousands; ``ts = 0, 1, ..., 20`` (years since 1900), ``ys[:, 0]`` hare,
-      ``ys[:, 1]`` lynx. Fits :func:`models.lynx_hare`.
+      ``ys[:, 1]`` lynx. Fits `models.lynx_hare`.
     - ``"influenza_england_1978"``: boys confined to bed each day of the 1978 influenza
       outbreak in an English boarding school (763 boys); ``ts = 1, ..., 14`` (days), one
-      column. Fits :func:`models.sir` with its defaults (``t0 = 0``, one initial case).
+      column. Fits `models.sir` with its defaults (``t0 = 0``, one initial case).
 
     Args:
-        name: one of :func:`list_datasets`.
+        name: one of `list_datasets`.
 
     Returns:
-        A :class:`Dataset` with ``ts (k,)`` and ``ys (k, m)``.
+        A `Dataset` with ``ts (k,)`` and ``ys (k, m)``.
 
     Example:
         >>> data = models.load_dataset("lynx_hare")

@@ -28,9 +28,10 @@ def _lynx_hare_noise(p, z_pred):
 def lynx_hare() -> ODEModel:
     r"""Lotka–Volterra model of the lynx–hare pelts, exactly as in Carpenter's Stan case study.
 
-    .. math::
-        \frac{du}{dt} = (\alpha - \beta v)\,u, \qquad
-        \frac{dv}{dt} = (-\gamma + \delta u)\,v
+    $$
+    \frac{du}{dt} = (\alpha - \beta v)\,u, \qquad
+    \frac{dv}{dt} = (-\gamma + \delta u)\,v
+    $$
 
     States: ``u`` hare, ``v`` lynx (thousands of pelts); ``t`` in years since 1900,
     ``t0 = 0``. Fits ``models.load_dataset("lynx_hare")`` (``ts = 0, ..., 20``).

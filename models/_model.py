@@ -74,7 +74,7 @@ def _sample_prior(priors, key, n):
 class ODEModel(eqx.Module):
     """One ODE model, as data.
 
-    Built by keyword (every zoo constructor in :mod:`models` does exactly this)::
+    Built by keyword (every zoo constructor in `models` does exactly this)::
 
         ODEModel(name=..., vector_field=..., priors=..., y0=..., t0=0.0, noise=None,
                  observed=None, stiff=False, defaults=None, state_names=None)
@@ -96,12 +96,12 @@ class ODEModel(eqx.Module):
         observed: indices of the measured states (tuple); default all states, in order.
         stiff: picks the default solver (``gs.Rodas5P()`` if stiff, else ``gs.Tsit5()``).
         defaults: a parameter dict (e.g. a sensible or literature value); missing entries are
-            the prior medians (see :func:`prior_median`).
+            the prior medians (see `prior_median`).
         state_names: names of the ``d`` states; default ``("y0", "y1", ...)``.
 
     Parameters are passed as dicts with exactly the keys of ``priors``. A dict whose every
     value has one extra leading axis ``n`` is an ensemble of ``n`` parameter sets: then
-    :meth:`predict`, :meth:`solve`, :meth:`log_prior` and :meth:`log_likelihood` return a
+    `predict`, `solve`, `log_prior` and `log_likelihood` return a
     leading axis ``n`` too (gradsolve's ensemble rule). All of them are jittable and
     differentiable: ``jax.jit(lambda p: model.log_joint(p, data))`` or
     ``eqx.filter_jit(model.log_joint)(params, data)``. (Plain ``jax.jit(model.log_prior)``
@@ -398,7 +398,7 @@ class ODEModel(eqx.Module):
     ):
         """Solve from ``t0`` to ``ts[-1]`` with gradsolve; returns a ``gs.Solution``.
 
-        ``solver`` defaults to :attr:`solver`; extra keywords (``dt0``, ``max_steps``, ...)
+        ``solver`` defaults to `solver`; extra keywords (``dt0``, ``max_steps``, ...)
         go to ``gradsolve.solve``. ``Solution.ys`` holds ALL states, shape ``(k, d)`` or
         ``(n, k, d)``.
         """
@@ -439,7 +439,7 @@ class ODEModel(eqx.Module):
     def predict(self, params: Mapping[str, Any], ts: Any, **solve_kwargs: Any) -> jax.Array:
         """Noise-free observed states at ``ts``: shape ``(k, m)``, or ``(n, k, m)``.
 
-        Keywords as in :meth:`solve` (``solver``, ``rtol=1e-8``, ``atol=1e-10``, ...).
+        Keywords as in `solve` (``solver``, ``rtol=1e-8``, ``atol=1e-10``, ...).
         """
         return self._observe(self.solve(params, ts, **solve_kwargs).ys)
 
@@ -499,7 +499,7 @@ class ODEModel(eqx.Module):
     ) -> jax.Array:
         """Log likelihood of ``data`` at ``params`` (scalar, or ``(n,)`` for an ensemble).
 
-        Solves at ``data.ts`` (keywords as in :meth:`solve`) and sums the noise model's log
+        Solves at ``data.ts`` (keywords as in `solve`) and sums the noise model's log
         density of ``data.ys``. Jittable and differentiable.
         """
         ts, ys = self._check_data(data)
@@ -524,8 +524,8 @@ class ODEModel(eqx.Module):
     ) -> Dataset:
         """Synthetic data: solve at ``ts``, keep the observed states, draw the noise.
 
-        ``params=None`` uses :attr:`defaults`. One parameter set only (for an ensemble,
-        call once per member or ``jax.vmap`` :meth:`predict` and the noise yourself).
+        ``params=None`` uses `defaults`. One parameter set only (for an ensemble,
+        call once per member or ``jax.vmap`` `predict` and the noise yourself).
         """
         if params is None:
             params = self.defaults

@@ -1,11 +1,11 @@
-"""The model zoo: one constructor per model, each returning an :class:`ODEModel`.
+"""The model zoo: one constructor per model, each returning an `ODEModel`.
 
 Conventions shared by the zoo:
 
 - parameters are scalars named as in the cited source (vectors where the source indexes
   them, e.g. HIRES's ``k``); positive rates have LogNormal priors whose median is the
   default value, so ``model.defaults`` are the source's values;
-- the observation-noise scale is the parameter ``sigma`` (``sigma_obs`` for :func:`lorenz`,
+- the observation-noise scale is the parameter ``sigma`` (``sigma_obs`` for `lorenz`,
   whose own ``sigma`` is the Prandtl number); positive states get LogNormal noise
   (``sigma`` is then a relative error), signed states Normal noise;
 - vector fields are module-level functions (one trajectory, ``y`` of shape ``(d,)``).
@@ -73,8 +73,9 @@ def _lotka_volterra_field(t, y, p):
 def lotka_volterra() -> ODEModel:
     r"""Lotka–Volterra predator–prey model.
 
-    .. math::
-        \dot x = \alpha x - \beta x y, \qquad \dot y = \delta x y - \gamma y
+    $$
+    \dot x = \alpha x - \beta x y, \qquad \dot y = \delta x y - \gamma y
+    $$
 
     States: ``x`` prey, ``y`` predator (dimensionless population sizes), ``y0 = (1, 1)`` at
     ``t0 = 0``; time dimensionless (one period is about 3.5 at the defaults).
@@ -90,7 +91,7 @@ def lotka_volterra() -> ODEModel:
     Sources: A. J. Lotka, *Elements of Physical Biology* (1925); V. Volterra (1926), Nature
     118:558. The default values are the standard example of SciML's DifferentialEquations.jl
     and Diffrax documentation (``alpha, beta, gamma, delta = 1.5, 1, 3, 1``, ``y0 = (1, 1)``).
-    For the fitted lynx–hare variant see :func:`models.lynx_hare`.
+    For the fitted lynx–hare variant see `models.lynx_hare`.
 
     Example:
         >>> model = models.lotka_volterra()
@@ -128,9 +129,10 @@ def _negbin_noise(params, y_pred):
 def sir(N: float = 763.0, I0: float = 1.0) -> ODEModel:
     r"""SIR epidemic model (Kermack & McKendrick), counts in a closed population of ``N``.
 
-    .. math::
-        \dot S = -\beta S I / N, \qquad \dot I = \beta S I / N - \gamma I,
-        \qquad \dot R = \gamma I
+    $$
+    \dot S = -\beta S I / N, \qquad \dot I = \beta S I / N - \gamma I,
+    \qquad \dot R = \gamma I
+    $$
 
     States: susceptible ``S``, infected ``I``, recovered ``R`` (persons), ``S + I + R = N``
     is conserved; ``y0 = (N - I0, I0, 0)`` at ``t0 = 0``; time in days. Only ``I`` is
@@ -193,9 +195,10 @@ def _seir_field(t, y, p):
 def seir(I0: float = 1e-4) -> ODEModel:
     r"""SEIR epidemic model, population fractions (``S + E + I + R = 1``).
 
-    .. math::
-        \dot S = -\beta S I, \quad \dot E = \beta S I - \kappa E, \quad
-        \dot I = \kappa E - \gamma I, \quad \dot R = \gamma I
+    $$
+    \dot S = -\beta S I, \quad \dot E = \beta S I - \kappa E, \quad
+    \dot I = \kappa E - \gamma I, \quad \dot R = \gamma I
+    $$
 
     States: susceptible, exposed (infected, not yet infectious), infectious, recovered, as
     fractions of the population; ``y0 = (1 - I0, 0, I0, 0)`` at ``t0 = 0``; time in days.
@@ -250,8 +253,9 @@ def _van_der_pol_field(t, y, p):
 def van_der_pol(mu: float = 1.0) -> ODEModel:
     r"""Van der Pol oscillator.
 
-    .. math::
-        \dot x = v, \qquad \dot v = \mu (1 - x^2) v - x
+    $$
+    \dot x = v, \qquad \dot v = \mu (1 - x^2) v - x
+    $$
 
     (``x'' - mu (1 - x^2) x' + x = 0``). States ``x``, ``v`` (dimensionless),
     ``y0 = (2, 0)`` at ``t0 = 0``. The limit cycle's period is about 6.66 at ``mu = 1`` and
@@ -297,8 +301,9 @@ def _fitzhugh_nagumo_field(t, y, p):
 def fitzhugh_nagumo() -> ODEModel:
     r"""FitzHugh–Nagumo neuron model in the form of Ramsay et al. (2007).
 
-    .. math::
-        \dot V = c\,(V - V^3/3 + R), \qquad \dot R = -(V - a + b R)/c
+    $$
+    \dot V = c\,(V - V^3/3 + R), \qquad \dot R = -(V - a + b R)/c
+    $$
 
     States: ``V`` membrane voltage, ``R`` recovery variable (dimensionless);
     ``y0 = (-1, 1)`` at ``t0 = 0``; time dimensionless, typical horizon ``[0, 20]``.
@@ -336,8 +341,9 @@ def _lorenz_field(t, y, p):
 def lorenz() -> ODEModel:
     r"""Lorenz (1963) convection model, the classic chaotic attractor.
 
-    .. math::
-        \dot x = \sigma (y - x), \quad \dot y = x (\rho - z) - y, \quad \dot z = x y - \beta z
+    $$
+    \dot x = \sigma (y - x), \quad \dot y = x (\rho - z) - y, \quad \dot z = x y - \beta z
+    $$
 
     States ``x, y, z`` (dimensionless convection amplitudes); ``y0 = (0, 1, 0)`` at
     ``t0 = 0``, Lorenz's own starting point. Trajectories are chaotic (largest Lyapunov
@@ -375,8 +381,9 @@ def _pendulum_field(t, y, p, *, g):
 def pendulum(g: float = 9.81, theta0: float = 1.0) -> ODEModel:
     r"""Damped (nonlinear) pendulum.
 
-    .. math::
-        \dot\theta = \omega, \qquad \dot\omega = -(g/L) \sin\theta - b\,\omega
+    $$
+    \dot\theta = \omega, \qquad \dot\omega = -(g/L) \sin\theta - b\,\omega
+    $$
 
     States: angle ``theta`` (rad) from the downward vertical and angular velocity ``omega``
     (rad/s); ``y0 = (theta0, 0)`` (released at rest, default 1 rad) at ``t0 = 0``; time in
@@ -431,10 +438,11 @@ def _robertson_field(t, y, p):
 def robertson() -> ODEModel:
     r"""Robertson's autocatalytic reaction kinetics, the classic stiff test problem.
 
-    .. math::
-        \dot y_1 = -k_1 y_1 + k_3 y_2 y_3, \quad
-        \dot y_2 = k_1 y_1 - k_2 y_2^2 - k_3 y_2 y_3, \quad
-        \dot y_3 = k_2 y_2^2
+    $$
+    \dot y_1 = -k_1 y_1 + k_3 y_2 y_3, \quad
+    \dot y_2 = k_1 y_1 - k_2 y_2^2 - k_3 y_2 y_3, \quad
+    \dot y_3 = k_2 y_2^2
+    $$
 
     States: concentrations of three species (dimensionless); ``y0 = (1, 0, 0)`` at
     ``t0 = 0``; mass ``y1 + y2 + y3 = 1`` is conserved. Stiff (``gs.Rodas5P()``); typical
@@ -491,17 +499,18 @@ def _hires_field(t, y, p):
 def hires() -> ODEModel:
     r"""HIRES: "High Irradiance RESponse" of photomorphogenesis (8 states, stiff).
 
-    .. math::
-        \begin{aligned}
-        \dot y_1 &= -k_1 y_1 + k_2 y_2 + k_3 y_3 + k_4, &
-        \dot y_2 &= k_1 y_1 - k_5 y_2, \\
-        \dot y_3 &= -k_6 y_3 + k_2 y_4 + k_7 y_5, &
-        \dot y_4 &= k_3 y_2 + k_1 y_3 - k_8 y_4, \\
-        \dot y_5 &= -k_9 y_5 + k_2 y_6 + k_2 y_7, &
-        \dot y_6 &= -k_{10} y_6 y_8 + k_{11} y_4 + k_1 y_5 - k_2 y_6 + k_{11} y_7, \\
-        \dot y_7 &= k_{10} y_6 y_8 - k_{12} y_7, &
-        \dot y_8 &= -k_{10} y_6 y_8 + k_{12} y_7
-        \end{aligned}
+    $$
+    \begin{aligned}
+    \dot y_1 &= -k_1 y_1 + k_2 y_2 + k_3 y_3 + k_4, &
+    \dot y_2 &= k_1 y_1 - k_5 y_2, \\
+    \dot y_3 &= -k_6 y_3 + k_2 y_4 + k_7 y_5, &
+    \dot y_4 &= k_3 y_2 + k_1 y_3 - k_8 y_4, \\
+    \dot y_5 &= -k_9 y_5 + k_2 y_6 + k_2 y_7, &
+    \dot y_6 &= -k_{10} y_6 y_8 + k_{11} y_4 + k_1 y_5 - k_2 y_6 + k_{11} y_7, \\
+    \dot y_7 &= k_{10} y_6 y_8 - k_{12} y_7, &
+    \dot y_8 &= -k_{10} y_6 y_8 + k_{12} y_7
+    \end{aligned}
+    $$
 
     With the reference constants this is the problem of Hairer & Wanner: ``y1' = -1.71 y1 +
     0.43 y2 + 8.32 y3 + 0.0007``, ..., ``y8' = -280 y6 y8 + 1.81 y7``. States: amounts of the
@@ -549,8 +558,9 @@ def _brusselator_field(t, y, p):
 def brusselator() -> ODEModel:
     r"""Brusselator: Prigogine & Lefever's autocatalytic oscillating reaction.
 
-    .. math::
-        \dot x = A + x^2 y - (B + 1) x, \qquad \dot y = B x - x^2 y
+    $$
+    \dot x = A + x^2 y - (B + 1) x, \qquad \dot y = B x - x^2 y
+    $$
 
     States: concentrations ``x``, ``y`` (dimensionless); ``y0 = (1.5, 3)`` at ``t0 = 0``,
     horizon ``[0, 20]`` (the BRUS problem of Hairer, Nørsett & Wanner). For ``B > 1 + A^2``
@@ -592,9 +602,10 @@ def _pk_field(t, y, p):
 def one_compartment_pk(dose: float = 300.0) -> ODEModel:
     r"""One-compartment pharmacokinetics: first-order absorption, Michaelis–Menten elimination.
 
-    .. math::
-        \dot A_g = -k_a A_g, \qquad
-        \dot C = \frac{k_a A_g}{V} - \frac{V_{max}}{V}\,\frac{C}{K_m + C}
+    $$
+    \dot A_g = -k_a A_g, \qquad
+    \dot C = \frac{k_a A_g}{V} - \frac{V_{max}}{V}\,\frac{C}{K_m + C}
+    $$
 
     States: ``A_g`` amount of drug in the gut (mg) and ``C`` plasma concentration of the
     central compartment (mg/L); a single oral dose at ``t0 = 0``: ``y0 = (dose, 0)``
@@ -654,9 +665,10 @@ def _lorenz96_field(t, y, p):
 def lorenz96(d: int = 40, F: float = 8.0) -> ODEModel:
     r"""Lorenz (1996) model of an atmospheric quantity on a latitude circle, ``d`` sites.
 
-    .. math::
-        \dot x_i = (x_{i+1} - x_{i-2})\, x_{i-1} - x_i + F, \qquad i = 1, \dots, d
-        \ (\text{indices cyclic})
+    $$
+    \dot x_i = (x_{i+1} - x_{i-2})\, x_{i-1} - x_i + F, \qquad i = 1, \dots, d
+    \ (\text{indices cyclic})
+    $$
 
     States ``x_1..x_d`` (dimensionless); ``y0 = F`` everywhere except ``x_1 = F + 0.01``
     (the usual perturbation of the unstable equilibrium) at ``t0 = 0``; one time unit ≈ 5

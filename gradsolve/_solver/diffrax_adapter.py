@@ -1,10 +1,10 @@
 """Drive a ``diffrax`` solver's own ``step`` from gradsolve's record and replay loops.
 
-Given any Diffrax solver with an embedded error estimate, :class:`DiffraxSolver` wraps it in
+Given any Diffrax solver with an embedded error estimate, `DiffraxSolver` wraps it in
 the gradsolve solver interface: the record loop calls ``solver.step`` to attempt steps and
 accepts them with gradsolve's controller, and the replay drives the same ``step`` over the
 recorded mesh, so its gradient is the exact discrete adjoint of those Diffrax steps.
-Solvers without an error estimate are flagged ``adaptive = False``; :func:`gradsolve.solve`
+Solvers without an error estimate are flagged ``adaptive = False``; `gradsolve.solve`
 then falls back to ``diffrax.diffeqsolve`` with a constant step and
 ``RecursiveCheckpointAdjoint`` and reports that route.
 """
@@ -28,7 +28,7 @@ def _is_diffrax_solver(obj) -> bool:
 
 
 class DiffraxSolver(AbstractSolver):
-    """A Diffrax solver seen through gradsolve's interface (made by :func:`as_solver`)."""
+    """A Diffrax solver seen through gradsolve's interface (made by `as_solver`)."""
 
     solver: Any
     order: int = eqx.field(static=True)

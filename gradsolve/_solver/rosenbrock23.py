@@ -26,7 +26,7 @@ class Rosenbrock23(AbstractRosenbrock):
 
     Cheap per step (one Jacobian, one LU factorisation, three evaluations of ``f``) and
     robust for stiff problems at loose tolerances (``rtol`` around ``1e-3``); prefer
-    :class:`Rodas5P` for tighter ones.
+    `Rodas5P` for tighter ones.
 
     Example:
         >>> sol = gs.solve(f, t0, t1, y0, params, solver=gs.Rosenbrock23(), rtol=1e-3)

@@ -1,1 +1,1 @@
-"""Embedded data files of :mod:`models` (read with :func:`models.load_dataset`)."""
+"""Embedded data files of `models` (read with `models.load_dataset`)."""
