@@ -1,0 +1,52 @@
+"""The tutorials (``tutorials/NN_name.py``, jupytext percent format) run end to end in quick
+mode, and each has a paired ``.ipynb`` whose code cells match the script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+SCRIPTS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
+# Tutorials too slow for the default suite even in quick mode (run with `make test-all`).
+SLOW: set[str] = set()
+
+
+def test_tutorials_exist():
+    assert len(SCRIPTS) >= 5, SCRIPTS
+
+
+@pytest.mark.parametrize(
+    "script",
+    [pytest.param(s, id=s.stem, marks=[pytest.mark.slow] if s.stem in SLOW else []) for s in SCRIPTS],
+)
+def test_tutorial_runs(script, tmp_path):
+    env = dict(os.environ)
+    env.update(GRADSOLVE_TUTORIAL_QUICK="1", MPLBACKEND="Agg", PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)  # the tutorials must run on a single device
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"{script.name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])
+def test_notebook_paired(script):
+    jupytext = pytest.importorskip("jupytext")
+    nb_path = script.with_suffix(".ipynb")
+    assert nb_path.exists(), f"missing {nb_path.name}: run `jupytext --to ipynb tutorials/{script.name}`"
+    py_nb = jupytext.read(script)
+    ipynb = jupytext.read(nb_path)
+
+    def code(nb):
+        return [c.source.strip() for c in nb.cells if c.cell_type == "code"]
+
+    assert code(py_nb) == code(ipynb), (
+        f"{nb_path.name} has drifted from {script.name}: "
+        f"run `jupytext --to ipynb tutorials/{script.name}` (or `jupytext --sync`)"
+    )
