@@ -210,6 +210,21 @@ def _load(path: str) -> Any:
         return pickle.load(fh)
 
 
+def _load_checkpoint(path, fingerprint: dict, what: str) -> Any:
+    """Saved state at ``path`` (``None`` if absent); refuse one saved with other settings."""
+    if path is None or not os.path.exists(path):
+        return None
+    ckpt = _load(path)
+    got = ckpt.get("fingerprint", {})
+    diff = {k: (got.get(k), v) for k, v in fingerprint.items() if got.get(k) != v}
+    if diff:
+        raise ValueError(
+            f"checkpoint {os.fspath(path)!r} belongs to a different {what} "
+            f"(saved vs requested: {diff}); remove it or pass another path."
+        )
+    return ckpt
+
+
 def _want_progress(progress) -> bool:
     if progress is None:
         try:
@@ -430,16 +445,7 @@ def fit(
         seed=int(seed), jacobian=bool(jacobian), rtol=float(rtol), atol=float(atol),
         record_tol_factor=float(record_tol_factor),
     )
-    ckpt = None
-    if checkpoint is not None and os.path.exists(checkpoint):
-        ckpt = _load(checkpoint)
-        got = ckpt.get("fingerprint", {})
-        diff = {k: (got.get(k), v) for k, v in fingerprint.items() if got.get(k) != v}
-        if diff:
-            raise ValueError(
-                f"checkpoint {os.fspath(checkpoint)!r} belongs to a different fit "
-                f"(saved vs requested: {diff}); remove it or pass another path."
-            )
+    ckpt = _load_checkpoint(checkpoint, fingerprint, "fit")
 
     key = jax.random.PRNGKey(seed)
     if ckpt is None:

@@ -68,7 +68,7 @@ import equinox as eqx
 from ._density import SolveOptions, _Problem
 from ._fit import (
     _PER_TRAJ,
-    _load,
+    _load_checkpoint,
     _mesh_np,
     _pad_np,
     _save_atomic,
@@ -267,16 +267,7 @@ def sample(
                        num_warmup=int(num_warmup), num_samples=int(num_samples),
                        kernel=kernel, rerecord=rerecord, seed=int(seed), rtol=float(rtol),
                        atol=float(atol), frozen_tol_factor=ftf)
-    ckpt = None
-    if checkpoint is not None and os.path.exists(checkpoint):
-        ckpt = _load(checkpoint)
-        got = ckpt.get("fingerprint", {})
-        diff = {k: (got.get(k), v) for k, v in fingerprint.items() if got.get(k) != v}
-        if diff:
-            raise ValueError(
-                f"checkpoint {os.fspath(checkpoint)!r} belongs to a different run "
-                f"(saved vs requested: {diff}); remove it or pass another path."
-            )
+    ckpt = _load_checkpoint(checkpoint, fingerprint, "run")
 
     key = jax.random.PRNGKey(seed)
     k_init, k_mcmc = jax.random.split(key)

@@ -7,6 +7,7 @@ download), and one constructor per zoo model. ``models`` uses ``gradsolve`` to s
 ``gradsolve`` never imports ``models``. Importing this package changes no JAX config.
 """
 
+from . import _zoo
 from ._dataset import Dataset, list_datasets, load_dataset
 from ._lynx_hare import lynx_hare
 from ._model import ODEModel, prior_median
@@ -25,41 +26,7 @@ from ._zoo import (
     van_der_pol,
 )
 
-ZOO = (
-    "lotka_volterra",
-    "sir",
-    "seir",
-    "van_der_pol",
-    "fitzhugh_nagumo",
-    "lorenz",
-    "pendulum",
-    "robertson",
-    "hires",
-    "brusselator",
-    "one_compartment_pk",
-    "lorenz96",
-    "lynx_hare",
-)
+ZOO = tuple(_zoo.__all__) + ("lynx_hare",)
 """Names of the zoo constructors (each ``models.<name>()`` returns an `ODEModel`)."""
 
-__all__ = [
-    "ODEModel",
-    "Dataset",
-    "load_dataset",
-    "list_datasets",
-    "prior_median",
-    "ZOO",
-    "lotka_volterra",
-    "sir",
-    "seir",
-    "van_der_pol",
-    "fitzhugh_nagumo",
-    "lorenz",
-    "pendulum",
-    "robertson",
-    "hires",
-    "brusselator",
-    "one_compartment_pk",
-    "lorenz96",
-    "lynx_hare",
-]
+__all__ = ["ODEModel", "Dataset", "load_dataset", "list_datasets", "prior_median", "ZOO", *ZOO]
