@@ -26,7 +26,7 @@ def stiffness_estimate(f, t, y, params, h) -> float:
     if not np.all(np.isfinite(jac)):
         return float("nan")
     lam = np.linalg.eigvals(jac)
-    return float(abs(h) * np.max(np.abs(np.minimum(lam.real, 0.0)) + 0.0 * lam.imag))
+    return float(abs(h) * np.max(-np.minimum(lam.real, 0.0)))
 
 
 def stiffness_report(mesh: Mesh, f, idx: int) -> tuple[bool, str]:

@@ -47,7 +47,6 @@ class _RecordState(NamedTuple):
     done: Bool[Array, " n"]
     times: Float[Array, "S2 n"]
     save_index: Int[Array, "n k"]
-    last_finite: Bool[Array, " n"]
     iters: Int[Array, ""]
 
 
@@ -92,7 +91,6 @@ def record_batched(
         done=jnp.zeros((n,), bool),
         times=times,
         save_index=jnp.zeros((n, k), jnp.int32),
-        last_finite=jnp.ones((n,), bool),
         iters=jnp.zeros((), jnp.int32),
     )
 
@@ -147,7 +145,6 @@ def record_batched(
             done=s.done | finished | underflow | over,
             times=times,
             save_index=save_index,
-            last_finite=jnp.where(s.done, s.last_finite, finite),
             iters=s.iters + 1,
         )
 

@@ -183,8 +183,13 @@ def replay(
         )
     if ts is not None and is_concrete(b.ts, bm.times):
         _check_moved_ts(bm, b.ts)
+    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size)
+
+
+def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_size: int) -> Solution:
+    """Replay validated, batched inputs ``b`` (see `gradsolve._checks.batch`)."""
     ys, y1, err, work, out_ts = _replay_core(
-        f, mesh, b.y0, b.params, b.ts if ts is not None else None, group_size, chunk_size
+        f, mesh, b.y0, b.params, b.ts if ts_given else None, group_size, chunk_size
     )
     stats = {
         "num_accepted_steps": mesh.n_steps,

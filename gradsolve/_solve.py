@@ -8,7 +8,7 @@ import numpy as np
 
 from ._controller import PIDController
 from ._record import _MAX_STEPS, prepare, record_prepared, unbatch_mesh
-from ._replay import replay
+from ._replay import replay_prepared
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
 
@@ -76,12 +76,8 @@ def solve(
                            where)
     if b.single:
         mesh = unbatch_mesh(mesh)
-        y0r, pr, tsr = b.y0[0], jax.tree_util.tree_map(lambda x: x[0], b.params), b.ts[0]
-    else:
-        y0r, pr, tsr = b.y0, b.params, b.ts
-    sol = replay(f, mesh, y0r, pr, ts=tsr if ts is not None else None,
-                 group_size=group_size, chunk_size=chunk_size)
-    return sol
+    # The record's inputs are already validated and batched: replay them as they are.
+    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size)
 
 
 def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps) -> Solution:

@@ -216,23 +216,23 @@ class _Problem:
         good = ok & jnp.isfinite(ll)
         return jnp.where(good, jnp.where(good, ll, 0.0), -jnp.inf)
 
-    def solve(self, params: dict, n: int | None, *, rtol=None, atol=None, max_steps=None):
+    def _args(self, params: dict, n: int | None, rtol, atol, max_steps) -> tuple[tuple, dict]:
+        """Positional and keyword arguments of gs.solve/gs.record, options defaulted."""
         o = self.opts
-        return gs.solve(
-            self.f, self.t0, self.t1, self.y0(params, n), params, ts=self.ts,
-            solver=self.solver, rtol=o.rtol if rtol is None else rtol,
+        kwargs = dict(
+            ts=self.ts, solver=self.solver, rtol=o.rtol if rtol is None else rtol,
             atol=o.atol if atol is None else atol,
             max_steps=o.max_steps if max_steps is None else max_steps, throw=False,
         )
+        return (self.f, self.t0, self.t1, self.y0(params, n), params), kwargs
+
+    def solve(self, params: dict, n: int | None, *, rtol=None, atol=None, max_steps=None):
+        args, kwargs = self._args(params, n, rtol, atol, max_steps)
+        return gs.solve(*args, **kwargs)
 
     def record(self, params: dict, n: int | None, *, rtol=None, atol=None, max_steps=None):
-        o = self.opts
-        return gs.record(
-            self.f, self.t0, self.t1, self.y0(params, n), params, ts=self.ts,
-            solver=self.solver, rtol=o.rtol if rtol is None else rtol,
-            atol=o.atol if atol is None else atol,
-            max_steps=o.max_steps if max_steps is None else max_steps, throw=False,
-        )
+        args, kwargs = self._args(params, n, rtol, atol, max_steps)
+        return gs.record(*args, **kwargs)
 
     def replay(self, mesh, params: dict, n: int | None, group_size: int = 64):
         # ragged ensembles (e.g. many starts from the prior): length-sorted groups of 64

@@ -6,13 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+# At conftest import, before any test module builds arrays at collection time.
 jax.config.update("jax_enable_x64", True)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _x64():
-    jax.config.update("jax_enable_x64", True)
-    yield
 
 
 def lotka_volterra(t, y, p):

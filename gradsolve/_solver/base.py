@@ -27,6 +27,21 @@ from jaxtyping import Array, Float, PyTree
 VectorField = Callable[[Any, Array, Any], Array]
 
 
+def combine(coeffs, vectors) -> Array | None:
+    """``sum_j coeffs[j] * vectors[j]`` over the first ``len(vectors)`` coefficients.
+
+    The coefficients are static (a tableau row), so zeros are skipped at trace time;
+    returns ``None`` when every coefficient is zero. Python-float coefficients keep the
+    vectors' dtype (float32 stays float32).
+    """
+    acc = None
+    for cj, vj in zip(coeffs, vectors):
+        if cj != 0.0:
+            term = float(cj) * vj
+            acc = term if acc is None else acc + term
+    return acc
+
+
 class AbstractSolver(eqx.Module):
     """Base class of every gradsolve solver.
 
@@ -130,28 +145,18 @@ class AbstractExplicitRK(AbstractSolver):
 
     def step(self, f, t0, h, y0, params, state):
         a, b, e, c = self.a, self.b, self.b_error, self.c
-        dtype = y0.dtype
         s = len(b)
-        k0 = state if self.fsal else f(t0, y0, params)
-        ks = [k0]
-
-        def combine(coeffs, upto):
-            # Static sparsity: zero coefficients contribute nothing and are skipped.
-            acc = None
-            for j in range(upto):
-                if coeffs[j] != 0.0:
-                    term = jnp.asarray(coeffs[j], dtype) * ks[j]
-                    acc = term if acc is None else acc + term
-            return jnp.zeros_like(y0) if acc is None else acc
-
+        ks = [state if self.fsal else f(t0, y0, params)]
         y1 = None
         for i in range(1, s):
-            yi = y0 + h * combine(a[i], i)
+            shift = combine(a[i], ks)
+            yi = y0 if shift is None else y0 + h * shift
             if self.fsal and i == s - 1:
                 y1 = yi  # FSAL: the last stage is taken at the new solution itself.
-            ks.append(f(t0 + jnp.asarray(c[i], dtype) * h, yi, params))
+            ks.append(f(t0 + float(c[i]) * h, yi, params))
         if y1 is None:
-            y1 = y0 + h * combine(b, s)
-        y_error = h * combine(e, s)
+            y1 = y0 + h * combine(b, ks)
+        err = combine(e, ks)
+        y_error = jnp.zeros_like(y0) if err is None else h * err
         new_state = ks[-1] if self.fsal else None
         return y1, y_error, new_state

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .base import AbstractSolver
@@ -78,6 +79,36 @@ class DiffraxSolver(AbstractSolver):
         return y1, y_err, new_state
 
 
+_HAS_ERROR: dict[type, bool] = {}
+
+
+def _has_error_estimate(wrapped: DiffraxSolver) -> bool:
+    """Whether the Diffrax solver's ``step`` returns an embedded error (abstract trace only,
+    once per solver class: it is a property of the method, not of its settings)."""
+    cls = type(wrapped.solver)
+    if cls not in _HAS_ERROR:
+        _HAS_ERROR[cls] = _probe_error_estimate(wrapped)
+    return _HAS_ERROR[cls]
+
+
+def _probe_error_estimate(wrapped: DiffraxSolver) -> bool:
+    import diffrax
+
+    probe = wrapped.with_tolerances(1e-6, 1e-9).solver
+    term = diffrax.ODETerm(lambda t, y, args: -y)
+    y = jnp.zeros((1,))
+    t0, t1 = jnp.zeros((), y.dtype), jnp.ones((), y.dtype)
+
+    def attempt():
+        state = probe.init(term, t0, t1, y, None)
+        return probe.step(term, t0, t1, y, None, state, made_jump=False)[1]
+
+    try:
+        return jax.eval_shape(attempt) is not None
+    except Exception:  # noqa: BLE001 - a solver that cannot step a plain ODETerm
+        return False
+
+
 def as_solver(solver, where: str) -> AbstractSolver:
     """Accept a gradsolve solver or any ``diffrax`` solver; raise a clear error otherwise."""
     if isinstance(solver, AbstractSolver):
@@ -89,15 +120,13 @@ def as_solver(solver, where: str) -> AbstractSolver:
         order = solver.order(term)
         if order is None:
             raise ValueError(f"{where}: `solver` {type(solver).__name__} is not an ODE solver.")
-        implicit = isinstance(solver, diffrax.AbstractImplicitSolver)
-        # Diffrax solvers expose an error estimate iff they are adaptive-capable.
-        adaptive = not isinstance(
-            solver, (diffrax.Euler, diffrax.SemiImplicitEuler, diffrax.ImplicitEuler)
-        ) or isinstance(solver, diffrax.ImplicitEuler)
-        return DiffraxSolver(
-            solver=solver, order=int(order), embedded_order=max(int(order) - 1, 1),
-            implicit=implicit, adaptive=adaptive,
-        )
+        def wrap(adaptive: bool) -> DiffraxSolver:
+            return DiffraxSolver(
+                solver=solver, order=int(order), embedded_order=max(int(order) - 1, 1),
+                implicit=isinstance(solver, diffrax.AbstractImplicitSolver), adaptive=adaptive,
+            )
+
+        return wrap(_has_error_estimate(wrap(True)))
     raise ValueError(
         f"{where}: `solver` must be a gradsolve solver (gs.Tsit5(), gs.Rodas5P(), ...) or a "
         f"diffrax solver instance, got {solver!r}."

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 
-from .base import AbstractSolver
+from .base import AbstractSolver, combine
 
 
 def jacobians(f, t0, y0, params):
@@ -106,32 +106,23 @@ class AbstractRosenbrock(AbstractSolver):
         h2 = h * h
         us = []
 
-        def combine(coeffs, upto):
-            # Static sparsity: zero coefficients contribute nothing and are skipped.
-            acc = None
-            for j in range(upto):
-                if coeffs[j] != 0.0:
-                    term = float(coeffs[j]) * us[j]
-                    acc = term if acc is None else acc + term
-            return acc
-
         for i in range(s):
             if i == 0 and c[0] == 0.0:
                 fi = f0
             else:
-                shift = combine(a[i], i)
+                shift = combine(a[i], us)
                 yi = y0 if shift is None else y0 + shift
                 fi = f(t0 + float(c[i]) * h, yi, params)
             rhs = h * fi
-            coupling = combine(C[i], i)
+            coupling = combine(C[i], us)
             if coupling is not None:
                 rhs = rhs + coupling
             if d[i] != 0.0:
                 rhs = rhs + (float(d[i]) * h2) * f_t
             us.append(jsl.lu_solve(lu_piv, rhs))
 
-        incr = combine(m, s)
+        incr = combine(m, us)
         y1 = y0 if incr is None else y0 + incr
-        err = combine(e, s)
+        err = combine(e, us)
         y_error = jnp.zeros_like(y0) if err is None else err
         return y1, y_error, None
