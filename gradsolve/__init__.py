@@ -6,7 +6,7 @@ Public API (``import gradsolve as gs``): `record`, `replay`, `solve`,
 Importing this package never changes global JAX configuration.
 """
 
-from ._config import enable_x64
+from ._config import enable_x64, use_compiled_kernel
 from ._controller import PIDController
 from ._mesh import Mesh, Status
 from ._record import record
@@ -42,6 +42,7 @@ __all__ = [
     "Rodas5P",
     "AbstractRosenbrock",
     "enable_x64",
+    "use_compiled_kernel",
     "ensemble_sharding",
     "shard_ensemble",
 ]

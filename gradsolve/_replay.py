@@ -34,10 +34,12 @@ import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
 from ._checks import batch, is_concrete
+from ._config import kernel_enabled
 from ._controller import error_norm
 from ._misc import tree_where
 from ._mesh import Mesh, Status, _as_batched
 from ._solution import Solution
+from ._kernel import kernel_replay, kernel_target
 
 _sg = jax.lax.stop_gradient
 
@@ -188,8 +190,9 @@ def replay(
 
 def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_size: int) -> Solution:
     """Replay validated, batched inputs ``b`` (see `gradsolve._checks.batch`)."""
+    use_kernel = kernel_enabled() and kernel_target(f, mesh.solver, b.y0, b.params) is not None
     ys, y1, err, work, out_ts = _replay_core(
-        f, mesh, b.y0, b.params, b.ts if ts_given else None, group_size, chunk_size
+        f, mesh, b.y0, b.params, b.ts if ts_given else None, group_size, chunk_size, use_kernel,
     )
     stats = {
         "num_accepted_steps": mesh.n_steps,
@@ -201,7 +204,7 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_siz
     if b.single:
         ys, y1, err, out_ts = ys[0], y1[0], err[0], out_ts[0]
     return Solution(ys=ys, y1=y1, ts=out_ts, mesh=mesh, stats=stats, error_ratio=err,
-                    route="gradsolve-replay")
+                    route="gradsolve-kernel" if use_kernel else "gradsolve-replay")
 
 
 def _check_moved_ts(bm: Mesh, ts) -> None:
@@ -219,7 +222,8 @@ def _check_moved_ts(bm: Mesh, ts) -> None:
 
 
 @eqx.filter_jit
-def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int):
+def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int,
+                 use_kernel: bool):
     """Jitted body of `replay` on batched, validated inputs."""
     bm = _as_batched(mesh)
     dtype = y0.dtype
@@ -236,10 +240,20 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     # Failed trajectories replay as zero-length steps (finite everywhere), then become NaN.
     times = jnp.where(failed[:, None], t0, times)
     n_eff = jnp.where(failed, 0, bm.n_steps).astype(jnp.int32)
-    ys, y1, err, work = replay_batched(
-        f, mesh.solver, times, n_eff, y0, params, bm.save_index, jnp.asarray(mesh.rtol, dtype),
-        jnp.asarray(mesh.atol, dtype), group_size=group_size, chunk_size=chunk_size,
-    )
+    rtol, atol = jnp.asarray(mesh.rtol, dtype), jnp.asarray(mesh.atol, dtype)
+
+    def xla_replay(tm, y, p, n_eff, save_index, tol):
+        return replay_batched(f, mesh.solver, tm, n_eff, y, p, save_index, tol[0, 0],
+                              tol[0, 1], group_size=group_size, chunk_size=chunk_size)[:3]
+
+    out = None
+    if use_kernel:
+        out = kernel_replay(f, mesh.solver, times, n_eff, y0, params, bm.save_index, rtol,
+                            atol, xla_replay)
+    if out is None:
+        out = replay_batched(f, mesh.solver, times, n_eff, y0, params, bm.save_index, rtol,
+                             atol, group_size=group_size, chunk_size=chunk_size)
+    ys, y1, err, work = out
     if ts is not None:
         pinned = ~((rec_ts > t0) & (rec_ts < t1))
         vf = jax.vmap(jax.vmap(lambda t, y, p: f(t, y, p), in_axes=(0, 0, None)))

@@ -22,7 +22,8 @@ class Solution(eqx.Module):
         error_ratio: ``(n,)`` largest embedded-error norm met along the replay, scaled so
             that ``<= 1`` means the controller would still accept every step of the mesh at
             these ``y0``/``params``; re-record when it exceeds 1. Not differentiated.
-        route: what ran, e.g. ``"gradsolve-replay"`` or ``"diffrax-diffeqsolve"``.
+        route: what ran: ``"gradsolve-kernel"`` (the compiled CPU replay kernel),
+            ``"gradsolve-replay"`` (the XLA replay) or ``"diffrax-diffeqsolve"``.
 
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))

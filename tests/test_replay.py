@@ -148,10 +148,36 @@ def test_ragged_ensemble_members_equal_single_solves(group_size):
         g1 = jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 8.0, y0[i], q, ts=ts).ys ** 2))(p[i])
         np.testing.assert_allclose(gsum[i], g1, rtol=1e-12)
     if group_size == 4:
-        # Length-sorted groups: work is close to the sum of steps, not n * max.
-        work = float(sol.stats["replay_work"])
+        # XLA replay, length-sorted groups: work is close to the sum of steps, not n * max.
+        gs.use_compiled_kernel(False)
+        try:
+            sol_x = gs.replay(lotka_volterra, mesh, y0, p, group_size=group_size)
+        finally:
+            gs.use_compiled_kernel(True)
+        assert sol_x.route == "gradsolve-replay"
+        np.testing.assert_allclose(sol_x.ys, sol.ys, rtol=1e-12, atol=1e-14)
+        work = float(sol_x.stats["replay_work"])
         assert work <= 1.5 * steps.sum() + 8 * n
         assert work < n * steps.max()
+
+
+def test_ragged_ensemble_work_follows_the_sum_of_steps():
+    # Step counts spread 10x over 400 trajectories, in random order.
+    n = 400
+    scale = jnp.asarray(np.random.default_rng(0).permutation(np.geomspace(0.3, 3.0, n)))
+    p = jnp.array([1.5, 1.0, 3.0, 1.0]) * scale[:, None]
+    y0 = jnp.tile(jnp.array([1.0, 1.0]), (n, 1))
+    mesh = gs.record(lotka_volterra, 0.0, 8.0, y0, p, ts=jnp.linspace(0.0, 8.0, 9))
+    steps = np.asarray(mesh.n_steps)
+    assert steps.max() > 5 * steps.min()
+    for kernel in (True, False):
+        gs.use_compiled_kernel(kernel)
+        try:
+            sol = gs.replay(lotka_volterra, mesh, y0, p, group_size=32)
+        finally:
+            gs.use_compiled_kernel(True)
+        # Work counts every lane or group slot computed, idle ones included.
+        assert float(sol.stats["replay_work"]) <= 1.5 * steps.sum(), sol.route
 
 
 def test_error_ratio_flags_parameter_drift(lv_ensemble):

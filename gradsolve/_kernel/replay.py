@@ -1,0 +1,203 @@
+"""The compiled replay as a differentiable JAX function.
+
+``kernel_replay`` returns the same ``(ys, y1, err, work)`` as
+`gradsolve._replay.replay_batched`, computed by the generated C++ kernel, or ``None`` when the
+kernel does not apply (not on CPU, not an explicit Runge–Kutta solver, a vector field the
+translator does not handle, no compiler); the caller then runs the XLA replay.
+
+Differentiation (why three wrappers):
+
+- ``_forward`` is a ``custom_jvp`` function. Its JVP rule returns the kernel's values and a
+  tangent built with ``linear_call``: forward mode evaluates the tangent with the XLA
+  replay's own JVP, reverse mode transposes it into ``_backward``, the compiled adjoint. So
+  ``grad``/``vjp`` get the fast adjoint while ``jvp``/``jacfwd`` keep working, which a
+  ``custom_vjp`` would forbid.
+- ``_backward`` is itself a ``custom_jvp`` function whose rule differentiates the XLA
+  replay's VJP, so second derivatives (``hessian``, ``jacfwd(jacrev(...))``) work too.
+- The stored node states travel from ``_forward`` to ``_backward`` as residuals. They are a
+  function of the differentiable inputs, and ``_backward``'s rule differentiates through
+  those inputs only, so the states' own tangent is never needed (it is returned as zero).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._solver.base import AbstractExplicitRK
+from . import build
+from .codegen import Unsupported
+from .linear import linear_apply
+from .source import generate
+
+_sources: dict = {}
+
+
+def _flatten_spec(params, n: int):
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
+    dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
+    return leaves, treedef, shapes, dtypes
+
+
+def _unflatten_one(pflat, treedef, shapes, dtypes):
+    out, i = [], 0
+    for shape, dt in zip(shapes, dtypes):
+        size = int(np.prod(shape))
+        out.append(pflat[i:i + size].reshape(shape).astype(dt))
+        i += size
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype):
+    key = None
+    try:
+        key = (f, type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _sources:
+        return _sources[key]
+    p_size = int(sum(int(np.prod(s)) for s in shapes))
+
+    def f_flat(t, y, pflat):
+        return f(t, y, _unflatten_one(pflat, treedef, shapes, dtypes))
+
+    try:
+        source = generate(f_flat, d, p_size, dtype, solver)
+    except Unsupported:
+        prefix = None
+    else:
+        prefix = build.load(source)
+    if key is not None:
+        _sources[key] = prefix
+    return prefix
+
+
+def kernel_target(f, solver, y0, params) -> str | None:
+    """FFI target prefix of the compiled kernel for this problem, or ``None`` if it does not
+    apply (not on CPU, not an explicit Runge–Kutta solver, non-float inputs, a vector field
+    the translator does not handle, no compiler). Works on abstract values (under ``jit``)."""
+    if jax.default_backend() != "cpu" or not isinstance(solver, AbstractExplicitRK):
+        return None
+    dtype = jnp.result_type(y0)
+    if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
+        return None
+    leaves, treedef, shapes, dtypes = _flatten_spec(params, jnp.shape(y0)[0])
+    if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
+        return None
+    return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype)
+
+
+def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, xla_replay):
+    """Compiled replay, or ``None`` if it does not apply (see `kernel_target`).
+
+    ``xla_replay(times, y0, params, n_eff, save_index, tol)`` returns ``(ys, y1, err)`` by the
+    XLA path; it defines forward-mode and second derivatives.
+    """
+    prefix = kernel_target(f, solver, y0, params)
+    if prefix is None:
+        return None
+    dtype = jnp.result_type(y0)
+    n, d = y0.shape
+    leaves, treedef, shapes, dtypes = _flatten_spec(params, n)
+
+    pflat = jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1) \
+        if leaves else jnp.zeros((n, 0), dtype)
+    tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
+    n_eff = n_eff.astype(jnp.int32)
+    save_index = save_index.astype(jnp.int32)
+    k = save_index.shape[1]
+    s1 = times.shape[1]
+    p_size = pflat.shape[1]
+
+    fwd_call = jax.ffi.ffi_call(
+        f"{prefix}_fwd",
+        (jax.ShapeDtypeStruct((n, k, d), dtype), jax.ShapeDtypeStruct((n, d), dtype),
+         jax.ShapeDtypeStruct((n,), dtype), jax.ShapeDtypeStruct((n, s1, d), dtype),
+         jax.ShapeDtypeStruct((n,), jnp.int32)),
+        vmap_method="broadcast_all",
+    )
+    bwd_call = jax.ffi.ffi_call(
+        f"{prefix}_bwd",
+        (jax.ShapeDtypeStruct((n, s1), dtype), jax.ShapeDtypeStruct((n, d), dtype),
+         jax.ShapeDtypeStruct((n, p_size), dtype)),
+        vmap_method="broadcast_all",
+    )
+
+    def unflat_batched(pf):
+        out, i = [], 0
+        for leaf, shape in zip(leaves, shapes):
+            size = int(np.prod(shape))
+            out.append(pf[:, i:i + size].reshape((n,) + shape).astype(leaf.dtype))
+            i += size
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    # Every array is an explicit argument (no closures over tracers): the transposed and
+    # differentiated rules are traced lazily, outside the trace that created them.
+    def xla(tm, y, pf, aux):
+        ys, y1, _ = xla_replay(tm, y, unflat_batched(pf), *aux)
+        return ys, y1
+
+    @jax.custom_jvp
+    def forward(tm, y, pf, aux):
+        n_eff, save, tol = aux
+        return fwd_call(tm, n_eff, y, pf, save, tol)
+
+    @jax.custom_jvp
+    def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
+        n_eff, save, _ = aux
+        return bwd_call(tm, n_eff, pf, save, states, ct_ys, ct_y1)
+
+    def backward_jvp(primals, tangents):
+        tm, y, pf, states, ct_ys, ct_y1, aux = primals
+        dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
+        out = backward(*primals)
+
+        def vjp_xla(tm, y, pf, ct_ys, ct_y1):
+            _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
+            return back((ct_ys, ct_y1))
+
+        _, dout = jax.jvp(vjp_xla, (tm, y, pf, ct_ys, ct_y1), (dtm, dy, dpf, dct_ys, dct_y1))
+        return out, dout
+
+    backward.defjvp(backward_jvp)
+
+    def forward_jvp(primals, tangents):
+        tm, y, pf, aux = primals
+        ys, y1, err, states, cost = forward(tm, y, pf, aux)
+        # Only non-zero tangents are linear arguments: linear_call transposes to
+        # cotangents for exactly those.
+        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[:3]]
+
+        def full(tans, like):
+            it = iter(tans)
+            return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
+
+        def lin(res, tans):
+            tm, y, pf, _, *aux = res
+            return jax.jvp(lambda a, b, c: xla(a, b, c, tuple(aux)), (tm, y, pf),
+                           full(tans, (tm, y, pf)))[1]
+
+        def lin_t(res, cts):
+            tm, y, pf, states, *aux = res
+            ct_ys, ct_y1 = cts
+            out = backward(tm, y, pf, states, ct_ys, ct_y1, tuple(aux))
+            return [o for lv, o in zip(live, out) if lv]
+
+        tans = [t for lv, t in zip(live, tangents[:3]) if lv]
+        if tans:
+            dys, dy1 = linear_apply(lin, lin_t, (tm, y, pf, states, *aux), tans)
+        else:
+            dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
+        return ((ys, y1, err, states, cost),
+                (dys, dy1, jnp.zeros_like(err), jnp.zeros_like(states),
+                 np.zeros(cost.shape, jax.dtypes.float0)))
+
+    forward.defjvp(forward_jvp, symbolic_zeros=True)
+
+    ys, y1, err, _, cost = forward(times, y0, pflat, (n_eff, save_index, tol))
+    # Lane-steps computed, idle lanes included (the kernel refills lanes as trajectories end).
+    work = jnp.sum(cost).astype(dtype)
+    return ys, y1, jax.lax.stop_gradient(err), work

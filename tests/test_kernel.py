@@ -1,0 +1,180 @@
+"""The compiled CPU replay kernel (`gradsolve._kernel`) against the XLA replay.
+
+Every other test file already runs through the kernel where it applies (it is the default
+on CPU) and checks it against Diffrax, closed forms and finite differences. Here the two
+replay paths are compared directly, over solvers (FSAL and not), vector fields that use many
+JAX primitives, pytree and per-trajectory parameters, save-time gradients, forward mode,
+second derivatives, ``vmap`` and float32; and the fallbacks are checked.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gradsolve as gs
+from conftest import lotka_volterra
+from gradsolve._kernel import build, replay as kernel_replay_mod
+
+
+@pytest.fixture
+def xla_replay():
+    """Run a block with the kernel switched off; restores the default afterwards."""
+
+    class _Switch:
+        def __enter__(self):
+            gs.use_compiled_kernel(False)
+
+        def __exit__(self, *exc):
+            gs.use_compiled_kernel(True)
+
+    yield _Switch()
+    gs.use_compiled_kernel(True)
+
+
+def forced(t, y, p):
+    """Damped oscillator with time-dependent forcing; dict parameters of mixed shapes."""
+    k, w = p["k"], p["w"]
+    return jnp.array([y[1], -k * y[0] - w[0] * y[1] + w[1] * jnp.cos(2.0 * t)])
+
+
+def many_primitives(t, y, p):
+    """A smooth non-stiff field exercising the translator: matmul, reductions, indexing,
+    concatenation, select, pow, transcendental functions."""
+    m = jnp.array([[-0.2, 1.0, 0.0], [-1.0, -0.1, 0.3], [0.0, -0.3, -0.5]])
+    lin = m @ y
+    a, b, c = y[0], y[1], y[2]
+    nl = jnp.stack([
+        0.1 * jnp.tanh(a) * jnp.sin(t) + 0.05 * jnp.exp(-(b ** 2)),
+        0.05 * jnp.where(a > 0, jnp.sqrt(1.0 + a ** 2), jnp.log1p(a ** 2)) - 0.01 * b ** 3,
+        0.02 * jnp.maximum(c, -1.0) * jnp.abs(jnp.cos(b)) + 0.01 * jnp.sum(y) ** 2,
+    ])
+    shifted = jnp.concatenate([y[1:], y[:1]])
+    return lin + p[0] * nl + p[1] * (jnp.abs(shifted) + 1.0) ** 0.5 * 0.01 + jnp.clip(p[2] * c, -1, 1) * 0.01
+
+
+PROBLEMS = {
+    "lotka_volterra": (
+        lotka_volterra, 6.0,
+        lambda n: jnp.tile(jnp.array([1.0, 1.0]), (n, 1)),
+        lambda n: jnp.array([1.5, 1.0, 3.0, 1.0]) * (1 + 0.1 * jnp.linspace(-1, 1, n))[:, None],
+    ),
+    "forced": (
+        forced, 8.0,
+        lambda n: jnp.tile(jnp.array([1.0, 0.0]), (n, 1)),
+        lambda n: {"k": 2.0 + jnp.linspace(0, 1, n), "w": jnp.tile(jnp.array([0.1, 0.5]), (n, 1))},
+    ),
+    "many_primitives": (
+        many_primitives, 5.0,
+        lambda n: jnp.tile(jnp.array([0.5, -0.3, 0.2]), (n, 1)) * (1 + 0.1 * jnp.arange(n))[:, None],
+        lambda n: jnp.tile(jnp.array([1.0, 0.5, 0.3]), (n, 1)),
+    ),
+}
+
+
+def _loss(f, mesh, y0, p, ts):
+    sol = gs.replay(f, mesh, y0, p, ts=ts)
+    return jnp.sum(jnp.sin(sol.ys)) + jnp.sum(sol.y1 ** 2), sol
+
+
+@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Dopri5(), gs.Vern7()], ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("problem", sorted(PROBLEMS))
+def test_kernel_matches_xla_replay(problem, solver, xla_replay):
+    f, t1, make_y0, make_p = PROBLEMS[problem]
+    n = 11  # not a multiple of the lane count: idle lanes are exercised
+    y0, p = make_y0(n), make_p(n)
+    ts = jnp.linspace(0.0, t1, 7)
+    mesh = gs.record(f, 0.0, t1, y0, p, ts=ts, solver=solver, rtol=1e-8, atol=1e-10)
+    ts_b = jnp.broadcast_to(ts, (n, 7))
+    vg = jax.value_and_grad(lambda a, b, c: _loss(f, mesh, a, b, c), argnums=(0, 1, 2), has_aux=True)
+    (val, sol), grads = vg(y0, p, ts_b)
+    assert sol.route == "gradsolve-kernel"
+    with xla_replay:
+        (val_x, sol_x), grads_x = vg(y0, p, ts_b)
+    assert sol_x.route == "gradsolve-replay"
+    np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-12, atol=1e-13)
+    # The error estimate is a difference of two close solutions: rounding shows sooner.
+    np.testing.assert_allclose(sol.error_ratio, sol_x.error_ratio, rtol=1e-6)
+    for g, gx in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_x)):
+        np.testing.assert_allclose(g, gx, rtol=1e-10, atol=1e-12)
+    # The interior save times carry a gradient (they are mesh nodes).
+    assert np.abs(np.asarray(grads[2])[:, 1:-1]).max() > 0
+
+
+def test_forward_mode_second_order_and_vmap(xla_replay):
+    f, t1, make_y0, make_p = PROBLEMS["lotka_volterra"]
+    y0, p = make_y0(3), make_p(3)
+    mesh = gs.record(f, 0.0, t1, y0, p, ts=jnp.linspace(0, t1, 5))
+    loss = lambda q: jnp.sum(gs.replay(f, mesh, y0, q).ys ** 2)
+    transforms = {
+        "jacfwd": jax.jacfwd(loss), "jacrev": jax.jacrev(loss), "hessian": jax.hessian(loss),
+        "rev_rev": jax.jacrev(jax.jacrev(loss)),
+        "vmap_grad": lambda q: jax.vmap(jax.grad(loss))(jnp.stack([q, 1.01 * q])),
+    }
+    out = {k: fn(p) for k, fn in transforms.items()}
+    with xla_replay:
+        ref = {k: fn(p) for k, fn in transforms.items()}
+    for k in transforms:
+        np.testing.assert_allclose(out[k], ref[k], rtol=1e-9, atol=1e-11, err_msg=k)
+
+
+def test_float32_kernel(xla_replay):
+    f = lotka_volterra
+    y0 = jnp.ones((5, 2), jnp.float32)
+    p = (jnp.array([1.5, 1.0, 3.0, 1.0]) * jnp.linspace(0.9, 1.1, 5)[:, None]).astype(jnp.float32)
+    mesh = gs.record(f, 0.0, 5.0, y0, p, ts=jnp.linspace(0, 5, 6, dtype=jnp.float32), rtol=1e-4, atol=1e-6)
+    g = jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q).ys ** 2))
+    sol = gs.replay(f, mesh, y0, p)
+    assert sol.route == "gradsolve-kernel" and sol.ys.dtype == jnp.float32
+    gk = g(p)
+    with xla_replay:
+        gx = g(p)
+    assert gk.dtype == jnp.float32
+    np.testing.assert_allclose(gk, gx, rtol=2e-4)
+
+
+def test_untranslatable_vector_field_falls_back():
+    def looped(t, y, p):  # a loop: the translator declines, the XLA replay runs
+        return jax.lax.fori_loop(0, 2, lambda i, acc: acc - 0.5 * p * y, jnp.zeros_like(y))
+
+    y0 = jnp.ones((4, 2))
+    p = jnp.linspace(0.5, 1.0, 4)[:, None]
+    mesh = gs.record(looped, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+    sol = gs.replay(looped, mesh, y0, p)
+    assert sol.route == "gradsolve-replay"
+    np.testing.assert_allclose(sol.ys[:, -1], jnp.exp(-p) * y0, rtol=1e-8)
+
+
+def test_no_compiler_warns_once_and_falls_back(monkeypatch):
+    monkeypatch.setattr(build, "compiler", lambda: None)
+    monkeypatch.setattr(build, "_warned", False)
+    monkeypatch.setattr(build, "_registered", {})
+    monkeypatch.setattr(build, "_failed", set())
+    monkeypatch.setattr(kernel_replay_mod, "_sources", {})
+
+    def decay2(t, y, p):
+        return -p * y
+
+    y0 = jnp.ones((3, 1))
+    p = jnp.array([[1.0], [2.0], [3.0]])
+    mesh = gs.record(decay2, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+    with pytest.warns(RuntimeWarning, match="compiled replay kernel"):
+        sol = gs.replay(decay2, mesh, y0, p)
+    assert sol.route == "gradsolve-replay"
+    np.testing.assert_allclose(sol.ys[:, -1], jnp.exp(-p), rtol=1e-8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gs.replay(decay2, mesh, y0, 2 * p)  # warned once only
+
+
+def test_stiff_and_diffrax_solvers_use_the_xla_replay():
+    import diffrax
+
+    y0 = jnp.ones((2, 1))
+    p = jnp.array([[1.0], [2.0]])
+    f = lambda t, y, p: -p * y
+    for solver in (gs.Rodas5P(), diffrax.Tsit5()):
+        mesh = gs.record(f, 0.0, 1.0, y0, p, solver=solver)
+        assert gs.replay(f, mesh, y0, p).route == "gradsolve-replay"
