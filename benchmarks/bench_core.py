@@ -7,8 +7,12 @@ For each problem and ensemble size: the gradient of sum(ys**2) w.r.t. params thr
 - ``jax.vmap(diffrax.diffeqsolve)`` with ``RecursiveCheckpointAdjoint`` (default, and with
   ``checkpoints`` set to the step count),
 
-plus forward times (gs forward replay, gs record, Diffrax forward). Times are the best of
-``--repeats`` calls after compilation, interleaved so machine load hits both sides alike.
+plus forward times (gs forward replay, gs record, Diffrax forward). On CPU gradsolve runs its
+compiled kernel (the default); the table also times the replay gradient on one kernel
+thread (``GRADSOLVE_KERNEL_THREADS=1``) and through the XLA replay
+(``gs.use_compiled_kernel(False)``), and reports the peak temporary memory XLA reserves for
+each gradient. Times are the best of ``--repeats`` calls after compilation, interleaved so
+machine load hits both sides alike.
 Run: ``python benchmarks/bench_core.py [--quick] [--json PATH]`` or ``gradsolve bench``.
 """
 
@@ -79,22 +83,50 @@ def bench_one(name: str, n: int, repeats: int) -> dict:
         "gs_record": jax.jit(lambda p_: gs.record(f, 0.0, t1, y0, p_, ts=ts, solver=gsolver, rtol=RTOL, atol=ATOL, max_steps=max_steps).times),
         "dfx_forward": jax.jit(dfx_ys),
     }
-    grads = {k: fns[k](p) for k in ("gs_grad", "dfx_grad")}
+    gs.use_compiled_kernel(False)  # traced now, so this one runs the XLA replay
+    try:
+        fns["gs_grad_xla"] = jax.jit(jax.grad(lambda p_: jnp.sum(gs.replay(f, mesh, y0, p_).ys ** 2)))
+        jax.block_until_ready(fns["gs_grad_xla"](p))
+    finally:
+        gs.use_compiled_kernel(True)
+    grads = {k: fns[k](p) for k in ("gs_grad", "dfx_grad", "gs_grad_xla")}
     for fn in fns.values():
         jax.block_until_ready(fn(p))
-    t = _best({k: (lambda fn=fn: fn(p)) for k, fn in fns.items()}, repeats)
-    g1, g2 = np.asarray(grads["gs_grad"]), np.asarray(grads["dfx_grad"])
+    calls = {k: (lambda fn=fn: fn(p)) for k, fn in fns.items()}
+
+    def one_thread():
+        os.environ["GRADSOLVE_KERNEL_THREADS"] = "1"  # read by the kernel at each call
+        try:
+            return jax.block_until_ready(fns["gs_grad"](p))
+        finally:
+            del os.environ["GRADSOLVE_KERNEL_THREADS"]
+
+    calls["gs_grad_1thread"] = one_thread
+    t = _best(calls, repeats)
+    mem = {}
+    for k in ("gs_grad", "gs_grad_xla", "dfx_grad"):
+        try:
+            ma = fns[k].lower(p).compile().memory_analysis()
+            mem[k] = (ma.temp_size_in_bytes + ma.output_size_in_bytes) / 2**20
+        except Exception:  # noqa: BLE001 - not every backend reports it
+            mem[k] = float("nan")
+    g1, g2, g3 = (np.asarray(grads[k]) for k in ("gs_grad", "dfx_grad", "gs_grad_xla"))
     agree = float(np.max(np.abs(g1 - g2)) / np.max(np.abs(g2)))
+    agree_xla = float(np.max(np.abs(g1 - g3)) / np.max(np.abs(g3)))
     ms = {k: 1e3 * v for k, v in t.items()}
     return {
         "problem": name, "n": n, "mean_steps": float(np.mean(mesh.n_steps)),
         **{f"{k}_ms": v for k, v in ms.items()},
         "ratio_grad": ms["dfx_grad"] / ms["gs_grad"],
+        "ratio_grad_1thread": ms["dfx_grad"] / ms["gs_grad_1thread"],
+        "ratio_grad_xla": ms["dfx_grad"] / ms["gs_grad_xla"],
+        "mem_mb": mem,
         "ratio_grad_ckpt": ms["dfx_grad_ckpt"] / ms["gs_grad"],
         "ratio_solve_grad": ms["dfx_grad"] / ms["gs_solve_grad"],
         "cheap_gradient": ms["gs_grad"] / ms["gs_forward"],
         "ratio_record": ms["dfx_forward"] / ms["gs_record"],
         "grad_rel_diff": agree,
+        "kernel_vs_xla_rel_diff": agree_xla,
     }
 
 
@@ -111,7 +143,9 @@ def main(argv=None) -> list[dict]:
     if args.quick:
         problems, sizes, args.repeats = ["lotka_volterra", "lorenz"], [1, 100], 5
     rows = []
-    head = f"{'problem':<15}{'n':>7}{'steps':>7}{'gs grad ms':>12}{'diffrax ms':>12}{'ratio':>8}{'ckpt ratio':>11}{'solve ratio':>12}{'grad/fwd':>9}{'record x':>9}{'grad diff':>11}"
+    head = (f"{'problem':<15}{'n':>7}{'steps':>6}{'gs grad ms':>11}{'diffrax ms':>11}{'ratio':>7}"
+            f"{'1-thr':>7}{'xla':>6}{'ckpt':>6}{'solve':>7}{'grad/fwd':>9}{'record':>8}"
+            f"{'mem MB gs/dfx':>15}{'grad diff':>10}")
     print(head)
     for name in problems:
         for n in sizes:
@@ -119,9 +153,12 @@ def main(argv=None) -> list[dict]:
                 continue  # Kvaerno5 vmapped at 10,000 takes minutes on 2 cores
             r = bench_one(name, n, args.repeats)
             rows.append(r)
-            print(f"{name:<15}{n:>7}{r['mean_steps']:>7.0f}{r['gs_grad_ms']:>12.2f}{r['dfx_grad_ms']:>12.2f}"
-                  f"{r['ratio_grad']:>8.1f}{r['ratio_grad_ckpt']:>11.1f}{r['ratio_solve_grad']:>12.1f}"
-                  f"{r['cheap_gradient']:>9.2f}{r['ratio_record']:>9.2f}{r['grad_rel_diff']:>11.1e}", flush=True)
+            m = r["mem_mb"]
+            print(f"{name:<15}{n:>7}{r['mean_steps']:>6.0f}{r['gs_grad_ms']:>11.2f}{r['dfx_grad_ms']:>11.2f}"
+                  f"{r['ratio_grad']:>7.1f}{r['ratio_grad_1thread']:>7.1f}{r['ratio_grad_xla']:>6.1f}"
+                  f"{r['ratio_grad_ckpt']:>6.1f}{r['ratio_solve_grad']:>7.1f}{r['cheap_gradient']:>9.2f}"
+                  f"{r['ratio_record']:>8.2f}{m['gs_grad']:>8.0f}/{m['dfx_grad']:<6.0f}"
+                  f"{r['grad_rel_diff']:>10.1e}", flush=True)
     meta = {"machine": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
             "jax": jax.__version__, "diffrax": diffrax.__version__, "devices": [str(d) for d in jax.devices()],
             "rtol": RTOL, "atol": ATOL}

@@ -23,7 +23,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from ._checks import batch, check_interval, check_tolerances, check_vector_field, is_concrete
+from ._config import kernel_enabled
 from ._controller import PIDController, error_norm, initial_step
+from ._kernel import kernel_record
 from ._errors import raise_if_failed
 from ._misc import tree_where
 from ._mesh import Mesh, Status
@@ -53,9 +55,13 @@ class _RecordState(NamedTuple):
 @eqx.filter_jit
 def record_batched(
     f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params, ts, rtol, atol,
-    dt0, max_steps: int,
+    dt0, max_steps: int, use_kernel: bool = False,
 ) -> Mesh:
-    """The record driver on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation)."""
+    """The record driver on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation).
+
+    With ``use_kernel`` the compiled CPU kernel runs the same algorithm where it applies
+    (`gradsolve._kernel.kernel_record`); otherwise the ``while_loop`` below.
+    """
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype
@@ -63,6 +69,12 @@ def record_batched(
     t1 = jnp.asarray(t1, dtype)
     rtol = jnp.asarray(rtol, dtype)
     atol = jnp.asarray(atol, dtype)
+    if use_kernel:
+        out = kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                            max_steps)
+        if out is not None:
+            return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, params=params, solver=solver,
+                        rtol=rtol, atol=atol, controller=controller)
     rows = jnp.arange(n)
     order = solver.error_order
     eps = jnp.finfo(dtype).eps
@@ -265,7 +277,7 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
     sg = jax.lax.stop_gradient
     mesh = record_batched(
         f, solver, controller, sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params),
-        sg(b.ts), rtol, atol, dt0, max_steps,
+        sg(b.ts), rtol, atol, dt0, max_steps, kernel_enabled(),
     )
     return finalize(mesh, f, where, throw)
 

@@ -79,7 +79,7 @@ def load(source: str) -> str | None:
                 _compile(cxx, source, path)
             lib = ctypes.cdll.LoadLibrary(str(path))
             prefix = f"gradsolve_{key}"
-            for name in ("Fwd", "Bwd"):
+            for name in ("Fwd", "Bwd", "Rec"):
                 jax.ffi.register_ffi_target(
                     f"{prefix}_{name.lower()}", jax.ffi.pycapsule(getattr(lib, name)), platform="cpu"
                 )

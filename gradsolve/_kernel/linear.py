@@ -26,28 +26,32 @@ linear_p = Primitive("gradsolve_linear_apply")
 linear_p.multiple_results = True
 
 
-def linear_apply(fun, fun_t, res, lin):
-    """``fun(res, lin)``, linear in ``lin``, whose transpose in ``lin`` is ``fun_t(res, ct)``."""
+def linear_apply(fun, fun_t, res, lin, out_shapes=None):
+    """``fun(res, lin)``, linear in ``lin``, whose transpose in ``lin`` is ``fun_t(res, ct)``.
+
+    ``out_shapes`` (``ShapeDtypeStruct``s of the outputs) spares tracing ``fun`` for shapes.
+    """
     res, lin = tuple(res), tuple(lin)
-    return linear_p.bind(*res, *lin, fun=fun, fun_t=fun_t, n_res=len(res))
+    if out_shapes is None:
+        out_shapes = jax.eval_shape(lambda r, l: tuple(fun(r, l)), res, lin)
+    avals = tuple(jax.core.ShapedArray(tuple(o.shape), o.dtype) for o in out_shapes)
+    return linear_p.bind(*res, *lin, fun=fun, fun_t=fun_t, n_res=len(res), avals=avals)
 
 
 def _split(args, n_res):
     return tuple(args[:n_res]), tuple(args[n_res:])
 
 
-def _impl(*args, fun, fun_t, n_res):
+def _impl(*args, fun, fun_t, n_res, avals):
     res, lin = _split(args, n_res)
     return list(fun(res, lin))
 
 
-def _abstract(*avals, fun, fun_t, n_res):
-    res, lin = _split(avals, n_res)
-    shapes = jax.eval_shape(lambda r, l: tuple(fun(r, l)), res, lin)
-    return [jax.core.ShapedArray(s.shape, s.dtype) for s in shapes]
+def _abstract(*in_avals, fun, fun_t, n_res, avals):
+    return list(avals)
 
 
-def _transpose(cts, *args, fun, fun_t, n_res):
+def _transpose(cts, *args, fun, fun_t, n_res, avals):
     res, _ = _split(args, n_res)
     if any(ad.is_undefined_primal(r) for r in res):
         raise NotImplementedError("gradsolve linear_apply: residuals must be known")
@@ -55,7 +59,7 @@ def _transpose(cts, *args, fun, fun_t, n_res):
     return [None] * n_res + list(out)
 
 
-def _batch(args, dims, fun, fun_t, n_res):
+def _batch(args, dims, fun, fun_t, n_res, avals):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None and d is not _NOT_MAPPED)
     res, lin = _split(args, n_res)
     res_dims, lin_dims = _split(dims, n_res)
@@ -72,16 +76,17 @@ def _batch(args, dims, fun, fun_t, n_res):
     def bfun_t(r, c):
         return tuple(jax.vmap(lambda r_, c_: tuple(fun_t(r_, c_)), in_axes=(res_axes, 0))(r, c))
 
-    out = linear_p.bind(*res, *lin, fun=bfun, fun_t=bfun_t, n_res=n_res)
+    bavals = tuple(jax.core.ShapedArray((size,) + a.shape, a.dtype) for a in avals)
+    out = linear_p.bind(*res, *lin, fun=bfun, fun_t=bfun_t, n_res=n_res, avals=bavals)
     return out, [0] * len(out)
 
 
-def _jvp(primals, tangents, fun, fun_t, n_res):
+def _jvp(primals, tangents, fun, fun_t, n_res, avals):
     res, lin = _split(primals, n_res)
     dres, dlin = _split(tangents, n_res)
-    out = linear_p.bind(*primals, fun=fun, fun_t=fun_t, n_res=n_res)
+    out = linear_p.bind(*primals, fun=fun, fun_t=fun_t, n_res=n_res, avals=avals)
     dlin = tuple(jnp.zeros_like(x) if type(t) is ad.Zero else t for x, t in zip(lin, dlin))
-    tan = linear_p.bind(*res, *dlin, fun=fun, fun_t=fun_t, n_res=n_res)
+    tan = linear_p.bind(*res, *dlin, fun=fun, fun_t=fun_t, n_res=n_res, avals=avals)
     if any(type(t) is not ad.Zero for t in dres):
         dres = tuple(ad.instantiate_zeros(t) for t in dres)
         extra = jax.jvp(lambda r: tuple(fun(r, lin)), (res,), (dres,))[1]

@@ -41,6 +41,13 @@ def _flatten_spec(params, n: int):
     return leaves, treedef, shapes, dtypes
 
 
+def flat_params(leaves, n: int, dtype):
+    """Per-trajectory parameters as one ``(n, P)`` matrix of the state dtype."""
+    if not leaves:
+        return jnp.zeros((n, 0), dtype)
+    return jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1)
+
+
 def _unflatten_one(pflat, treedef, shapes, dtypes):
     out, i = [], 0
     for shape, dt in zip(shapes, dtypes):
@@ -103,8 +110,7 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, x
     n, d = y0.shape
     leaves, treedef, shapes, dtypes = _flatten_spec(params, n)
 
-    pflat = jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1) \
-        if leaves else jnp.zeros((n, 0), dtype)
+    pflat = flat_params(leaves, n, dtype)
     tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
     n_eff = n_eff.astype(jnp.int32)
     save_index = save_index.astype(jnp.int32)
@@ -188,7 +194,8 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, x
 
         tans = [t for lv, t in zip(live, tangents[:3]) if lv]
         if tans:
-            dys, dy1 = linear_apply(lin, lin_t, (tm, y, pf, states, *aux), tans)
+            dys, dy1 = linear_apply(lin, lin_t, (tm, y, pf, states, *aux), tans,
+                                    out_shapes=(ys, y1))
         else:
             dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
         return ((ys, y1, err, states, cost),

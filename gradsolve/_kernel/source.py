@@ -130,17 +130,24 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     fw.append(f"real err = std::sqrt(acc / (real){d});")
     fw.append("bad += err - err;")
     fw.append("err = (bad == 0) ? err : (real)INFINITY;")
+    # The record keeps y1, err and the last stage for its controller.
+    rec = fw + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
+    if fsal:
+        rec += [f"KL[{r} * LANES + j] = k{s - 1}_{r};" for r in R]
+    record_step = "\n      ".join(rec)
     fw.append("const bool act = ACT[j] != 0;")
     fw.append("EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];")
     fw += [f"YB[{r} * LANES + j] = act ? y1_{r} : y_{r};" for r in R]
     if fsal:
         fw += [f"K0[{r} * LANES + j] = act ? k{s - 1}_{r} : k0_{r};" for r in R]
     forward_step = "\n      ".join(fw)
-    init = [*[f"const real y_{r} = YB[{r} * LANES + j];" for r in R],
-            *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(p_size)],
-            decl(kn(0)), rhs("ta", [f"y_{r}" for r in R], kn(0)),
-            *[f"K0[{r} * LANES + j] = FRESH[j] ? k0_{r} : K0[{r} * LANES + j];" for r in R]]
-    fsal_init = "\n      ".join(init)
+    # f at (TQ, YQ) for the lanes flagged in FRESH, into FQ (first stages, initial steps).
+    ev = [*[f"const real y_{r} = YQ[{r} * LANES + j];" for r in R],
+          *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(p_size)],
+          "const real ta = TQ[j];",
+          decl(kn(0)), rhs("ta", [f"y_{r}" for r in R], kn(0)),
+          *[f"FQ[{r} * LANES + j] = FRESH[j] ? k0_{r} : FQ[{r} * LANES + j];" for r in R]]
+    rhs_eval = "\n      ".join(ev)
 
     # -- reverse: recompute the stages, then the adjoint recursion ------------------------
     bw = list(common)
@@ -190,7 +197,8 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
 
     return _TEMPLATE.format(
         real=real, ffi_type="F64" if real == "double" else "F32", D=d, P=max(p_size, 1),
-        S=s, LANES=LANES, FSAL=int(fsal), forward_step=forward_step, fsal_init=fsal_init,
+        S=s, LANES=LANES, FSAL=int(fsal), forward_step=forward_step, rhs_eval=rhs_eval,
+        record_step=record_step, ERROR_ORDER=int(solver.error_order),
         backward_step=backward_step, P_REAL=p_size,
     )
 
@@ -202,6 +210,7 @@ _TEMPLATE = r"""
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -215,6 +224,7 @@ typedef {real} real;
 #define S {S}
 #define LANES {LANES}
 #define FSAL {FSAL}
+#define ERROR_ORDER {ERROR_ORDER}
 
 namespace {{
 
@@ -245,6 +255,14 @@ void for_threads(int64_t n, Fn fn) {{
 }}
 
 static inline real rmax(real a, real b) {{ return (a > b || a != a) ? a : b; }}
+
+// f(TQ, YQ) into FQ for the lanes flagged in FRESH.
+static void eval_rhs(const real* TQ, const real* YQ, const real* PB, const int* FRESH, real* FQ) {{
+  #pragma omp simd
+  for (int j = 0; j < LANES; ++j) {{
+    {rhs_eval}
+  }}
+}}
 
 // Lanes are refilled as their trajectory finishes, so a ragged ensemble costs the sum
 // of its step counts plus at most LANES - 1 idle lanes at the tail of each thread.
@@ -297,14 +315,7 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
       fresh += traj[j] >= 0 && FRESH[j];
     }}
     if (!busy) break;
-    if (FSAL && fresh) {{
-      // First stage f(t0, y0) of newly loaded trajectories: the carried FSAL stage.
-      #pragma omp simd
-      for (int j = 0; j < LANES; ++j) {{
-        const real ta = TA[j];
-        {fsal_init}
-      }}
-    }}
+    if (FSAL && fresh) eval_rhs(TA, YB, PB, FRESH, K0);
     for (int j = 0; j < LANES; ++j) {{
       FRESH[j] = 0;
       ACT[j] = traj[j] >= 0;
@@ -389,6 +400,162 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
   }}
 }}
 
+// Adaptive record: the same step, one attempt per lane per iteration, with the controller of
+// gradsolve._controller / gradsolve._record written per lane (see there for the rules).
+struct RecordIn {{
+  int64_t n, k, cap;
+  const real *t01, *y0, *p, *ts, *tol, *dt0, *ctrl;
+  std::vector<int64_t> order;
+}};
+
+void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, int32_t* n_steps,
+                   int32_t* n_rej_out, int32_t* status, int32_t* save_index, real* dt_next,
+                   real* y_last) {{
+  const int64_t attempts_cap = 4 * in.cap + 64;
+  const real eps = std::numeric_limits<real>::epsilon();
+  alignas(64) real YB[D * LANES] = {{0}}, K0[D * LANES] = {{0}}, PB[P * LANES] = {{0}};
+  alignas(64) real Y1[D * LANES] = {{0}}, KL[D * LANES] = {{0}}, YQ[D * LANES] = {{0}}, F1[D * LANES] = {{0}};
+  alignas(64) real H[LANES] = {{0}}, TA[LANES] = {{0}}, ERR[LANES] = {{0}}, RT[LANES] = {{0}}, AT[LANES] = {{0}}, TQ[LANES] = {{0}};
+  alignas(64) int ACT[LANES] = {{0}}, FRESH[LANES] = {{0}};
+  int64_t traj[LANES];
+  real T[LANES], HS[LANES], EPREV[LANES], T1[LANES], HNEXT[LANES];
+  int32_t NA[LANES], NR[LANES], SP[LANES], ST[LANES];
+  int64_t next = w;
+  const real pco = in.ctrl[0], ico = in.ctrl[1], safety = in.ctrl[2], fmin = in.ctrl[3], fmaxc = in.ctrl[4];
+  auto load = [&](int j) {{
+    int64_t t = -1;
+    if (next < in.n) {{ t = in.order[next]; next += threads; }}
+    traj[j] = t;
+    if (t < 0) return;
+    T[j] = in.t01[t * 2]; T1[j] = in.t01[t * 2 + 1];
+    for (int r = 0; r < D; ++r) YB[r * LANES + j] = in.y0[t * D + r];
+    for (int r = 0; r < P_REAL; ++r) PB[r * LANES + j] = in.p[t * P_REAL + r];
+    RT[j] = in.tol[t * 2]; AT[j] = in.tol[t * 2 + 1];
+    NA[j] = 0; NR[j] = 0; ST[j] = 0; EPREV[j] = 1; FRESH[j] = 1;
+    const real* tsr = in.ts + t * in.k;
+    int32_t ptr = 0;
+    while (ptr < in.k && tsr[ptr] <= T[j]) ++ptr;
+    SP[j] = ptr;
+    for (int64_t m = 0; m < in.k; ++m) save_index[t * in.k + m] = 0;
+    times[t * (in.cap + 1)] = T[j];
+  }};
+  auto finish = [&](int j) {{
+    const int64_t t = traj[j];
+    real* row = times + t * (in.cap + 1);
+    for (int64_t m = NA[j] + 1; m <= in.cap; ++m) row[m] = T[j];
+    n_steps[t] = NA[j]; n_rej_out[t] = NR[j]; status[t] = ST[j]; dt_next[t] = HS[j];
+    for (int r = 0; r < D; ++r) y_last[t * D + r] = YB[r * LANES + j];
+  }};
+  int done[LANES];
+  for (int j = 0; j < LANES; ++j) {{ load(j); done[j] = traj[j] < 0; }}
+  for (;;) {{
+    int busy = 0, fresh = 0;
+    for (int j = 0; j < LANES; ++j) {{
+      while (traj[j] >= 0 && done[j]) {{ finish(j); load(j); done[j] = traj[j] < 0; }}
+      busy += traj[j] >= 0;
+      fresh += traj[j] >= 0 && FRESH[j];
+    }}
+    if (!busy) break;
+    if (fresh) {{
+      // First stage and Hairer's initial step (gradsolve._controller.initial_step).
+      for (int j = 0; j < LANES; ++j) TQ[j] = T[j];
+      eval_rhs(TQ, YB, PB, FRESH, K0);
+      real D0[LANES], D1[LANES], H0[LANES];
+      for (int j = 0; j < LANES; ++j) {{
+        if (!(traj[j] >= 0 && FRESH[j])) continue;
+        real s0 = 0, s1 = 0;
+        for (int r = 0; r < D; ++r) {{
+          const real sc = AT[j] + std::abs(YB[r * LANES + j]) * RT[j];
+          const real a = YB[r * LANES + j] / sc, b = K0[r * LANES + j] / sc;
+          s0 += a * a; s1 += b * b;
+        }}
+        D0[j] = std::sqrt(s0 / D); D1[j] = std::sqrt(s1 / D);
+        const bool small = D0[j] < (real)1e-5 || D1[j] < (real)1e-5;
+        H0[j] = small ? (real)1e-6 : (real)0.01 * D0[j] / D1[j];
+        TQ[j] = T[j] + H0[j];
+        for (int r = 0; r < D; ++r) YQ[r * LANES + j] = YB[r * LANES + j] + H0[j] * K0[r * LANES + j];
+      }}
+      eval_rhs(TQ, YQ, PB, FRESH, F1);
+      for (int j = 0; j < LANES; ++j) {{
+        if (!(traj[j] >= 0 && FRESH[j])) continue;
+        const int64_t t = traj[j];
+        real h;
+        if (in.dt0[t] == in.dt0[t]) {{
+          h = in.dt0[t];
+        }} else {{
+          real s2 = 0;
+          for (int r = 0; r < D; ++r) {{
+            const real sc = AT[j] + std::abs(YB[r * LANES + j]) * RT[j];
+            const real q = (F1[r * LANES + j] - K0[r * LANES + j]) / sc;
+            s2 += q * q;
+          }}
+          const real d2 = std::sqrt(s2 / D) / H0[j];
+          const real dmax = rmax(D1[j], d2);
+          const real h1 = dmax <= (real)1e-15 ? std::max((real)1e-6, H0[j] * (real)1e-3)
+                                              : std::pow((real)0.01 / dmax, (real)1 / ERROR_ORDER);
+          h = std::min((real)100 * H0[j], h1);
+          if (!std::isfinite(h)) h = (real)1e-6;
+        }}
+        HS[j] = std::min(h, T1[j] - T[j]);
+        FRESH[j] = 0;
+      }}
+    }}
+    for (int j = 0; j < LANES; ++j) {{
+      ACT[j] = traj[j] >= 0;
+      if (!ACT[j]) {{ H[j] = 0; continue; }}
+      const real* tsr = in.ts + traj[j] * in.k;
+      const real target = SP[j] < in.k ? tsr[SP[j]] : T1[j];
+      const real t_try = T[j] + HS[j];
+      const bool clipped = t_try >= target;
+      const real t_new = clipped ? target : t_try;
+      TA[j] = T[j];
+      H[j] = t_new - T[j];  // the replay recomputes h this way: bitwise the same step
+      HNEXT[j] = clipped ? 1 : 0;
+    }}
+    #pragma omp simd
+    for (int j = 0; j < LANES; ++j) {{
+      {record_step}
+    }}
+    for (int j = 0; j < LANES; ++j) {{
+      if (!ACT[j]) continue;
+      const int64_t t = traj[j];
+      const real err = ERR[j];
+      const bool clipped = HNEXT[j] != 0;
+      const real t_new = T[j] + H[j];
+      const bool accept = err <= 1;
+      const real inv = 1 / std::max(err, (real)1e-10);
+      const real inv_prev = 1 / std::max(EPREV[j], (real)1e-10);
+      real fac = safety * std::pow(inv, (pco + ico) / ERROR_ORDER);
+      if (pco != 0) fac *= std::pow(inv_prev, -pco / ERROR_ORDER);
+      const real fmax = accept ? fmaxc : safety;
+      if (!std::isfinite(err)) fac = fmin;
+      fac = std::min(std::max(fac, fmin), fmax);
+      real h_next = H[j] * fac;
+      if (accept && clipped) h_next = std::max(h_next, HS[j]);
+      if (accept) {{
+        NA[j] += 1;
+        times[t * (in.cap + 1) + NA[j]] = t_new;
+        const real* tsr = in.ts + t * in.k;
+        while (SP[j] < in.k && tsr[SP[j]] <= t_new) save_index[t * in.k + SP[j]++] = NA[j];
+        T[j] = t_new;
+        for (int r = 0; r < D; ++r) YB[r * LANES + j] = Y1[r * LANES + j];
+        if (FSAL) for (int r = 0; r < D; ++r) K0[r * LANES + j] = KL[r * LANES + j];
+        EPREV[j] = std::max(err, (real)1e-4);
+      }} else {{
+        NR[j] += 1;
+      }}
+      HS[j] = h_next;
+      const bool finished = accept && t_new >= T1[j];
+      const real tiny = 10 * eps * std::max(std::abs(t_new), std::abs(T1[j]));
+      const bool underflow = !finished && h_next <= tiny;
+      const bool over = !finished && (NA[j] >= in.cap || NA[j] + NR[j] >= attempts_cap);
+      if (underflow) ST[j] = std::isfinite(err) ? 3 : 2;
+      else if (over) ST[j] = 1;
+      done[j] = finished || underflow || over;
+    }}
+  }}
+}}
+
 }}  // namespace
 static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
                           ffi::Buffer<ffi::{ffi_type}> y0, ffi::Buffer<ffi::{ffi_type}> p,
@@ -450,5 +617,43 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
+        .Ret<ffi::Buffer<ffi::{ffi_type}>>());
+
+static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ffi_type}> y0,
+                          ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::{ffi_type}> ts,
+                          ffi::Buffer<ffi::{ffi_type}> tol, ffi::Buffer<ffi::{ffi_type}> dt0,
+                          ffi::Buffer<ffi::{ffi_type}> ctrl,
+                          ffi::ResultBuffer<ffi::{ffi_type}> times, ffi::ResultBuffer<ffi::S32> n_steps,
+                          ffi::ResultBuffer<ffi::S32> n_rej, ffi::ResultBuffer<ffi::S32> status,
+                          ffi::ResultBuffer<ffi::S32> save_index,
+                          ffi::ResultBuffer<ffi::{ffi_type}> dt_next,
+                          ffi::ResultBuffer<ffi::{ffi_type}> y_last) {{
+  RecordIn in;
+  in.n = dt0.element_count();
+  if (in.n == 0) return ffi::Error::Success();
+  in.k = ts.element_count() / in.n;
+  in.cap = times->element_count() / in.n - 1;
+  in.t01 = t01.typed_data(); in.y0 = y0.typed_data(); in.p = p.typed_data();
+  in.ts = ts.typed_data(); in.tol = tol.typed_data(); in.dt0 = dt0.typed_data();
+  in.ctrl = ctrl.typed_data();
+  in.order.resize(in.n);
+  std::iota(in.order.begin(), in.order.end(), 0);
+  for_threads(in.n, [&](int64_t w, int64_t threads) {{
+    record_thread(in, w, threads, times->typed_data(), n_steps->typed_data(), n_rej->typed_data(),
+                  status->typed_data(), save_index->typed_data(), dt_next->typed_data(),
+                  y_last->typed_data());
+  }});
+  return ffi::Error::Success();
+}}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(Rec, RecImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::S32>>()
+        .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>()
+        .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>());
 """

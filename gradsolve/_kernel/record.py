@@ -1,0 +1,44 @@
+"""The compiled adaptive record (same kernel source as the replay, handler ``Rec``).
+
+Lanes run independent trajectories, one step attempt per lane per iteration, and are
+refilled as trajectories finish; the controller is `gradsolve._controller`'s, written per
+lane. Returns the `gradsolve.Mesh` fields, or ``None`` where the kernel does not apply.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .replay import _flatten_spec, flat_params, kernel_target
+
+
+def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int):
+    """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)``; ``None`` if the kernel does not apply."""
+    prefix = kernel_target(f, solver, y0, params)
+    if prefix is None:
+        return None
+    n, d = y0.shape
+    k = ts.shape[1]
+    dtype = y0.dtype
+    leaves = _flatten_spec(params, n)[0]
+    pflat = flat_params(leaves, n, dtype)
+    t01 = jnp.broadcast_to(jnp.stack([jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)]), (n, 2))
+    tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
+    dt0 = jnp.full((n,), jnp.nan, dtype) if dt0 is None else jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
+    ctrl = jnp.broadcast_to(
+        jnp.asarray([controller.pcoeff, controller.icoeff, controller.safety, controller.factormin,
+                     controller.factormax], dtype), (n, 5))
+    i32 = jnp.int32
+    call = jax.ffi.ffi_call(
+        f"{prefix}_rec",
+        (jax.ShapeDtypeStruct((n, max_steps + 1), dtype), jax.ShapeDtypeStruct((n,), i32),
+         jax.ShapeDtypeStruct((n,), i32), jax.ShapeDtypeStruct((n,), i32),
+         jax.ShapeDtypeStruct((n, k), i32), jax.ShapeDtypeStruct((n,), dtype),
+         jax.ShapeDtypeStruct((n, d), dtype)),
+        vmap_method="broadcast_all",
+    )
+    times, n_steps, n_rej, status, save_index, dt_next, y_last = call(
+        t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl)
+    return dict(times=times, n_steps=n_steps, n_rejected=n_rej, status=status,
+                save_index=save_index, dt_next=dt_next, y_last=y_last)
