@@ -8,6 +8,10 @@ per-trajectory loop whose carry holds an ``(n, S)`` buffer copies it each iterat
 scatter here is in place, so the cost follows the steps actually attempted (the loop ends
 when the slowest trajectory does), not ``max_steps``.
 
+On CPU, for explicit Runge–Kutta solvers, the compiled kernel (`gradsolve._kernel`) runs the
+same algorithm per trajectory (lanes refilled as trajectories finish) instead of the loop
+below; `gradsolve.use_compiled_kernel` switches it off.
+
 Save times are forced mesh points: a step that would pass the next save time (or ``t1``)
 is shortened to land on it exactly, so the replay hits it as a node with no interpolation.
 This costs at most one extra step per save time.

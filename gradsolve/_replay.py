@@ -6,7 +6,17 @@ derivative is the exact discrete adjoint of those steps: the gradient Diffrax's 
 ``RecursiveCheckpointAdjoint`` returns (its controller also stops gradients through step
 sizes), but from a fixed-length chain.
 
-Driver design:
+Two drivers run the same steps:
+
+- On CPU, for explicit Runge–Kutta solvers, the **compiled kernel** (`gradsolve._kernel`):
+  the vector field is translated to C++ and the replay and its exact discrete adjoint run
+  through ``jax.ffi`` (several times faster, see ``benchmarks/README.md``). It falls back to
+  the XLA driver wherever it does not apply, and forward-mode and second derivatives are
+  defined through the XLA driver, so every transform works either way.
+  `gradsolve.use_compiled_kernel` switches it off.
+- The **XLA driver** below, used on GPU, for stiff and Diffrax solvers, and as the fallback.
+
+XLA driver design:
 
 - Steps are grouped in chunks of ``chunk_size``; a ``lax.scan`` runs over chunks and each
   chunk is a ``lax.cond`` that skips it when every trajectory of the group is already past
@@ -148,15 +158,17 @@ def replay(
             ``ts`` is ``f(t, y)`` there, to the solver's accuracy); save times equal to
             ``t0`` or ``t1`` stay pinned and get their first-order derivative
             ``f(t, y)`` added.
-        group_size: trajectories per length-sorted group (ragged ensembles).
-        chunk_size: steps per skippable, rematerialised chunk.
+        group_size: trajectories per length-sorted group (ragged ensembles; XLA driver).
+        chunk_size: steps per skippable, rematerialised chunk (XLA driver).
 
     Returns:
         `Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.
         Trajectories whose record failed give NaN.
 
     Differentiable in reverse and forward mode w.r.t. ``y0``, every leaf of ``params`` and
-    ``ts``; works under ``jit`` and ``vmap``.
+    ``ts``; works under ``jit`` and ``vmap``. On CPU with an explicit solver it runs the
+    compiled kernel (``Solution.route == "gradsolve-kernel"``; see
+    `use_compiled_kernel`), elsewhere the XLA driver (``"gradsolve-replay"``).
 
     Example:
         >>> mesh = gs.record(f, 0.0, 10.0, y0, params, ts=ts)
@@ -227,32 +239,33 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     """Jitted body of `replay` on batched, validated inputs."""
     bm = _as_batched(mesh)
     dtype = y0.dtype
-    rows = jnp.arange(y0.shape[0])[:, None]
     failed = bm.status != Status.OK
     times = _sg(bm.times).astype(dtype)
     t0 = jnp.asarray(_sg(mesh.t0), dtype)
     t1 = jnp.asarray(_sg(mesh.t1), dtype)
     rec_ts = _sg(bm.ts).astype(dtype)
-    if ts is not None:
-        interior = (rec_ts > t0) & (rec_ts < t1)
-        current = times[rows, bm.save_index]
-        times = times.at[rows, bm.save_index].set(jnp.where(interior, ts, current))
-    # Failed trajectories replay as zero-length steps (finite everywhere), then become NaN.
-    times = jnp.where(failed[:, None], t0, times)
+    # Interior save times given as ``ts`` move their mesh node (differentiably).
+    subst = ((rec_ts > t0) & (rec_ts < t1)) if ts is not None else jnp.zeros(rec_ts.shape, bool)
+    tsave = ts if ts is not None else rec_ts
     n_eff = jnp.where(failed, 0, bm.n_steps).astype(jnp.int32)
     rtol, atol = jnp.asarray(mesh.rtol, dtype), jnp.asarray(mesh.atol, dtype)
 
-    def xla_replay(tm, y, p, n_eff, save_index, tol):
+    def xla_replay(tsave, y, p, times, n_eff, save_index, tol, subst):
+        rows = jnp.arange(times.shape[0])[:, None]
+        current = times[rows, save_index]
+        tm = times.at[rows, save_index].set(jnp.where(subst, tsave, current))
+        # Failed trajectories replay as zero-length steps (finite everywhere), then NaN.
+        tm = jnp.where((n_eff == 0)[:, None], tm[:, :1], tm)
         return replay_batched(f, mesh.solver, tm, n_eff, y, p, save_index, tol[0, 0],
-                              tol[0, 1], group_size=group_size, chunk_size=chunk_size)[:3]
+                              tol[0, 1], group_size=group_size, chunk_size=chunk_size)
 
     out = None
     if use_kernel:
         out = kernel_replay(f, mesh.solver, times, n_eff, y0, params, bm.save_index, rtol,
-                            atol, xla_replay)
+                            atol, tsave, subst, xla_replay)
     if out is None:
-        out = replay_batched(f, mesh.solver, times, n_eff, y0, params, bm.save_index, rtol,
-                             atol, group_size=group_size, chunk_size=chunk_size)
+        tol = jnp.stack([rtol, atol])[None]
+        out = xla_replay(tsave, y0, params, times, n_eff, bm.save_index, tol, subst)
     ys, y1, err, work = out
     if ts is not None:
         pinned = ~((rec_ts > t0) & (rec_ts < t1))

@@ -50,8 +50,19 @@ def _cpu_key() -> str:
 
 
 def cache_dir() -> Path:
+    """Where compiled kernels are kept: ``$GRADSOLVE_KERNEL_CACHE``, else
+    ``~/.cache/gradsolve/kernels``, else (not writable) a folder in the temp directory."""
     root = os.environ.get("GRADSOLVE_KERNEL_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "gradsolve" / "kernels"
+    if root:
+        return Path(root)
+    home = Path.home() / ".cache" / "gradsolve" / "kernels"
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        if os.access(home, os.W_OK):
+            return home
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / "gradsolve-kernels"
 
 
 def load(source: str) -> str | None:
@@ -80,9 +91,12 @@ def load(source: str) -> str | None:
             lib = ctypes.cdll.LoadLibrary(str(path))
             prefix = f"gradsolve_{key}"
             for name in ("Fwd", "Bwd", "Rec"):
-                jax.ffi.register_ffi_target(
-                    f"{prefix}_{name.lower()}", jax.ffi.pycapsule(getattr(lib, name)), platform="cpu"
-                )
+                target = f"{prefix}_{name.lower()}"
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, name)),
+                                            platform="cpu")
+                # Every operand and result leads with the ensemble axis and trajectories are
+                # independent, so a sharded ensemble runs the kernel on each shard.
+                jax.ffi.register_ffi_target_as_batch_partitionable(target)
         except Exception as e:  # noqa: BLE001 - any failure means: use the XLA replay
             _failed.add(key)
             _warn_once(str(e))
@@ -96,8 +110,8 @@ def _warn_once(reason: str) -> None:
     if not _warned:
         _warned = True
         warnings.warn(
-            f"gradsolve: could not build the compiled replay kernel ({reason}); using the XLA "
-            "replay (same results, slower gradients). GRADSOLVE_KERNEL=0 silences this.",
+            f"gradsolve: could not build the compiled kernel ({reason}); using the XLA record "
+            "and replay (same results, slower). GRADSOLVE_KERNEL=0 silences this.",
             RuntimeWarning, stacklevel=4,
         )
 

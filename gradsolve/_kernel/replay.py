@@ -97,11 +97,16 @@ def kernel_target(f, solver, y0, params) -> str | None:
     return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype)
 
 
-def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, xla_replay):
+def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, tsave, subst,
+                  xla_replay):
     """Compiled replay, or ``None`` if it does not apply (see `kernel_target`).
 
-    ``xla_replay(times, y0, params, n_eff, save_index, tol)`` returns ``(ys, y1, err)`` by the
-    XLA path; it defines forward-mode and second derivatives.
+    ``times (n, S+1)`` are the recorded nodes (no gradient); save slot ``m`` with
+    ``subst[:, m]`` moves node ``save_index[:, m]`` to ``tsave[:, m]`` (differentiable), as
+    `gradsolve.replay` does for interior save times. Doing that inside the kernel keeps
+    every differentiable input and cotangent at ``(n, k)``, not ``(n, S+1)``.
+    ``xla_replay(tsave, y0, params, times, n_eff, save_index, tol, subst)`` returns
+    ``(ys, y1, err, work)`` by the XLA path; it defines forward-mode and second derivatives.
     """
     prefix = kernel_target(f, solver, y0, params)
     if prefix is None:
@@ -112,6 +117,8 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, x
 
     pflat = flat_params(leaves, n, dtype)
     tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
+    subst = subst.astype(jnp.int32)
+    tsave = tsave.astype(dtype)
     n_eff = n_eff.astype(jnp.int32)
     save_index = save_index.astype(jnp.int32)
     k = save_index.shape[1]
@@ -127,7 +134,7 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, x
     )
     bwd_call = jax.ffi.ffi_call(
         f"{prefix}_bwd",
-        (jax.ShapeDtypeStruct((n, s1), dtype), jax.ShapeDtypeStruct((n, d), dtype),
+        (jax.ShapeDtypeStruct((n, k), dtype), jax.ShapeDtypeStruct((n, d), dtype),
          jax.ShapeDtypeStruct((n, p_size), dtype)),
         vmap_method="broadcast_all",
     )
@@ -143,18 +150,19 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, x
     # Every array is an explicit argument (no closures over tracers): the transposed and
     # differentiated rules are traced lazily, outside the trace that created them.
     def xla(tm, y, pf, aux):
-        ys, y1, _ = xla_replay(tm, y, unflat_batched(pf), *aux)
+        ys, y1 = xla_replay(tm, y, unflat_batched(pf), *aux)[:2]
         return ys, y1
 
+    # ``tm`` below is ``tsave``; ``aux = (times, n_eff, save_index, tol, subst)``.
     @jax.custom_jvp
     def forward(tm, y, pf, aux):
-        n_eff, save, tol = aux
-        return fwd_call(tm, n_eff, y, pf, save, tol)
+        times, n_eff, save, tol, subst = aux
+        return fwd_call(times, n_eff, y, pf, save, tol, tm, subst)
 
     @jax.custom_jvp
     def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
-        n_eff, save, _ = aux
-        return bwd_call(tm, n_eff, pf, save, states, ct_ys, ct_y1)
+        times, n_eff, save, _, subst = aux
+        return bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst)
 
     def backward_jvp(primals, tangents):
         tm, y, pf, states, ct_ys, ct_y1, aux = primals
@@ -204,7 +212,7 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, x
 
     forward.defjvp(forward_jvp, symbolic_zeros=True)
 
-    ys, y1, err, _, cost = forward(times, y0, pflat, (n_eff, save_index, tol))
+    ys, y1, err, _, cost = forward(tsave, y0, pflat, (times, n_eff, save_index, tol, subst))
     # Lane-steps computed, idle lanes included (the kernel refills lanes as trajectories end).
     work = jnp.sum(cost).astype(dtype)
     return ys, y1, jax.lax.stop_gradient(err), work

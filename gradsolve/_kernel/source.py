@@ -231,7 +231,30 @@ namespace {{
 struct Problem {{
   int64_t n, s1, k;
   const real* times; const int32_t* n_eff; const real* p; const int32_t* save;
+  const real* tsave; const int32_t* subst;
   std::vector<int64_t> order;
+}};
+
+// Mesh node times: the recorded ones, except nodes that a save slot with `subst` moves to
+// its `tsave` value. Steps visit nodes monotonically, so a cursor over the (sorted) save
+// row finds them in O(1) amortised: `up` for the forward sweep, `down` for the reverse.
+struct Nodes {{
+  const Problem* pr; int64_t t; int64_t c;
+  void start_up(int64_t traj) {{ t = traj; c = 0; }}
+  void start_down(int64_t traj) {{ t = traj; c = pr->k - 1; }}
+  int64_t up(int64_t node) {{  // slot moving `node`, or -1; nodes must not decrease
+    const int32_t* row = pr->save + t * pr->k; const int32_t* sub = pr->subst + t * pr->k;
+    while (c < pr->k && (!sub[c] || row[c] < node)) ++c;
+    return (c < pr->k && row[c] == node) ? c : -1;
+  }}
+  int64_t down(int64_t node) {{  // the same, nodes must not increase
+    const int32_t* row = pr->save + t * pr->k; const int32_t* sub = pr->subst + t * pr->k;
+    while (c >= 0 && (!sub[c] || row[c] > node)) --c;
+    return (c >= 0 && row[c] == node) ? c : -1;
+  }}
+  real time(int64_t node, int64_t slot) const {{
+    return slot >= 0 ? pr->tsave[t * pr->k + slot] : pr->times[t * pr->s1 + node];
+  }}
 }};
 
 void sort_by_length(Problem& pr) {{
@@ -285,6 +308,8 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
   alignas(64) int ACT[LANES] = {{0}}, FRESH[LANES] = {{0}};
   int64_t traj[LANES]; int32_t kk[LANES] = {{0}}, N[LANES] = {{0}};
   int64_t idle = 0, last = -1;
+  Nodes NODES[LANES];
+  for (int j = 0; j < LANES; ++j) NODES[j].pr = &pr;
   auto load = [&](int j) {{
     const int64_t t = queue.pop();
     traj[j] = t;
@@ -292,7 +317,8 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     kk[j] = 0; N[j] = pr.n_eff[t]; FRESH[j] = 1;
     for (int r = 0; r < D; ++r) {{ YB[r * LANES + j] = y0[t * D + r]; states[t * pr.s1 * D + r] = y0[t * D + r]; }}
     for (int r = 0; r < P_REAL; ++r) PB[r * LANES + j] = pr.p[t * P_REAL + r];
-    TA[j] = pr.times[t * pr.s1];
+    NODES[j].start_up(t);
+    TA[j] = NODES[j].time(0, NODES[j].up(0));
     EMAX[j] = 0; RT[j] = tol[t * 2]; AT[j] = tol[t * 2 + 1];
   }};
   auto finish = [&](int j) {{
@@ -321,9 +347,9 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
       ACT[j] = traj[j] >= 0;
       idle += !ACT[j];
       if (!ACT[j]) {{ H[j] = 0; continue; }}
-      const real* tr = pr.times + traj[j] * pr.s1;
-      TA[j] = tr[kk[j]];
-      H[j] = tr[kk[j] + 1] - tr[kk[j]];
+      Nodes& nd = NODES[j];
+      TA[j] = nd.time(kk[j], nd.up(kk[j]));
+      H[j] = nd.time(kk[j] + 1, nd.up(kk[j] + 1)) - TA[j];
     }}
     #pragma omp simd
     for (int j = 0; j < LANES; ++j) {{
@@ -339,13 +365,16 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
 }}
 
 void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* states,
-                     const real* ct_ys, const real* ct_y1, real* ct_times, real* ct_y0,
+                     const real* ct_ys, const real* ct_y1, real* ct_tsave, real* ct_y0,
                      real* ct_p) {{
   Queue queue{{pr, w, threads}};
   alignas(64) real YB[D * LANES] = {{0}}, LAM[D * LANES] = {{0}}, CTP[P * LANES] = {{0}}, PB[P * LANES] = {{0}};
   alignas(64) real H[LANES] = {{0}}, TA[LANES] = {{0}}, CH[LANES] = {{0}}, CT[LANES] = {{0}};
   alignas(64) int ACT[LANES] = {{0}};
   int64_t traj[LANES], ptr[LANES]; int32_t kk[LANES] = {{0}}, N[LANES] = {{0}};
+  int64_t M0[LANES], M1[LANES];
+  Nodes NODES[LANES];
+  for (int j = 0; j < LANES; ++j) NODES[j].pr = &pr;
   auto node_of = [&](int j, int64_t m) -> int64_t {{
     return std::min<int64_t>(std::max<int32_t>(pr.save[traj[j] * pr.k + m], 0), N[j]);
   }};
@@ -361,9 +390,10 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
     traj[j] = t;
     if (t < 0) return;
     N[j] = pr.n_eff[t]; kk[j] = N[j] - 1; ptr[j] = pr.k - 1;
+    NODES[j].start_down(t);
     for (int r = 0; r < D; ++r) LAM[r * LANES + j] = ct_y1[t * D + r];
     for (int r = 0; r < P_REAL; ++r) {{ PB[r * LANES + j] = pr.p[t * P_REAL + r]; CTP[r * LANES + j] = 0; }}
-    std::memset(ct_times + t * pr.s1, 0, sizeof(real) * pr.s1);
+    std::memset(ct_tsave + t * pr.k, 0, sizeof(real) * pr.k);
     add_saves(j, N[j]);
   }};
   auto finish = [&](int j) {{
@@ -379,9 +409,12 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       ACT[j] = traj[j] >= 0;
       busy += ACT[j];
       if (!ACT[j]) {{ H[j] = 0; continue; }}
-      const real* tr = pr.times + traj[j] * pr.s1;
-      TA[j] = tr[kk[j]];
-      H[j] = tr[kk[j] + 1] - tr[kk[j]];
+      Nodes& nd = NODES[j];
+      M1[j] = nd.down(kk[j] + 1);
+      const real tb = nd.time(kk[j] + 1, M1[j]);
+      M0[j] = nd.down(kk[j]);
+      TA[j] = nd.time(kk[j], M0[j]);
+      H[j] = tb - TA[j];
       for (int r = 0; r < D; ++r) YB[r * LANES + j] = states[(traj[j] * pr.s1 + kk[j]) * D + r];
     }}
     if (!busy) break;
@@ -391,9 +424,9 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
     }}
     for (int j = 0; j < LANES; ++j) {{
       if (!ACT[j]) continue;
-      real* ct = ct_times + traj[j] * pr.s1;
-      ct[kk[j]] += CT[j];
-      ct[kk[j] + 1] += CH[j];
+      // Node times carry a cotangent only where a save time moved them.
+      if (M0[j] >= 0) ct_tsave[traj[j] * pr.k + M0[j]] += CT[j];
+      if (M1[j] >= 0) ct_tsave[traj[j] * pr.k + M1[j]] += CH[j];
       add_saves(j, kk[j]);
       --kk[j];
     }}
@@ -560,6 +593,7 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
 static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
                           ffi::Buffer<ffi::{ffi_type}> y0, ffi::Buffer<ffi::{ffi_type}> p,
                           ffi::Buffer<ffi::S32> save, ffi::Buffer<ffi::{ffi_type}> tol,
+                          ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
                           ffi::ResultBuffer<ffi::{ffi_type}> ys, ffi::ResultBuffer<ffi::{ffi_type}> y1,
                           ffi::ResultBuffer<ffi::{ffi_type}> err,
                           ffi::ResultBuffer<ffi::{ffi_type}> states,
@@ -570,7 +604,7 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   pr.s1 = times.element_count() / pr.n;
   pr.k = save.element_count() / pr.n;
   pr.times = times.typed_data(); pr.n_eff = n_eff.typed_data(); pr.p = p.typed_data();
-  pr.save = save.typed_data();
+  pr.save = save.typed_data(); pr.tsave = tsave.typed_data(); pr.subst = subst.typed_data();
   sort_by_length(pr);
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     forward_thread(pr, w, threads, y0.typed_data(), tol.typed_data(), ys->typed_data(),
@@ -583,7 +617,8 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::S32> save,
                           ffi::Buffer<ffi::{ffi_type}> states, ffi::Buffer<ffi::{ffi_type}> ct_ys,
                           ffi::Buffer<ffi::{ffi_type}> ct_y1,
-                          ffi::ResultBuffer<ffi::{ffi_type}> ct_times,
+                          ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_tsave,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_p) {{
   Problem pr;
@@ -592,11 +627,11 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   pr.s1 = times.element_count() / pr.n;
   pr.k = save.element_count() / pr.n;
   pr.times = times.typed_data(); pr.n_eff = n_eff.typed_data(); pr.p = p.typed_data();
-  pr.save = save.typed_data();
+  pr.save = save.typed_data(); pr.tsave = tsave.typed_data(); pr.subst = subst.typed_data();
   sort_by_length(pr);
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     backward_thread(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
-                    ct_times->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
+                    ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
   }});
   return ffi::Error::Success();
 }}
@@ -606,6 +641,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::S32>>());
@@ -616,6 +652,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>());
 
