@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .replay import _flatten_spec, flat_params, kernel_target
+from .replay import _flatten_spec, flat_params, kernel_target, spread
 
 
 def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int):
@@ -30,14 +30,14 @@ def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0
         jnp.asarray([controller.pcoeff, controller.icoeff, controller.safety, controller.factormin,
                      controller.factormax], dtype), (n, 5))
     i32 = jnp.int32
-    call = jax.ffi.ffi_call(
+    call = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_rec",
-        (jax.ShapeDtypeStruct((n, max_steps + 1), dtype), jax.ShapeDtypeStruct((n,), i32),
-         jax.ShapeDtypeStruct((n,), i32), jax.ShapeDtypeStruct((n,), i32),
-         jax.ShapeDtypeStruct((n, k), i32), jax.ShapeDtypeStruct((n,), dtype),
-         jax.ShapeDtypeStruct((n, d), dtype)),
+        (jax.ShapeDtypeStruct((m, max_steps + 1), dtype), jax.ShapeDtypeStruct((m,), i32),
+         jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32),
+         jax.ShapeDtypeStruct((m, k), i32), jax.ShapeDtypeStruct((m,), dtype),
+         jax.ShapeDtypeStruct((m, d), dtype)),
         vmap_method="broadcast_all",
-    )
+    ), n)
     times, n_steps, n_rej, status, save_index, dt_next, y_last = call(
         t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl)
     return dict(times=times, n_steps=n_steps, n_rejected=n_rej, status=status,

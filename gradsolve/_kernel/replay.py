@@ -82,6 +82,24 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype):
     return prefix
 
 
+def spread(make_call, n: int):
+    """``make_call(n_local)`` (an FFI call on ``n_local`` trajectories) run on every device's
+    share of the ensemble axis (``shard_map`` over `gradsolve.ensemble_sharding`'s mesh), so
+    a sharded ensemble stays where it lives and every device works; with one device (or
+    ``n`` not divisible by the device count) the plain call."""
+    devices = jax.devices()
+    if len(devices) <= 1 or n % len(devices):
+        return make_call(n)
+    from jax.sharding import PartitionSpec
+
+    from .._sharding import ensemble_sharding
+
+    mesh = ensemble_sharding().mesh
+    return jax.shard_map(make_call(n // len(devices)), mesh=mesh,
+                         in_specs=PartitionSpec("ensemble"), out_specs=PartitionSpec("ensemble"),
+                         check_vma=False)
+
+
 def kernel_target(f, solver, y0, params) -> str | None:
     """FFI target prefix of the compiled kernel for this problem, or ``None`` if it does not
     apply (not on CPU, not an explicit Runge–Kutta solver, non-float inputs, a vector field
@@ -125,19 +143,19 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
     s1 = times.shape[1]
     p_size = pflat.shape[1]
 
-    fwd_call = jax.ffi.ffi_call(
+    fwd_call = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_fwd",
-        (jax.ShapeDtypeStruct((n, k, d), dtype), jax.ShapeDtypeStruct((n, d), dtype),
-         jax.ShapeDtypeStruct((n,), dtype), jax.ShapeDtypeStruct((n, s1, d), dtype),
-         jax.ShapeDtypeStruct((n,), jnp.int32)),
+        (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
+         jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, d), dtype),
+         jax.ShapeDtypeStruct((m,), jnp.int32)),
         vmap_method="broadcast_all",
-    )
-    bwd_call = jax.ffi.ffi_call(
+    ), n)
+    bwd_call = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_bwd",
-        (jax.ShapeDtypeStruct((n, k), dtype), jax.ShapeDtypeStruct((n, d), dtype),
-         jax.ShapeDtypeStruct((n, p_size), dtype)),
+        (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
+         jax.ShapeDtypeStruct((m, p_size), dtype)),
         vmap_method="broadcast_all",
-    )
+    ), n)
 
     def unflat_batched(pf):
         out, i = [], 0
