@@ -24,6 +24,7 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from ._checks import batch, check_interval, check_tolerances, check_vector_field, is_concrete
@@ -276,14 +277,45 @@ def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller
     return solver, controller, b
 
 
+_FIRST_CAPACITY = 256
+
+
 def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw, where):
-    """Record batched, validated inputs (no gradient flows into the mesh) and finalize."""
+    """Record batched, validated inputs (no gradient flows into the mesh) and finalize.
+
+    Outside ``jit`` the mesh buffer starts at ``min(max_steps, 256)`` slots and grows only if
+    some trajectory needs more (re-recording with a capacity estimated from how far it got),
+    so the common short solve never writes an ``n * max_steps`` buffer. The steps taken do
+    not depend on the capacity, so the result equals a single record at ``max_steps``.
+    """
     sg = jax.lax.stop_gradient
-    mesh = record_batched(
-        f, solver, controller, sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params),
-        sg(b.ts), rtol, atol, dt0, max_steps, kernel_enabled(),
-    )
+    args = (sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params), sg(b.ts))
+    use_kernel = kernel_enabled()
+    cap = max_steps
+    if max_steps > _FIRST_CAPACITY and is_concrete(args, rtol, atol, dt0):
+        cap = _FIRST_CAPACITY
+    while True:
+        mesh = record_batched(f, solver, controller, *args, rtol, atol, dt0, cap, use_kernel)
+        if cap >= max_steps:
+            break
+        status = np.asarray(mesh.status)
+        short = status == Status.MAX_STEPS
+        if not short.any():
+            break
+        cap = _next_capacity(mesh, short, cap, max_steps)
     return finalize(mesh, f, where, throw)
+
+
+def _next_capacity(mesh: Mesh, short, cap: int, max_steps: int) -> int:
+    """Capacity for the retry: the steps the slowest trajectory would need at its pace so
+    far, with 25 % headroom, rounded up to a power of two; at least 4x the last one."""
+    t0, t1 = float(mesh.t0), float(mesh.t1)
+    times = np.asarray(mesh.times)
+    n_steps = np.asarray(mesh.n_steps)
+    reached = times[np.arange(times.shape[0]), n_steps][short]
+    frac = np.clip((reached - t0) / (t1 - t0), 1e-3, 1.0)
+    need = int(np.max(n_steps[short] / frac) * 1.25) + 1
+    return int(min(max_steps, max(4 * cap, 1 << (need - 1).bit_length())))
 
 
 def finalize(mesh: Mesh, f, where: str, throw: bool | None) -> Mesh:
