@@ -190,15 +190,13 @@ class Emitter:
             raise Unsupported(name)
         if name in _UNARY:
             ct = _ctype(out_avals[0].dtype)
-            fmt = _UNARY[name]
+            fmt = "(~{0})" if name == "not" and ct != "int" else _UNARY[name]  # ints: bitwise
             return [self._map(ct, fmt, ins)]
         if name in _BINARY:
             ct = _ctype(out_avals[0].dtype)
             fmt = _BINARY[name]
-            if name in ("and", "or", "xor") and ct == "int":
+            if name in ("and", "or", "xor") and ct == "int":  # booleans: logical
                 fmt = fmt.replace("&", "&&").replace("|", "||").replace("^", "!=")
-            if name == "not" and ct != "int":
-                fmt = "(~{0})"
             return [self._map(ct, fmt, ins, shape=out_avals[0].shape)]
         rule = getattr(self, "_p_" + name, None)
         if rule is None:
@@ -233,8 +231,8 @@ class Emitter:
 
     def _p_convert_element_type(self, ins, p, avals):
         ct = _ctype(avals[0].dtype)
-        src = _ctype(p.get("new_dtype", avals[0].dtype))
-        del src
+        if np.dtype(avals[0].dtype) == np.bool_:  # nonzero is true, as in XLA
+            return [self._map(ct, "((int)(({0}) != 0))", ins)]
         return [self._map(ct, f"(({ct})" + "{0})", ins)]
 
     def _p_reduce_precision(self, ins, p, avals):

@@ -21,7 +21,7 @@ def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype
-    leaves = _flatten_spec(params, n)[0]
+    leaves = _flatten_spec(params)[0]
     pflat = flat_params(leaves, n, dtype)
     t01 = jnp.broadcast_to(jnp.stack([jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)]), (n, 2))
     tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))

@@ -5,18 +5,20 @@
 kernel does not apply (not on CPU, not an explicit Runge–Kutta solver, a vector field the
 translator does not handle, no compiler); the caller then runs the XLA replay.
 
-Differentiation (why three wrappers):
+Differentiation (why it is built this way):
 
-- ``_forward`` is a ``custom_jvp`` function. Its JVP rule returns the kernel's values and a
-  tangent built with ``linear_call``: forward mode evaluates the tangent with the XLA
-  replay's own JVP, reverse mode transposes it into ``_backward``, the compiled adjoint. So
-  ``grad``/``vjp`` get the fast adjoint while ``jvp``/``jacfwd`` keep working, which a
-  ``custom_vjp`` would forbid.
-- ``_backward`` is itself a ``custom_jvp`` function whose rule differentiates the XLA
+- ``forward`` is a ``custom_jvp`` function. Its JVP rule returns the kernel's values and a
+  tangent built with `gradsolve._kernel.linear.linear_apply` (a linear map with a given
+  transpose): forward mode evaluates the tangent with the XLA replay's own JVP, reverse
+  mode transposes it into ``backward``, the compiled adjoint. So ``grad``/``vjp`` get the
+  fast adjoint while ``jvp``/``jacfwd`` keep working, which a ``custom_vjp`` would forbid.
+- ``backward`` is itself a ``custom_jvp`` function whose rule differentiates the XLA
   replay's VJP, so second derivatives (``hessian``, ``jacfwd(jacrev(...))``) work too.
-- The stored node states travel from ``_forward`` to ``_backward`` as residuals. They are a
-  function of the differentiable inputs, and ``_backward``'s rule differentiates through
+- The stored node states travel from ``forward`` to ``backward`` as residuals. They are a
+  function of the differentiable inputs, and ``backward``'s rule differentiates through
   those inputs only, so the states' own tangent is never needed (it is returned as zero).
+- Every array reaches the rules as an argument, never a closure: the transposed and
+  differentiated rules are traced lazily, outside the trace that created them.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from .source import generate
 _sources: dict = {}
 
 
-def _flatten_spec(params, n: int):
+def _flatten_spec(params):
+    """Leaves, treedef, per-trajectory leaf shapes and dtypes of batched ``params``."""
     leaves, treedef = jax.tree_util.tree_flatten(params)
     shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
     dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
@@ -109,7 +112,7 @@ def kernel_target(f, solver, y0, params) -> str | None:
     dtype = jnp.result_type(y0)
     if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
         return None
-    leaves, treedef, shapes, dtypes = _flatten_spec(params, jnp.shape(y0)[0])
+    leaves, treedef, shapes, dtypes = _flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
         return None
     return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype)
@@ -131,7 +134,7 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
         return None
     dtype = jnp.result_type(y0)
     n, d = y0.shape
-    leaves, treedef, shapes, dtypes = _flatten_spec(params, n)
+    leaves, treedef, shapes, dtypes = _flatten_spec(params)
 
     pflat = flat_params(leaves, n, dtype)
     tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
@@ -165,8 +168,6 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
             i += size
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    # Every array is an explicit argument (no closures over tracers): the transposed and
-    # differentiated rules are traced lazily, outside the trace that created them.
     def xla(tm, y, pf, aux):
         ys, y1 = xla_replay(tm, y, unflat_batched(pf), *aux)[:2]
         return ys, y1
@@ -199,8 +200,8 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
     def forward_jvp(primals, tangents):
         tm, y, pf, aux = primals
         ys, y1, err, states, cost = forward(tm, y, pf, aux)
-        # Only non-zero tangents are linear arguments: linear_call transposes to
-        # cotangents for exactly those.
+        # Only non-zero tangents are linear arguments: the transpose returns cotangents
+        # for exactly those.
         live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[:3]]
 
         def full(tans, like):
