@@ -215,6 +215,9 @@ _TEMPLATE = r"""
 #include <thread>
 #include <vector>
 #include "xla/ffi/api/ffi.h"
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace ffi = xla::ffi;
 typedef {real} real;
@@ -656,6 +659,18 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>());
 
+// The record's mesh buffer has max_steps slots per trajectory and is written once, fresh
+// from the allocator: with 4 KB pages its first-touch page faults cost more than the solve.
+// Ask for transparent huge pages (no-op where unsupported).
+static void advise_huge(void* ptr, size_t bytes) {{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t huge = 2u << 20;
+  uintptr_t lo = (reinterpret_cast<uintptr_t>(ptr) + huge - 1) & ~(huge - 1);
+  uintptr_t hi = (reinterpret_cast<uintptr_t>(ptr) + bytes) & ~(huge - 1);
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
+#endif
+}}
+
 static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ffi_type}> y0,
                           ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::{ffi_type}> ts,
                           ffi::Buffer<ffi::{ffi_type}> tol, ffi::Buffer<ffi::{ffi_type}> dt0,
@@ -673,6 +688,7 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
   in.t01 = t01.typed_data(); in.y0 = y0.typed_data(); in.p = p.typed_data();
   in.ts = ts.typed_data(); in.tol = tol.typed_data(); in.dt0 = dt0.typed_data();
   in.ctrl = ctrl.typed_data();
+  advise_huge(times->typed_data(), times->element_count() * sizeof(real));
   in.order.resize(in.n);
   std::iota(in.order.begin(), in.order.end(), 0);
   for_threads(in.n, [&](int64_t w, int64_t threads) {{
