@@ -149,7 +149,7 @@ def main(argv=None) -> list[dict]:
         problems, sizes, args.repeats = ["lotka_volterra", "lorenz"], [1, 100], 5
     rows = []
     head = (f"{'problem':<15}{'n':>7}{'steps':>6}{'gs grad ms':>11}{'diffrax ms':>11}{'ratio':>7}"
-            f"{'1-thr':>7}{'xla':>6}{'ckpt':>6}{'solve':>7}{'grad/fwd':>9}{'record':>8}"
+            f"{'1-thr':>7}{'xla':>6}{'ckpt':>6}{'solve':>7}{'grad/fwd':>9}{'record':>8}{'eager':>7}"
             f"{'mem MB gs/dfx':>15}{'grad diff':>10}")
     print(head)
     for name in problems:
