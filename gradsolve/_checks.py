@@ -121,13 +121,29 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
     return Batched(y0, params, ts, single, n, d)
 
 
+_CHECKED: dict = {}  # vector fields already checked for given input shapes
+
+
 def check_vector_field(f, t0, y0b, paramsb, where: str) -> None:
-    """Trace ``f`` once for one trajectory and check it maps (d,) to (d,)."""
+    """Trace ``f`` once for one trajectory and check it maps (d,) to (d,).
+
+    Abstract inputs only (nothing is dispatched), and a passed check is remembered per
+    (f, shapes, dtypes), so repeated eager calls do not pay for it again.
+    """
     if not callable(f):
         raise ValueError(f"{where}: `f` must be callable f(t, y, params), got {type(f).__name__}.")
-    p0 = jax.tree_util.tree_map(lambda x: x[0], paramsb)
+    one = lambda x: jax.ShapeDtypeStruct(jnp.shape(x)[1:], jnp.result_type(x))
+    p0 = jax.tree_util.tree_map(one, paramsb)
+    y1 = one(y0b)
     try:
-        out = jax.eval_shape(f, jnp.asarray(t0, y0b.dtype), y0b[0], p0)
+        key = (f, y1, jax.tree_util.tree_structure(p0), tuple(jax.tree_util.tree_leaves(p0)))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None and key in _CHECKED:
+        return
+    try:
+        out = jax.eval_shape(f, jax.ShapeDtypeStruct((), y0b.dtype), y1, p0)
     except Exception as e:  # noqa: BLE001 - re-raised with context
         raise ValueError(
             f"{where}: calling `f(t, y, params)` for ONE trajectory (y of shape "
@@ -138,3 +154,5 @@ def check_vector_field(f, t0, y0b, paramsb, where: str) -> None:
             f"{where}: `f` must return dy/dt of the same shape as y {tuple(y0b.shape[1:])}, "
             f"got {getattr(out, 'shape', type(out))}."
         )
+    if key is not None and len(_CHECKED) < 4096:
+        _CHECKED[key] = True
