@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -16,9 +18,11 @@
 #
 # gradsolve solves *ensembles* of small ODE systems (one vector field, many initial states
 # and parameter sets) and differentiates them in reverse mode. The trick: an adaptive solve
-# **records** the steps it accepts (the *mesh*); a fixed-step **replay** of that mesh is an
-# ordinary `lax.scan`, so its gradient is the exact discrete adjoint of those steps — the
-# same gradient Diffrax returns by default — but from a fixed-length chain.
+# **records** the steps it accepts (the *mesh*); a fixed-step **replay** of that mesh is a
+# fixed-length chain, so its gradient is the exact discrete adjoint of those steps — the
+# same gradient Diffrax returns by default — without an adaptive loop to differentiate.
+# On CPU the record, the replay and its adjoint run as a compiled kernel generated from
+# your `f` (`sol.route == "gradsolve-kernel"`); elsewhere as ordinary `lax` loops.
 #
 # Set `GRADSOLVE_TUTORIAL_QUICK=1` to run everything at a small size.
 
