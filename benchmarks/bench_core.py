@@ -84,12 +84,9 @@ def bench_one(name: str, n: int, repeats: int) -> dict:
         "gs_record": jax.jit(lambda p_: gs.record(f, 0.0, t1, y0, p_, ts=ts, solver=gsolver, rtol=RTOL, atol=ATOL, max_steps=max_steps).times),
         "dfx_forward": jax.jit(dfx_ys),
     }
-    gs.use_compiled_kernel(False)  # traced now, so this one runs the XLA replay
-    try:
+    with gs.use_compiled_kernel(False):  # traced now, so this one runs the XLA replay
         fns["gs_grad_xla"] = jax.jit(jax.grad(lambda p_: jnp.sum(gs.replay(f, mesh, y0, p_).ys ** 2)))
         jax.block_until_ready(fns["gs_grad_xla"](p))
-    finally:
-        gs.use_compiled_kernel(True)
     grads = {k: fns[k](p) for k in ("gs_grad", "dfx_grad", "gs_grad_xla")}
     for fn in fns.values():
         jax.block_until_ready(fn(p))

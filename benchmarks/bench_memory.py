@@ -33,8 +33,7 @@ def peak_rss_gb() -> float:
 
 
 def measure(mesh, y0, p, kernel: bool) -> dict:
-    gs.use_compiled_kernel(kernel)
-    try:
+    with gs.use_compiled_kernel(kernel):
         loss = lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q).ys ** 2)
         g = jax.jit(jax.grad(loss))
         ma = g.lower(p).compile().memory_analysis()
@@ -44,8 +43,6 @@ def measure(mesh, y0, p, kernel: bool) -> dict:
         t = time.perf_counter()
         jax.block_until_ready(g(p))
         second = time.perf_counter() - t
-    finally:
-        gs.use_compiled_kernel(True)
     return {
         "route": "kernel" if kernel else "xla",
         "xla_reserved_gb": (ma.temp_size_in_bytes + ma.output_size_in_bytes) / 2**30,

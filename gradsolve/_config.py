@@ -24,24 +24,46 @@ def enable_x64(enable: bool = True) -> None:
 _KERNEL: dict[str, bool | None] = {"enabled": None}
 
 
-def use_compiled_kernel(enable: bool = True) -> None:
-    """Turn the compiled CPU replay kernel on (the default) or off.
+class _KernelSetting:
+    """Returned by `use_compiled_kernel`: as a context manager, restores the old setting."""
 
-    On CPU, `gradsolve.replay` (and so `gradsolve.solve`, fits and samplers) translates the
-    vector field of an explicit Runge–Kutta solve into C++, compiles it once with the system
-    compiler (cached on disk) and runs replay and its adjoint through ``jax.ffi``; it falls
-    back to the XLA replay wherever that does not apply (GPU, stiff or Diffrax solvers,
-    vector fields with loops or traced indexing, no compiler). Both give the same values
-    and gradients to rounding; the kernel is several times faster. The environment
-    variable ``GRADSOLVE_KERNEL=0`` has the effect of ``use_compiled_kernel(False)``.
+    def __init__(self, previous: bool | None):
+        self._previous = previous
+
+    def __enter__(self) -> "_KernelSetting":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _KERNEL["enabled"] = self._previous
+
+
+def use_compiled_kernel(enable: bool = True) -> _KernelSetting:
+    """Turn the compiled CPU kernel on (the default) or off.
+
+    On CPU, `gradsolve.record` and `gradsolve.replay` (and so `gradsolve.solve`, fits and
+    samplers) translate the vector field of an explicit Runge–Kutta solve into C++, compile
+    it once with the system compiler (cached on disk) and run the record, the replay and its
+    adjoint through ``jax.ffi``; they fall back to the XLA driver wherever that does not
+    apply (GPU, stiff or Diffrax solvers, vector fields with loops or traced indexing, no
+    compiler). Both give the same values and gradients to rounding; the kernel is several
+    times faster. The environment variable ``GRADSOLVE_KERNEL=0`` has the effect of
+    ``use_compiled_kernel(False)``. The setting is read when a function is traced.
 
     Args:
-        enable: ``True`` to use the kernel where it applies, ``False`` for the XLA replay.
+        enable: ``True`` to use the kernel where it applies, ``False`` for the XLA driver.
+
+    Returns:
+        A context manager: the setting applies at once, and leaving a ``with`` block
+        restores the previous one.
 
     Example:
-        >>> gs.use_compiled_kernel(False)   # e.g. to compare against the XLA replay
+        >>> gs.use_compiled_kernel(False)          # from now on
+        >>> with gs.use_compiled_kernel(False):    # or only inside the block
+        ...     sol = gs.replay(f, mesh, y0, p)
     """
+    previous = _KERNEL["enabled"]
     _KERNEL["enabled"] = bool(enable)
+    return _KernelSetting(previous)
 
 
 def kernel_enabled() -> bool:

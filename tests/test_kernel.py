@@ -34,21 +34,6 @@ requires_compiler = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def xla_replay():
-    """Run a block with the kernel switched off; restores the default afterwards."""
-
-    class _Switch:
-        def __enter__(self):
-            gs.use_compiled_kernel(False)
-
-        def __exit__(self, *exc):
-            gs.use_compiled_kernel(True)
-
-    yield _Switch()
-    gs.use_compiled_kernel(True)
-
-
 def forced(t, y, p):
     """Damped oscillator with time-dependent forcing; dict parameters of mixed shapes."""
     k, w = p["k"], p["w"]
@@ -97,7 +82,7 @@ def _loss(f, mesh, y0, p, ts):
 @requires_compiler
 @pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Dopri5(), gs.Vern7()], ids=lambda s: type(s).__name__)
 @pytest.mark.parametrize("problem", sorted(PROBLEMS))
-def test_kernel_matches_xla_replay(problem, solver, xla_replay):
+def test_kernel_matches_xla_replay(problem, solver):
     f, t1, make_y0, make_p = PROBLEMS[problem]
     n = 11  # not a multiple of the lane count: idle lanes are exercised
     y0, p = make_y0(n), make_p(n)
@@ -107,9 +92,10 @@ def test_kernel_matches_xla_replay(problem, solver, xla_replay):
     vg = jax.value_and_grad(lambda a, b, c: _loss(f, mesh, a, b, c), argnums=(0, 1, 2), has_aux=True)
     (val, sol), grads = vg(y0, p, ts_b)
     assert sol.route == "gradsolve-kernel"
-    with xla_replay:
+    with gs.use_compiled_kernel(False):
         (val_x, sol_x), grads_x = vg(y0, p, ts_b)
     assert sol_x.route == "gradsolve-replay"
+    assert gs.replay(f, mesh, y0, p).route == "gradsolve-kernel"  # the block restored it
     np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-12, atol=1e-13)
     # The error estimate is a difference of two close solutions: rounding shows sooner.
     np.testing.assert_allclose(sol.error_ratio, sol_x.error_ratio, rtol=1e-6)
@@ -120,7 +106,7 @@ def test_kernel_matches_xla_replay(problem, solver, xla_replay):
 
 
 @requires_compiler
-def test_forward_mode_second_order_and_vmap(xla_replay):
+def test_forward_mode_second_order_and_vmap():
     f, t1, make_y0, make_p = PROBLEMS["lotka_volterra"]
     y0, p = make_y0(3), make_p(3)
     mesh = gs.record(f, 0.0, t1, y0, p, ts=jnp.linspace(0, t1, 5))
@@ -131,14 +117,14 @@ def test_forward_mode_second_order_and_vmap(xla_replay):
         "vmap_grad": lambda q: jax.vmap(jax.grad(loss))(jnp.stack([q, 1.01 * q])),
     }
     out = {k: fn(p) for k, fn in transforms.items()}
-    with xla_replay:
+    with gs.use_compiled_kernel(False):
         ref = {k: fn(p) for k, fn in transforms.items()}
     for k in transforms:
         np.testing.assert_allclose(out[k], ref[k], rtol=1e-9, atol=1e-11, err_msg=k)
 
 
 @requires_compiler
-def test_float32_kernel(xla_replay):
+def test_float32_kernel():
     f = lotka_volterra
     y0 = jnp.ones((5, 2), jnp.float32)
     p = (jnp.array([1.5, 1.0, 3.0, 1.0]) * jnp.linspace(0.9, 1.1, 5)[:, None]).astype(jnp.float32)
@@ -147,7 +133,7 @@ def test_float32_kernel(xla_replay):
     sol = gs.replay(f, mesh, y0, p)
     assert sol.route == "gradsolve-kernel" and sol.ys.dtype == jnp.float32
     gk = g(p)
-    with xla_replay:
+    with gs.use_compiled_kernel(False):
         gx = g(p)
     assert gk.dtype == jnp.float32
     np.testing.assert_allclose(gk, gx, rtol=2e-4)
@@ -206,14 +192,14 @@ def test_stiff_and_diffrax_solvers_use_the_xla_replay():
     [{}, {"dt0": 0.01, "controller": gs.PIDController(pcoeff=0.4, icoeff=0.3)}, {"max_steps": 20}],
     ids=["default", "dt0_pi", "max_steps"],
 )
-def test_record_kernel_matches_xla_record(problem, options, xla_replay):
+def test_record_kernel_matches_xla_record(problem, options):
     f, t1, make_y0, make_p = PROBLEMS[problem]
     n = 9
     y0, p = make_y0(n), make_p(n)
     ts = jnp.linspace(0.0, t1, 6)
     kw = dict(ts=ts, rtol=1e-7, atol=1e-9, throw=False, **options)
     mk = gs.record(f, 0.0, t1, y0, p, **kw)
-    with xla_replay:
+    with gs.use_compiled_kernel(False):
         mx = gs.record(f, 0.0, t1, y0, p, **kw)
     np.testing.assert_array_equal(mk.status, mx.status)
     if "max_steps" in options:

@@ -149,11 +149,8 @@ def test_ragged_ensemble_members_equal_single_solves(group_size):
         np.testing.assert_allclose(gsum[i], g1, rtol=1e-12)
     if group_size == 4:
         # XLA replay, length-sorted groups: work is close to the sum of steps, not n * max.
-        gs.use_compiled_kernel(False)
-        try:
+        with gs.use_compiled_kernel(False):
             sol_x = gs.replay(lotka_volterra, mesh, y0, p, group_size=group_size)
-        finally:
-            gs.use_compiled_kernel(True)
         assert sol_x.route == "gradsolve-replay"
         np.testing.assert_allclose(sol_x.ys, sol.ys, rtol=1e-12, atol=1e-14)
         work = float(sol_x.stats["replay_work"])
@@ -171,11 +168,8 @@ def test_ragged_ensemble_work_follows_the_sum_of_steps():
     steps = np.asarray(mesh.n_steps)
     assert steps.max() > 5 * steps.min()
     for kernel in (True, False):
-        gs.use_compiled_kernel(kernel)
-        try:
+        with gs.use_compiled_kernel(kernel):
             sol = gs.replay(lotka_volterra, mesh, y0, p, group_size=32)
-        finally:
-            gs.use_compiled_kernel(True)
         # Work counts every lane or group slot computed, idle ones included.
         assert float(sol.stats["replay_work"]) <= 1.5 * steps.sum(), sol.route
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .replay import _flatten_spec, flat_params, kernel_target, spread
+from .replay import _flatten_spec, flat_params, kernel_target, per_trajectory, spread
 
 
 def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int):
@@ -23,12 +23,11 @@ def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0
     dtype = y0.dtype
     leaves = _flatten_spec(params)[0]
     pflat = flat_params(leaves, n, dtype)
-    t01 = jnp.broadcast_to(jnp.stack([jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)]), (n, 2))
-    tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
-    dt0 = jnp.full((n,), jnp.nan, dtype) if dt0 is None else jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
-    ctrl = jnp.broadcast_to(
-        jnp.asarray([controller.pcoeff, controller.icoeff, controller.safety, controller.factormin,
-                     controller.factormax], dtype), (n, 5))
+    t01 = per_trajectory((t0, t1), n, dtype)
+    tol = per_trajectory((rtol, atol), n, dtype)
+    dt0 = per_trajectory((jnp.nan if dt0 is None else dt0,), n, dtype)[:, 0]  # NaN: pick h0
+    ctrl = per_trajectory((controller.pcoeff, controller.icoeff, controller.safety,
+                           controller.factormin, controller.factormax), n, dtype)
     i32 = jnp.int32
     call = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_rec",

@@ -51,6 +51,13 @@ def flat_params(leaves, n: int, dtype):
     return jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1)
 
 
+def per_trajectory(values, n: int, dtype):
+    """Scalars (or a vector) repeated as one ``(n, len(values))`` row per trajectory: every
+    kernel operand leads with the ensemble axis, so it shards and vmaps like the others."""
+    row = jnp.stack([jnp.asarray(v, dtype) for v in values])
+    return jnp.broadcast_to(row, (n,) + row.shape)
+
+
 def _unflatten_one(pflat, treedef, shapes, dtypes):
     out, i = [], 0
     for shape, dt in zip(shapes, dtypes):
@@ -137,7 +144,7 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
     leaves, treedef, shapes, dtypes = _flatten_spec(params)
 
     pflat = flat_params(leaves, n, dtype)
-    tol = jnp.broadcast_to(jnp.stack([jnp.asarray(rtol, dtype), jnp.asarray(atol, dtype)]), (n, 2))
+    tol = per_trajectory((rtol, atol), n, dtype)
     subst = subst.astype(jnp.int32)
     tsave = tsave.astype(dtype)
     n_eff = n_eff.astype(jnp.int32)
@@ -160,16 +167,9 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
         vmap_method="broadcast_all",
     ), n)
 
-    def unflat_batched(pf):
-        out, i = [], 0
-        for leaf, shape in zip(leaves, shapes):
-            size = int(np.prod(shape))
-            out.append(pf[:, i:i + size].reshape((n,) + shape).astype(leaf.dtype))
-            i += size
-        return jax.tree_util.tree_unflatten(treedef, out)
-
     def xla(tm, y, pf, aux):
-        ys, y1 = xla_replay(tm, y, unflat_batched(pf), *aux)[:2]
+        params = jax.vmap(lambda q: _unflatten_one(q, treedef, shapes, dtypes))(pf)
+        ys, y1 = xla_replay(tm, y, params, *aux)[:2]
         return ys, y1
 
     # ``tm`` below is ``tsave``; ``aux = (times, n_eff, save_index, tol, subst)``.

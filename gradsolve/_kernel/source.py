@@ -1,11 +1,12 @@
-"""C++ source of the compiled replay kernel for one (vector field, explicit RK tableau, dtype).
+"""C++ source of the compiled kernel for one (vector field, explicit RK tableau, dtype).
 
-Two XLA FFI handlers:
+``LANES`` trajectories advance together, one step per iteration: a lane's whole step is
+straight-line code inside an ``omp simd`` loop over lanes (vectorised by the compiler), so
+no stage leaves registers, and a lane whose trajectory ends is refilled from a queue
+(longest first), so ragged ensembles cost the sum of their steps. Three XLA FFI handlers:
 
-- ``Fwd``: the replay. Trajectories are sorted by step count and processed in blocks of
-  ``LANES``; inside a block every stage of every step is straight-line code over the lanes
-  (vectorised by the compiler), so no intermediate leaves the cache. Stores the state at
-  every mesh node for the reverse sweep (``n * (S+1) * d`` numbers).
+- ``Fwd``: the replay. Stores the state at every mesh node for the reverse sweep
+  (``n * (S+1) * d`` numbers).
 - ``Bwd``: the exact discrete adjoint of the same steps. Per step (last to first) it
   recomputes the stages from the stored state and runs the Runge–Kutta adjoint recursion
   (Hairer, Lubich & Wanner, *Geometric Numerical Integration*, VI.4; Sandu, "On the
@@ -17,6 +18,8 @@ Two XLA FFI handlers:
 
   plus the cotangents of the two node times through ``h`` and the stage times. With FSAL the
   carried first stage is ``f(t_k, y_k)`` recomputed, the same function of ``y_k``.
+- ``Rec``: the adaptive record, with `gradsolve._controller`'s initial step and controller
+  written per lane.
 
 The vector field and its VJP come from `gradsolve._kernel.codegen`.
 """
@@ -97,6 +100,18 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     def yn(i):
         return [f"Y{i}_{r}" for r in R]
 
+    def stages(upto):
+        """Stages 1..upto-1 from ``k0``: ``cb{i}`` (their combination), ``Y{i}``, ``T{i}``, ``k{i}``."""
+        out = []
+        for i in range(1, upto):
+            for r in R:
+                comb = _comb(a[i], [f"k{m}_{r}" for m in range(i)]) or "(real)0"
+                out.append(f"const real cb{i}_{r} = {comb};")
+                out.append(f"const real Y{i}_{r} = y_{r} + h * cb{i}_{r};")
+            out.append(f"const real T{i} = ta + (real){float(c[i])!r} * h;")
+            out.append(rhs(f"T{i}", yn(i), kn(i)))
+        return out
+
     common = [
         "const real h = H[j], ta = TA[j];",
         *[f"const real y_{r} = YB[{r} * LANES + j];" for r in R],
@@ -110,12 +125,7 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
         fw += [f"k0_{r} = K0[{r} * LANES + j];" for r in R]
     else:
         fw.append(rhs("ta", [f"y_{r}" for r in R], kn(0)))
-    for i in range(1, s):
-        comb = [_comb(a[i], [f"k{m}_{r}" for m in range(i)]) for r in R]
-        fw += [f"const real Y{i}_{r} = y_{r} + h * {comb[r]};" if comb[r] else
-               f"const real Y{i}_{r} = y_{r};" for r in R]
-        fw.append(f"const real T{i} = ta + (real){float(c[i])!r} * h;")
-        fw.append(rhs(f"T{i}", yn(i), kn(i)))
+    fw += stages(s)
     for r in R:
         if fsal:
             fw.append(f"const real y1_{r} = Y{s - 1}_{r};")
@@ -156,13 +166,7 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     bw.append(rhs("ta", [f"y_{r}" for r in R], kn(0)))
     bw += [f"const real Y0_{r} = y_{r};" for r in R]
     bw.append("const real T0 = ta;")
-    for i in range(1, s_used):
-        for r in R:
-            comb = _comb(a[i], [f"k{m}_{r}" for m in range(i)]) or "(real)0"
-            bw.append(f"const real cb{i}_{r} = {comb};")
-            bw.append(f"const real Y{i}_{r} = y_{r} + h * cb{i}_{r};")
-        bw.append(f"const real T{i} = ta + (real){float(c[i])!r} * h;")
-        bw.append(rhs(f"T{i}", yn(i), kn(i)))
+    bw += stages(s_used)
     for i in range(s_used - 1, -1, -1):
         for r in R:
             terms = []
@@ -293,10 +297,10 @@ static void eval_rhs(const real* TQ, const real* YQ, const real* PB, const int* 
 // Lanes are refilled as their trajectory finishes, so a ragged ensemble costs the sum
 // of its step counts plus at most LANES - 1 idle lanes at the tail of each thread.
 struct Queue {{
-  const Problem& pr; int64_t next, stride;
+  const int64_t* order; int64_t n, next, stride;
   int64_t pop() {{
-    if (next >= pr.n) return -1;
-    int64_t t = pr.order[pr.n - 1 - next];  // longest first
+    if (next >= n) return -1;
+    int64_t t = order[n - 1 - next];  // from the back: longest first when sorted
     next += stride;
     return t;
   }}
@@ -305,7 +309,7 @@ struct Queue {{
 void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y0,
                     const real* tol, real* ys, real* y1out, real* errout, real* states,
                     int32_t* cost) {{
-  Queue queue{{pr, w, threads}};
+  Queue queue{{pr.order.data(), pr.n, w, threads}};
   alignas(64) real YB[D * LANES] = {{0}}, K0[D * LANES] = {{0}}, PB[P * LANES] = {{0}};
   alignas(64) real H[LANES] = {{0}}, TA[LANES] = {{0}}, EMAX[LANES] = {{0}}, RT[LANES] = {{0}}, AT[LANES] = {{0}};
   alignas(64) int ACT[LANES] = {{0}}, FRESH[LANES] = {{0}};
@@ -370,7 +374,7 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
 void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* states,
                      const real* ct_ys, const real* ct_y1, real* ct_tsave, real* ct_y0,
                      real* ct_p) {{
-  Queue queue{{pr, w, threads}};
+  Queue queue{{pr.order.data(), pr.n, w, threads}};
   alignas(64) real YB[D * LANES] = {{0}}, LAM[D * LANES] = {{0}}, CTP[P * LANES] = {{0}}, PB[P * LANES] = {{0}};
   alignas(64) real H[LANES] = {{0}}, TA[LANES] = {{0}}, CH[LANES] = {{0}}, CT[LANES] = {{0}};
   alignas(64) int ACT[LANES] = {{0}};
@@ -456,11 +460,10 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
   int64_t traj[LANES];
   real T[LANES], HS[LANES], EPREV[LANES], T1[LANES], HNEXT[LANES];
   int32_t NA[LANES], NR[LANES], SP[LANES], ST[LANES];
-  int64_t next = w;
+  Queue queue{{in.order.data(), in.n, w, threads}};
   const real pco = in.ctrl[0], ico = in.ctrl[1], safety = in.ctrl[2], fmin = in.ctrl[3], fmaxc = in.ctrl[4];
   auto load = [&](int j) {{
-    int64_t t = -1;
-    if (next < in.n) {{ t = in.order[next]; next += threads; }}
+    const int64_t t = queue.pop();
     traj[j] = t;
     if (t < 0) return;
     T[j] = in.t01[t * 2]; T1[j] = in.t01[t * 2 + 1];
@@ -593,6 +596,20 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
 }}
 
 }}  // namespace
+// The replay's problem from its buffers, trajectories sorted by step count; false if empty.
+static bool setup(Problem& pr, ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
+                  ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::S32> save,
+                  ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst) {{
+  pr.n = n_eff.element_count();
+  if (pr.n == 0) return false;
+  pr.s1 = times.element_count() / pr.n;
+  pr.k = save.element_count() / pr.n;
+  pr.times = times.typed_data(); pr.n_eff = n_eff.typed_data(); pr.p = p.typed_data();
+  pr.save = save.typed_data(); pr.tsave = tsave.typed_data(); pr.subst = subst.typed_data();
+  sort_by_length(pr);
+  return true;
+}}
+
 static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
                           ffi::Buffer<ffi::{ffi_type}> y0, ffi::Buffer<ffi::{ffi_type}> p,
                           ffi::Buffer<ffi::S32> save, ffi::Buffer<ffi::{ffi_type}> tol,
@@ -602,13 +619,7 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::ResultBuffer<ffi::{ffi_type}> states,
                           ffi::ResultBuffer<ffi::S32> cost) {{
   Problem pr;
-  pr.n = n_eff.element_count();
-  if (pr.n == 0) return ffi::Error::Success();
-  pr.s1 = times.element_count() / pr.n;
-  pr.k = save.element_count() / pr.n;
-  pr.times = times.typed_data(); pr.n_eff = n_eff.typed_data(); pr.p = p.typed_data();
-  pr.save = save.typed_data(); pr.tsave = tsave.typed_data(); pr.subst = subst.typed_data();
-  sort_by_length(pr);
+  if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     forward_thread(pr, w, threads, y0.typed_data(), tol.typed_data(), ys->typed_data(),
                    y1->typed_data(), err->typed_data(), states->typed_data(), cost->typed_data());
@@ -625,13 +636,7 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_p) {{
   Problem pr;
-  pr.n = n_eff.element_count();
-  if (pr.n == 0) return ffi::Error::Success();
-  pr.s1 = times.element_count() / pr.n;
-  pr.k = save.element_count() / pr.n;
-  pr.times = times.typed_data(); pr.n_eff = n_eff.typed_data(); pr.p = p.typed_data();
-  pr.save = save.typed_data(); pr.tsave = tsave.typed_data(); pr.subst = subst.typed_data();
-  sort_by_length(pr);
+  if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     backward_thread(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
                     ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
