@@ -46,8 +46,12 @@ class Mesh(eqx.Module):
     step capacity and ``k`` for the number of save times.
 
     Attributes:
-        times: ``(n, S + 1)`` accepted step end points; ``times[..., 0] == t0`` and entries
-            past ``n_steps`` repeat the last time (zero-length padding steps).
+        times: ``(n, S + 1)`` accepted step end points; ``times[..., 0] == t0``. Slots past
+            ``n_steps`` are padding: `gradsolve.record` called outside ``jit`` fills them
+            with the last time (zero-length steps); inside ``jit`` their values are
+            unspecified, because the compiled record leaves them unwritten so that its cost
+            follows the steps taken, not ``max_steps``. Readers mask with ``n_steps``;
+            `Mesh.padded` fills them.
         n_steps: ``(n,)`` accepted steps.
         n_rejected: ``(n,)`` rejected step attempts.
         status: ``(n,)`` `Status` codes (0 = ok).
@@ -115,6 +119,26 @@ class Mesh(eqx.Module):
         if used >= self.capacity:
             return self
         return eqx.tree_at(lambda m: m.times, self, self.times[..., : used + 1])
+
+    def padded(self) -> "Mesh":
+        """The same mesh with the slots past ``n_steps`` filled with the last time.
+
+        Meshes recorded inside ``jit`` leave those slots unspecified (see ``times``); this is
+        for code that reads whole rows of ``times``. Works under ``jit`` and on host (NumPy)
+        meshes.
+        """
+        return eqx.tree_at(lambda m: m.times, self, pad_times(self.times, self.n_steps))
+
+
+def pad_times(times, n_steps):
+    """``times (..., S + 1)`` with the slots past ``n_steps (...)`` set to ``times[n_steps]``.
+
+    NumPy in, NumPy out (host meshes, no compiled program per shape); otherwise ``jnp``.
+    """
+    xp = np if isinstance(times, np.ndarray) and isinstance(n_steps, np.ndarray) else jnp
+    n = xp.clip(xp.asarray(n_steps), 0, times.shape[-1] - 1)[..., None]
+    last = xp.take_along_axis(times, n.astype(xp.int32 if xp is jnp else np.intp), axis=-1)
+    return xp.where(xp.arange(times.shape[-1]) > n, last, times)
 
 
 def _as_batched(mesh: Mesh) -> Mesh:

@@ -60,12 +60,14 @@ class _RecordState(NamedTuple):
 @eqx.filter_jit
 def record_batched(
     f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params, ts, rtol, atol,
-    dt0, max_steps: int, use_kernel: bool = False,
+    dt0, max_steps: int, use_kernel: bool = False, fill: bool = True,
 ) -> Mesh:
     """The record driver on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation).
 
     With ``use_kernel`` the compiled CPU kernel runs the same algorithm where it applies
-    (`gradsolve._kernel.kernel_record`); otherwise the ``while_loop`` below.
+    (`gradsolve._kernel.kernel_record`); otherwise the ``while_loop`` below. ``fill=False``
+    lets the kernel leave the mesh slots past ``n_steps`` unwritten (the loop below always
+    fills them).
     """
     n, d = y0.shape
     k = ts.shape[1]
@@ -76,7 +78,7 @@ def record_batched(
     atol = jnp.asarray(atol, dtype)
     if use_kernel:
         out = kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                            max_steps)
+                            max_steps, fill)
         if out is not None:
             return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, params=params, solver=solver,
                         rtol=rtol, atol=atol, controller=controller)
@@ -244,7 +246,8 @@ def record(
 
     Returns:
         A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest
-        trajectory; inside ``jit`` it has ``max_steps + 1`` slots. Not differentiable
+        trajectory; inside ``jit`` it has ``max_steps + 1`` slots, those past ``n_steps``
+        unspecified (`Mesh.padded` fills them). Not differentiable
         (step sizes carry no gradient, as in Diffrax's default).
 
     Example:
@@ -291,11 +294,14 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
     sg = jax.lax.stop_gradient
     args = (sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params), sg(b.ts))
     use_kernel = kernel_enabled()
+    eager = is_concrete(args, rtol, atol, dt0)
     cap = max_steps
-    if max_steps > _FIRST_CAPACITY and is_concrete(args, rtol, atol, dt0):
+    if max_steps > _FIRST_CAPACITY and eager:
         cap = _FIRST_CAPACITY
     while True:
-        mesh = record_batched(f, solver, controller, *args, rtol, atol, dt0, cap, use_kernel)
+        # Under jit the padding slots stay unwritten (Mesh.times); eager meshes are filled.
+        mesh = record_batched(f, solver, controller, *args, rtol, atol, dt0, cap, use_kernel,
+                              eager)
         if cap >= max_steps:
             break
         status = np.asarray(mesh.status)

@@ -47,7 +47,7 @@ from ._checks import batch, is_concrete
 from ._config import kernel_enabled
 from ._controller import error_norm
 from ._misc import tree_where
-from ._mesh import Mesh, Status, _as_batched
+from ._mesh import Mesh, Status, _as_batched, pad_times
 from ._solution import Solution
 from ._kernel import kernel_replay, kernel_target
 
@@ -220,7 +220,7 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_siz
 
 
 def _check_moved_ts(bm: Mesh, ts) -> None:
-    times = np.array(bm.times)
+    times = pad_times(np.array(bm.times), np.asarray(bm.n_steps))
     rec = np.asarray(bm.ts)
     idx = np.asarray(bm.save_index)
     interior = (rec > float(bm.t0)) & (rec < float(bm.t1))
@@ -254,8 +254,9 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
         rows = jnp.arange(times.shape[0])[:, None]
         current = times[rows, save_index]
         tm = times.at[rows, save_index].set(jnp.where(subst, tsave, current))
-        # Failed trajectories replay as zero-length steps (finite everywhere), then NaN.
-        tm = jnp.where((n_eff == 0)[:, None], tm[:, :1], tm)
+        # Slots past n_eff replay as zero-length steps: their values may be unspecified
+        # (Mesh.times), and failed trajectories (n_eff = 0) stay finite everywhere, then NaN.
+        tm = pad_times(tm, n_eff)
         return replay_batched(f, mesh.solver, tm, n_eff, y, p, save_index, tol[0, 0],
                               tol[0, 1], group_size=group_size, chunk_size=chunk_size)
 

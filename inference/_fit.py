@@ -134,9 +134,10 @@ _PER_TRAJ = ("times", "n_steps", "n_rejected", "status", "save_index", "ts", "dt
 
 
 def _mesh_np(mesh):
-    """A host (numpy) copy of a mesh: merging and trimming happen there, never as eager
-    JAX ops (whose varying shapes would each compile a program)."""
-    return jax.tree_util.tree_map(np.asarray, mesh)
+    """A host (numpy) copy of a mesh, its padding slots filled (a mesh recorded under
+    ``jit`` leaves them unspecified): merging and trimming happen there, never as eager JAX
+    ops (whose varying shapes would each compile a program)."""
+    return jax.tree_util.tree_map(np.asarray, mesh).padded()
 
 
 def _trim_np(mesh):

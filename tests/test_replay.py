@@ -2,6 +2,7 @@
 Diffrax's default adjoint on its own mesh, closed forms and central finite differences."""
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -208,6 +209,41 @@ def test_jit_capacity_cost_follows_steps_taken():
     # Chunks past the last step are skipped: executed work is the same for both capacities.
     assert float(small.stats["replay_work"]) == float(large.stats["replay_work"])
     assert float(large.stats["replay_work"]) < 0.05 * 50_000
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "xla"])
+def test_padding_slots_past_n_steps_are_never_read(lv_ensemble, kernel):
+    """Inside jit the record leaves slots past n_steps unspecified (its cost then follows the
+    steps taken); outside jit it fills them. Poisoning them with NaN changes nothing."""
+    f, y0, p, ts = lv_ensemble
+    n = y0.shape[0]
+    with gs.use_compiled_kernel(kernel):
+        eager = gs.record(f, 0.0, 10.0, y0, p, ts=ts, max_steps=1024)
+        jitted = jax.jit(lambda a: gs.record(f, 0.0, 10.0, y0, a, ts=ts, max_steps=1024))(p)
+        steps = np.asarray(eager.n_steps)
+        times = np.asarray(eager.times)
+        for i in range(n):  # outside jit: the last time repeats (zero-length steps)
+            assert np.all(times[i, steps[i]:] == times[i, steps[i]])
+        np.testing.assert_array_equal(jitted.n_steps, steps)
+        # XLA may round the jitted program's last bits differently, and step sizes come
+        # from error estimates (differences of close numbers), so nodes move slightly.
+        filled = np.asarray(jitted.padded().times)
+        np.testing.assert_allclose(filled[:, : eager.capacity + 1], times, rtol=1e-6)
+        np.testing.assert_allclose(filled[:, eager.capacity + 1:],
+                                   np.repeat(times[:, -1:], 1024 - eager.capacity, axis=1))
+        slots = np.arange(1025)[None]
+        poisoned = eqx.tree_at(lambda m: m.times, jitted,
+                               jnp.where(slots > steps[:, None], jnp.nan, jitted.times))
+        ts_n = jnp.broadcast_to(ts, (n, ts.shape[0])) + 0.0
+
+        def run(mesh):
+            loss = lambda a, t: jnp.sum(gs.replay(f, mesh, y0, a, ts=t).ys ** 2)
+            sol = gs.replay(f, mesh, y0, p, ts=ts_n)
+            return sol.ys, sol.error_ratio, *jax.grad(loss, argnums=(0, 1))(p, ts_n)
+
+        for got, want in zip(run(poisoned), run(jitted.padded())):
+            assert np.all(np.isfinite(got))
+            np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
 
 
 def test_user_vmap_over_replay(lv_ensemble):

@@ -7,14 +7,21 @@ lane. Returns the `gradsolve.Mesh` fields, or ``None`` where the kernel does not
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
 from .replay import _flatten_spec, flat_params, kernel_target, per_trajectory, spread
 
 
-def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int):
-    """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)``; ``None`` if the kernel does not apply."""
+def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int,
+                  fill: bool = True):
+    """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)``; ``None`` if the kernel does not apply.
+
+    ``fill=False`` leaves mesh slots past each trajectory's ``n_steps`` unwritten (see
+    `gradsolve.Mesh`), so the cost follows the steps taken, not ``max_steps``.
+    """
     prefix = kernel_target(f, solver, y0, params)
     if prefix is None:
         return None
@@ -29,14 +36,14 @@ def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0
     ctrl = per_trajectory((controller.pcoeff, controller.icoeff, controller.safety,
                            controller.factormin, controller.factormax), n, dtype)
     i32 = jnp.int32
-    call = spread(lambda m: jax.ffi.ffi_call(
+    call = spread(lambda m: partial(jax.ffi.ffi_call(
         f"{prefix}_rec",
         (jax.ShapeDtypeStruct((m, max_steps + 1), dtype), jax.ShapeDtypeStruct((m,), i32),
          jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32),
          jax.ShapeDtypeStruct((m, k), i32), jax.ShapeDtypeStruct((m,), dtype),
          jax.ShapeDtypeStruct((m, d), dtype)),
         vmap_method="broadcast_all",
-    ), n)
+    ), fill=bool(fill)), n)
     times, n_steps, n_rej, status, save_index, dt_next, y_last = call(
         t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl)
     return dict(times=times, n_steps=n_steps, n_rejected=n_rej, status=status,

@@ -19,7 +19,10 @@ no stage leaves registers, and a lane whose trajectory ends is refilled from a q
   plus the cotangents of the two node times through ``h`` and the stage times. With FSAL the
   carried first stage is ``f(t_k, y_k)`` recomputed, the same function of ``y_k``.
 - ``Rec``: the adaptive record, with `gradsolve._controller`'s initial step and controller
-  written per lane.
+  written per lane. Mesh slots past a trajectory's ``n_steps`` are written only when the
+  ``fill`` attribute asks: under ``jit`` the buffer has ``max_steps`` slots per trajectory,
+  and filling it would make the record's cost (first-touch page faults of a fresh buffer)
+  grow with ``max_steps`` rather than with the steps taken (SPEC §2.4).
 
 The vector field and its VJP come from `gradsolve._kernel.codegen`.
 """
@@ -219,9 +222,6 @@ _TEMPLATE = r"""
 #include <thread>
 #include <vector>
 #include "xla/ffi/api/ffi.h"
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace ffi = xla::ffi;
 typedef {real} real;
@@ -444,6 +444,7 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
 // gradsolve._controller / gradsolve._record written per lane (see there for the rules).
 struct RecordIn {{
   int64_t n, k, cap;
+  bool fill;  // write the slots past n_steps (repeat the last time) or leave them untouched
   const real *t01, *y0, *p, *ts, *tol, *dt0, *ctrl;
   std::vector<int64_t> order;
 }};
@@ -480,8 +481,10 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
   }};
   auto finish = [&](int j) {{
     const int64_t t = traj[j];
-    real* row = times + t * (in.cap + 1);
-    for (int64_t m = NA[j] + 1; m <= in.cap; ++m) row[m] = T[j];
+    if (in.fill) {{
+      real* row = times + t * (in.cap + 1);
+      for (int64_t m = NA[j] + 1; m <= in.cap; ++m) row[m] = T[j];
+    }}
     n_steps[t] = NA[j]; n_rej_out[t] = NR[j]; status[t] = ST[j]; dt_next[t] = HS[j];
     for (int r = 0; r < D; ++r) y_last[t * D + r] = YB[r * LANES + j];
   }};
@@ -664,18 +667,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>());
 
-// The record's mesh buffer has max_steps slots per trajectory and is written once, fresh
-// from the allocator: with 4 KB pages its first-touch page faults cost more than the solve.
-// Ask for transparent huge pages (no-op where unsupported).
-static void advise_huge(void* ptr, size_t bytes) {{
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const uintptr_t huge = 2u << 20;
-  uintptr_t lo = (reinterpret_cast<uintptr_t>(ptr) + huge - 1) & ~(huge - 1);
-  uintptr_t hi = (reinterpret_cast<uintptr_t>(ptr) + bytes) & ~(huge - 1);
-  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE);
-#endif
-}}
-
 static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ffi_type}> y0,
                           ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::{ffi_type}> ts,
                           ffi::Buffer<ffi::{ffi_type}> tol, ffi::Buffer<ffi::{ffi_type}> dt0,
@@ -684,8 +675,9 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
                           ffi::ResultBuffer<ffi::S32> n_rej, ffi::ResultBuffer<ffi::S32> status,
                           ffi::ResultBuffer<ffi::S32> save_index,
                           ffi::ResultBuffer<ffi::{ffi_type}> dt_next,
-                          ffi::ResultBuffer<ffi::{ffi_type}> y_last) {{
+                          ffi::ResultBuffer<ffi::{ffi_type}> y_last, bool fill) {{
   RecordIn in;
+  in.fill = fill;
   in.n = dt0.element_count();
   if (in.n == 0) return ffi::Error::Success();
   in.k = ts.element_count() / in.n;
@@ -693,7 +685,6 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
   in.t01 = t01.typed_data(); in.y0 = y0.typed_data(); in.p = p.typed_data();
   in.ts = ts.typed_data(); in.tol = tol.typed_data(); in.dt0 = dt0.typed_data();
   in.ctrl = ctrl.typed_data();
-  advise_huge(times->typed_data(), times->element_count() * sizeof(real));
   in.order.resize(in.n);
   std::iota(in.order.begin(), in.order.end(), 0);
   for_threads(in.n, [&](int64_t w, int64_t threads) {{
@@ -713,5 +704,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Rec, RecImpl,
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
-        .Ret<ffi::Buffer<ffi::{ffi_type}>>());
+        .Ret<ffi::Buffer<ffi::{ffi_type}>>()
+        .Attr<bool>("fill"));
 """
