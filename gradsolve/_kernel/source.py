@@ -229,6 +229,7 @@ typedef {real} real;
 #define P {P}
 #define P_REAL {P_REAL}
 #define S {S}
+#define PF_STEPS 8
 #define LANES {LANES}
 #define FSAL {FSAL}
 #define ERROR_ORDER {ERROR_ORDER}
@@ -282,6 +283,23 @@ void for_threads(int64_t n, Fn fn) {{
   std::vector<std::thread> pool;
   for (int64_t w = 0; w < threads; ++w) pool.emplace_back([&, w] {{ fn(w, threads); }});
   for (auto& th : pool) th.join();
+}}
+
+// Each lane walks its own trajectory's rows of `times` and `states`, so eight interleaved
+// streams miss the cache at every new line (the reverse sweep measured ~40 % of its time in
+// those loads at n = 10,000); fetch the lines a few steps ahead.
+static inline void prefetch_ahead(const Problem& pr, int64_t t, int64_t kk, int64_t n,
+                                  const real* states) {{
+  const int64_t ahead = std::min<int64_t>(kk + PF_STEPS, n);
+  __builtin_prefetch(pr.times + t * pr.s1 + ahead);
+  __builtin_prefetch(states + (t * pr.s1 + ahead) * D, 1);
+}}
+static inline void prefetch_back(const Problem& pr, int64_t t, int64_t kk, const real* states,
+                                 const real* ct_ys, int64_t save_slot) {{
+  const int64_t back = std::max<int64_t>(kk - PF_STEPS, 0);
+  __builtin_prefetch(pr.times + t * pr.s1 + back);
+  __builtin_prefetch(states + (t * pr.s1 + back) * D);
+  if (save_slot >= 0) __builtin_prefetch(ct_ys + (t * pr.k + save_slot) * D);
 }}
 
 static inline real rmax(real a, real b) {{ return (a > b || a != a) ? a : b; }}
@@ -357,6 +375,7 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
       Nodes& nd = NODES[j];
       TA[j] = nd.time(kk[j], nd.up(kk[j]));
       H[j] = nd.time(kk[j] + 1, nd.up(kk[j] + 1)) - TA[j];
+      prefetch_ahead(pr, traj[j], kk[j], N[j], states);
     }}
     #pragma omp simd
     for (int j = 0; j < LANES; ++j) {{
@@ -423,6 +442,7 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       TA[j] = nd.time(kk[j], M0[j]);
       H[j] = tb - TA[j];
       for (int r = 0; r < D; ++r) YB[r * LANES + j] = states[(traj[j] * pr.s1 + kk[j]) * D + r];
+      prefetch_back(pr, traj[j], kk[j], states, ct_ys, ptr[j]);
     }}
     if (!busy) break;
     #pragma omp simd
