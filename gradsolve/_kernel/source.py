@@ -187,6 +187,9 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     for r in range(p_size):
         tot = " + ".join(f"pi{i}_{r}" for i in range(s_used))
         bw.append(f"CTP[{r} * LANES + j] += act ? ({tot}) : (real)0;")
+    # Node-time cotangents: needed only where a save time moved a node (``subst``); the
+    # kernel instantiates the sweep with and without them (``TIMES``).
+    bw.append("if constexpr (TIMES) {")
     ch = []
     for r in R:
         bs = _comb(b_eff, [f"k{m}_{r}" for m in range(s_used)]) or "(real)0"
@@ -197,6 +200,7 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     bw.append(f"const real ctt = {' + '.join(f'ctt{i}' for i in range(s_used))};")
     bw.append("CH[j] = act ? ch : (real)0;")
     bw.append("CT[j] = act ? ctt - ch : (real)0;")
+    bw.append("}")
     for r in R:
         dl = " + ".join(f"mu{i}_{r}" for i in range(s_used))
         bw.append(f"LAM[{r} * LANES + j] = act ? l_{r} + ({dl}) : l_{r};")
@@ -390,6 +394,8 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
   if (last >= 0) cost[last] += (int32_t)idle;
 }}
 
+// TIMES: some save time moves a node (`subst`), so node times carry cotangents.
+template <bool TIMES>
 void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* states,
                      const real* ct_ys, const real* ct_y1, real* ct_tsave, real* ct_y0,
                      real* ct_p) {{
@@ -436,9 +442,9 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       busy += ACT[j];
       if (!ACT[j]) {{ H[j] = 0; continue; }}
       Nodes& nd = NODES[j];
-      M1[j] = nd.down(kk[j] + 1);
+      M1[j] = TIMES ? nd.down(kk[j] + 1) : -1;
       const real tb = nd.time(kk[j] + 1, M1[j]);
-      M0[j] = nd.down(kk[j]);
+      M0[j] = TIMES ? nd.down(kk[j]) : -1;
       TA[j] = nd.time(kk[j], M0[j]);
       H[j] = tb - TA[j];
       for (int r = 0; r < D; ++r) YB[r * LANES + j] = states[(traj[j] * pr.s1 + kk[j]) * D + r];
@@ -660,9 +666,12 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_p) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
+  const int32_t* sub = subst.typed_data();
+  const bool moved = std::any_of(sub, sub + subst.element_count(), [](int32_t v) {{ return v != 0; }});
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
-    backward_thread(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
-                    ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
+    auto sweep = moved ? backward_thread<true> : backward_thread<false>;
+    sweep(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
+          ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
   }});
   return ffi::Error::Success();
 }}
