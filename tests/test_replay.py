@@ -195,6 +195,11 @@ def test_single_trajectory_shapes_and_jit():
     jitted = jax.jit(lambda a, b: gs.solve(lotka_volterra, 0.0, 5.0, a, b, ts=ts))(y0, p)
     np.testing.assert_allclose(jitted.ys, sol.ys, rtol=1e-13)
     np.testing.assert_allclose(sol.y1, sol.ys[-1], rtol=1e-14)
+    # One trajectory's mesh from jit: Mesh.padded fills the slots past n_steps.
+    times = np.asarray(jitted.mesh.padded().times)
+    n = int(jitted.mesh.n_steps)
+    assert times.shape == (jitted.mesh.capacity + 1,) and np.all(times[n:] == 5.0)
+    np.testing.assert_allclose(times[: n + 1], sol.mesh.times[: n + 1], rtol=1e-6)
     # Without ts the solution is saved at t1 only, like Diffrax's default SaveAt(t1=True).
     assert gs.solve(lotka_volterra, 0.0, 5.0, y0, p).ys.shape == (1, 2)
 
