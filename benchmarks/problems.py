@@ -19,6 +19,11 @@ def van_der_pol(t, y, p):
     return jnp.stack([y[1], p[0] * (1 - y[0] ** 2) * y[1] - y[0]])
 
 
+def pendulum(t, y, p):
+    """Damped pendulum: a transcendental right-hand side (sin)."""
+    return jnp.stack([y[1], -p[0] * jnp.sin(y[0]) - p[1] * y[1]])
+
+
 def robertson(t, y, p):
     r1, r2, r3 = p[0] * y[0], p[1] * y[1] ** 2, p[2] * y[1] * y[2]
     return jnp.stack([-r1 + r3, r1 - r2 - r3, r2])
@@ -39,6 +44,10 @@ def make(name: str, n: int, seed: int = 0):
         p = np.array([1.0]) * jitter((n, 1))
         y0 = np.array([2.0, 0.0]) + np.array([0.1, 0.0]) * (rng.random((n, 2)) - 0.5)
         return van_der_pol, 10.0, jnp.asarray(y0), jnp.asarray(p), jnp.linspace(0, 10, 20), False
+    if name == "pendulum":
+        p = np.array([9.81, 0.1]) * jitter((n, 2))
+        y0 = np.array([2.5, 0.0]) * jitter((n, 2))
+        return pendulum, 10.0, jnp.asarray(y0), jnp.asarray(p), jnp.linspace(0, 10, 20), False
     if name == "robertson":
         p = np.array([0.04, 3e7, 1e4]) * jitter((n, 3))
         y0 = np.tile([1.0, 0.0, 0.0], (n, 1))

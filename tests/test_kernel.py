@@ -174,6 +174,31 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch):
         gs.replay(decay2, mesh, y0, 2 * p)  # warned once only
 
 
+@requires_compiler
+def test_scalar_libm_fallback_when_vector_math_does_not_link(monkeypatch, tmp_path):
+    """Without glibc's libmvec the kernel is rebuilt with scalar libm: same results, no warning."""
+    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(build, "_VECTOR_MATH", (["-DGRADSOLVE_VECTOR_MATH"], ["-lgradsolve_no_such_lib"]))
+    monkeypatch.setattr(build, "_registered", {})
+    monkeypatch.setattr(kernel_replay_mod, "_sources", {})
+
+    def pendulum(t, y, p):
+        return jnp.stack([y[1], -p[0] * jnp.sin(y[0]) - p[1] * jnp.exp(-t) * y[1]])
+
+    y0 = jnp.tile(jnp.array([0.5, 0.0]), (5, 1))
+    p = jnp.tile(jnp.array([9.81, 0.1]), (5, 1)) * (1 + 0.05 * jnp.arange(5))[:, None]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mesh = gs.record(pendulum, 0.0, 3.0, y0, p, ts=jnp.linspace(0, 3, 4))
+        loss = lambda a: jnp.sum(gs.replay(pendulum, mesh, y0, a).ys ** 2)
+        g, sol = jax.grad(loss)(p), gs.replay(pendulum, mesh, y0, p)
+    assert sol.route == "gradsolve-kernel"
+    with gs.use_compiled_kernel(False):
+        g_xla, sol_xla = jax.grad(loss)(p), gs.replay(pendulum, mesh, y0, p)
+    np.testing.assert_allclose(sol.ys, sol_xla.ys, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(g, g_xla, rtol=1e-11)
+
+
 def test_stiff_and_diffrax_solvers_use_the_xla_replay():
     import diffrax
 

@@ -28,6 +28,13 @@ _warned = False
 
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
           "-fopenmp-simd", "-w", "-pthread"]
+# First choice: SIMD libm from glibc's libmvec (see source.py); every symbol must resolve at
+# link time, else the build is retried with scalar libm.
+# sin and cos of one argument (a reverse sweep recomputes sin(x) and differentiates it)
+# would otherwise be merged into a scalar sincos call.
+_VECTOR_MATH = (["-DGRADSOLVE_VECTOR_MATH", "-fno-builtin-sin", "-fno-builtin-cos",
+                 "-fno-builtin-sinf", "-fno-builtin-cosf"],
+                ["-Wl,-z,defs", "-lmvec", "-lm"])
 
 
 def compiler() -> str | None:
@@ -73,7 +80,8 @@ def load(source: str) -> str | None:
     """
     cxx = compiler()
     key = hashlib.sha256(
-        "\0".join([source, str(cxx), " ".join(_FLAGS), _cpu_key(), jax.__version__]).encode()
+        "\0".join([source, str(cxx), " ".join(_FLAGS), str(_VECTOR_MATH), _cpu_key(),
+                   jax.__version__]).encode()
     ).hexdigest()[:24]
     with _lock:
         if key in _registered:
@@ -122,8 +130,13 @@ def _compile(cxx: str, source: str, path: Path) -> None:
         src = Path(tmp) / "kernel.cc"
         src.write_text(source)
         out = Path(tmp) / "kernel.so"
-        cmd = [cxx, *_FLAGS, f"-I{jax.ffi.include_dir()}", str(src), "-o", str(out)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        base = [cxx, *_FLAGS, f"-I{jax.ffi.include_dir()}"]
+        pre, post = _VECTOR_MATH
+        res = subprocess.run([*base, *pre, str(src), "-o", str(out), *post],
+                             capture_output=True, text=True)
+        if res.returncode != 0:  # no libmvec (or not glibc): scalar libm
+            res = subprocess.run([*base, str(src), "-o", str(out)], capture_output=True,
+                                 text=True)
         if res.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {res.stderr[-2000:]}")
         # Atomic publish: concurrent processes may build the same kernel.

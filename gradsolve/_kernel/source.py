@@ -35,6 +35,20 @@ from .codegen import translate
 
 LANES = 8
 
+# libm functions with SIMD variants in glibc's libmvec (>= 2.35; sin, cos, exp, log, pow
+# since 2.22), one and two arguments, double and float.
+_UNARY = ("sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",
+          "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "cbrt",
+          "erf", "erfc")
+_BINARY = ("pow", "atan2")
+_VECTOR_MATH = "\n".join(
+    f"#pragma omp declare simd notinbranch\n"
+    f"{t} {name}{suffix}({', '.join([t] * arity)}) noexcept __attribute__((const));"
+    for names, arity in ((_UNARY, 1), (_BINARY, 2))
+    for name in names
+    for t, suffix in (("double", ""), ("float", "f"))
+)
+
 
 def _block(lines: list[str], outs: list[tuple[list[str], list[str]]]) -> str:
     """A ``{ ... }`` scope running translated ``lines`` and assigning outputs to outer names."""
@@ -183,10 +197,12 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
                        + [f"pi{i}_{r}" for r in range(p_size)]))
         bw.append(rhs_vjp(f"T{i}", yn(i), [f"kap{i}_{r}" for r in R], f"ctt{i}",
                           [f"mu{i}_{r}" for r in R], [f"pi{i}_{r}" for r in range(p_size)]))
-    bw.append("const bool act = ACT[j] != 0;")
+    # No `ACT` selects here: an idle lane's accumulators are never read again (its last
+    # trajectory was finished before it went idle), and selects let the compiler sink the
+    # stage VJPs into branches, which stops vectorisation once they call libm.
     for r in range(p_size):
         tot = " + ".join(f"pi{i}_{r}" for i in range(s_used))
-        bw.append(f"CTP[{r} * LANES + j] += act ? ({tot}) : (real)0;")
+        bw.append(f"CTP[{r} * LANES + j] += {tot};")
     # Node-time cotangents: needed only where a save time moved a node (``subst``); the
     # kernel instantiates the sweep with and without them (``TIMES``).
     bw.append("if constexpr (TIMES) {")
@@ -198,19 +214,19 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     ch += [f"(real){float(c[i])!r} * ctt{i}" for i in range(1, s_used) if c[i] != 0.0]
     bw.append(f"const real ch = {' + '.join(ch)};")
     bw.append(f"const real ctt = {' + '.join(f'ctt{i}' for i in range(s_used))};")
-    bw.append("CH[j] = act ? ch : (real)0;")
-    bw.append("CT[j] = act ? ctt - ch : (real)0;")
+    bw.append("CH[j] = ch;")
+    bw.append("CT[j] = ctt - ch;")
     bw.append("}")
     for r in R:
         dl = " + ".join(f"mu{i}_{r}" for i in range(s_used))
-        bw.append(f"LAM[{r} * LANES + j] = act ? l_{r} + ({dl}) : l_{r};")
+        bw.append(f"LAM[{r} * LANES + j] = l_{r} + ({dl});")
     backward_step = "\n      ".join(bw)
 
     return _TEMPLATE.format(
         real=real, ffi_type="F64" if real == "double" else "F32", D=d, P=max(p_size, 1),
         S=s, LANES=LANES, FSAL=int(fsal), forward_step=forward_step, rhs_eval=rhs_eval,
         record_step=record_step, ERROR_ORDER=int(solver.error_order),
-        backward_step=backward_step, P_REAL=p_size,
+        backward_step=backward_step, P_REAL=p_size, vector_math=_VECTOR_MATH,
     )
 
 
@@ -226,6 +242,16 @@ _TEMPLATE = r"""
 #include <thread>
 #include <vector>
 #include "xla/ffi/api/ffi.h"
+#ifdef GRADSOLVE_VECTOR_MATH
+// SIMD variants of libm (glibc's libmvec, <= 4 ulp): without them one transcendental call
+// in a lane's step turns the whole `omp simd` loop into scalar code (Pendulum's sin cost 5x
+// a polynomial field of the same size). glibc declares these only under -ffast-math, which
+// the kernel avoids to keep IEEE semantics; build.py falls back to scalar libm when the
+// library is missing.
+extern "C" {{
+{vector_math}
+}}
+#endif
 
 namespace ffi = xla::ffi;
 typedef {real} real;
