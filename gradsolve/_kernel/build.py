@@ -28,10 +28,10 @@ _warned = False
 
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
           "-fopenmp-simd", "-w", "-pthread"]
-# First choice: SIMD libm from glibc's libmvec (see source.py); every symbol must resolve at
-# link time, else the build is retried with scalar libm.
-# sin and cos of one argument (a reverse sweep recomputes sin(x) and differentiates it)
-# would otherwise be merged into a scalar sincos call.
+# First choice: SIMD libm from glibc's libmvec (see source.py), compiler flags before the
+# source and linker flags after it. Every symbol must resolve at link time, else the build
+# is retried with scalar libm. Without -fno-builtin-sin/cos, sin and cos of one argument (a
+# reverse sweep recomputes sin(x) and differentiates it) are merged into a scalar sincos.
 _VECTOR_MATH = (["-DGRADSOLVE_VECTOR_MATH", "-fno-builtin-sin", "-fno-builtin-cos",
                  "-fno-builtin-sinf", "-fno-builtin-cosf"],
                 ["-Wl,-z,defs", "-lmvec", "-lm"])
