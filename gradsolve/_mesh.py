@@ -137,7 +137,7 @@ def pad_times(times, n_steps):
     """
     xp = np if isinstance(times, np.ndarray) and isinstance(n_steps, np.ndarray) else jnp
     n = xp.clip(xp.asarray(n_steps), 0, times.shape[-1] - 1)[..., None]
-    last = xp.take_along_axis(times, n.astype(xp.int32 if xp is jnp else np.intp), axis=-1)
+    last = xp.take_along_axis(times, n, axis=-1)
     return xp.where(xp.arange(times.shape[-1]) > n, last, times)
 
 

@@ -178,7 +178,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch):
 def test_scalar_libm_fallback_when_vector_math_does_not_link(monkeypatch, tmp_path):
     """Without glibc's libmvec the kernel is rebuilt with scalar libm: same results, no warning."""
     monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setattr(build, "_VECTOR_MATH", (["-DGRADSOLVE_VECTOR_MATH"], ["-lgradsolve_no_such_lib"]))
+    monkeypatch.setattr(build, "_VECTOR_MATH_FLAGS", (["-DGRADSOLVE_VECTOR_MATH"], ["-lgradsolve_no_such_lib"]))
     monkeypatch.setattr(build, "_registered", {})
     monkeypatch.setattr(kernel_replay_mod, "_sources", {})
 

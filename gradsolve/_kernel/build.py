@@ -32,7 +32,7 @@ _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-e
 # source and linker flags after it. Every symbol must resolve at link time, else the build
 # is retried with scalar libm. Without -fno-builtin-sin/cos, sin and cos of one argument (a
 # reverse sweep recomputes sin(x) and differentiates it) are merged into a scalar sincos.
-_VECTOR_MATH = (["-DGRADSOLVE_VECTOR_MATH", "-fno-builtin-sin", "-fno-builtin-cos",
+_VECTOR_MATH_FLAGS = (["-DGRADSOLVE_VECTOR_MATH", "-fno-builtin-sin", "-fno-builtin-cos",
                  "-fno-builtin-sinf", "-fno-builtin-cosf"],
                 ["-Wl,-z,defs", "-lmvec", "-lm"])
 
@@ -80,7 +80,7 @@ def load(source: str) -> str | None:
     """
     cxx = compiler()
     key = hashlib.sha256(
-        "\0".join([source, str(cxx), " ".join(_FLAGS), str(_VECTOR_MATH), _cpu_key(),
+        "\0".join([source, str(cxx), " ".join(_FLAGS), str(_VECTOR_MATH_FLAGS), _cpu_key(),
                    jax.__version__]).encode()
     ).hexdigest()[:24]
     with _lock:
@@ -131,7 +131,7 @@ def _compile(cxx: str, source: str, path: Path) -> None:
         src.write_text(source)
         out = Path(tmp) / "kernel.so"
         base = [cxx, *_FLAGS, f"-I{jax.ffi.include_dir()}"]
-        pre, post = _VECTOR_MATH
+        pre, post = _VECTOR_MATH_FLAGS
         res = subprocess.run([*base, *pre, str(src), "-o", str(out), *post],
                              capture_output=True, text=True)
         if res.returncode != 0:  # no libmvec (or not glibc): scalar libm

@@ -41,7 +41,7 @@ _UNARY = ("sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log2", "log10", "
           "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "cbrt",
           "erf", "erfc")
 _BINARY = ("pow", "atan2")
-_VECTOR_MATH = "\n".join(
+_VECTOR_MATH_DECLS = "\n".join(
     f"#pragma omp declare simd notinbranch\n"
     f"{t} {name}{suffix}({', '.join([t] * arity)}) noexcept __attribute__((const));"
     for names, arity in ((_UNARY, 1), (_BINARY, 2))
@@ -226,7 +226,7 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
         real=real, ffi_type="F64" if real == "double" else "F32", D=d, P=max(p_size, 1),
         S=s, LANES=LANES, FSAL=int(fsal), forward_step=forward_step, rhs_eval=rhs_eval,
         record_step=record_step, ERROR_ORDER=int(solver.error_order),
-        backward_step=backward_step, P_REAL=p_size, vector_math=_VECTOR_MATH,
+        backward_step=backward_step, P_REAL=p_size, vector_math=_VECTOR_MATH_DECLS,
     )
 
 
