@@ -28,7 +28,9 @@ XLA driver design:
 - Ragged ensembles: trajectories are sorted by step count and replayed in groups of
   ``group_size`` (``lax.map`` over groups); a group runs only as many chunks as its longest
   member needs. Padding steps have ``h = 0`` and are exact identities in value and
-  gradient.
+  gradient. The default group size depends on the backend (`default_group_size`): groups
+  run one after another, which pays on CPU (cache-sized groups) and costs on an
+  accelerator (each group is a sequence of kernel launches).
 - Plain ``scan``/``cond``/``checkpoint`` means reverse mode, forward mode (``jvp``,
   ``jacfwd``, ``hessian``) and ``vmap`` all work with no custom rules.
 """
@@ -52,6 +54,24 @@ from ._solution import Solution
 from ._kernel import kernel_replay, kernel_target
 
 _sg = jax.lax.stop_gradient
+
+_GROUP_SIZE_CPU = 1024
+_GROUP_SIZE_ACCELERATOR = 1 << 17
+
+
+def default_group_size(backend: str | None = None) -> int:
+    """Trajectories per length-sorted group of the XLA replay on ``backend`` (default:
+    ``jax.default_backend()``).
+
+    Groups run one after another (``lax.map``). On CPU that is what we want: 1,024
+    trajectories keep a step's working set in cache, and a ragged ensemble replays only as
+    many steps as each group's longest member. On GPU and TPU one step of a group is a few
+    kernel launches whose time hardly depends on the group's width until the device is
+    full (~10^5 small states), so narrow groups would only multiply launches: there the
+    default is 131,072, a single group for most ensembles.
+    """
+    backend = jax.default_backend() if backend is None else backend
+    return _GROUP_SIZE_CPU if backend == "cpu" else _GROUP_SIZE_ACCELERATOR
 
 
 def _replay_block(
@@ -143,7 +163,7 @@ def replay(
     params,
     *,
     ts=None,
-    group_size: int = 1024,
+    group_size: int | None = None,
     chunk_size: int = 8,
 ) -> Solution:
     """Fixed-step replay of a recorded mesh at (possibly new) ``y0``, ``params`` and ``ts``.
@@ -158,7 +178,9 @@ def replay(
             ``ts`` is ``f(t, y)`` there, to the solver's accuracy); save times equal to
             ``t0`` or ``t1`` stay pinned and get their first-order derivative
             ``f(t, y)`` added.
-        group_size: trajectories per length-sorted group (ragged ensembles; XLA driver).
+        group_size: trajectories per length-sorted group (ragged ensembles; XLA driver);
+            ``None`` picks `default_group_size` for the backend (1,024 on CPU, one group
+            of up to 131,072 on GPU/TPU).
         chunk_size: steps per skippable, rematerialised chunk (XLA driver).
 
     Returns:
@@ -203,6 +225,12 @@ def replay(
 def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_size: int) -> Solution:
     """Replay validated, batched inputs ``b`` (see `gradsolve._checks.batch`)."""
     use_kernel = kernel_enabled() and kernel_target(f, mesh.solver, b.y0, b.params) is not None
+    if group_size is None:
+        group_size = default_group_size()
+    if not (isinstance(group_size, (int, np.integer)) and group_size >= 1):
+        raise ValueError(f"`group_size` must be a positive int or None, got {group_size!r}.")
+    if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
+        raise ValueError(f"`chunk_size` must be a positive int, got {chunk_size!r}.")
     ys, y1, err, work, out_ts = _replay_core(
         f, mesh, b.y0, b.params, b.ts if ts_given else None, group_size, chunk_size, use_kernel,
     )

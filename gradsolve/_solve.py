@@ -28,7 +28,7 @@ def solve(
     max_steps: int = _MAX_STEPS,
     controller: PIDController | None = None,
     throw: bool | None = None,
-    group_size: int = 1024,
+    group_size: int | None = None,
     chunk_size: int = 8,
 ) -> Solution:
     """Adaptive solve whose derivative is the discrete adjoint of its accepted steps.

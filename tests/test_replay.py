@@ -175,6 +175,41 @@ def test_ragged_ensemble_work_follows_the_sum_of_steps():
         assert float(sol.stats["replay_work"]) <= 1.5 * steps.sum(), sol.route
 
 
+def test_default_group_size_follows_the_backend(monkeypatch):
+    # 2,000 ragged trajectories: on CPU the default groups (1,024, length-sorted) replay
+    # fewer steps than n * max; an accelerator gets one group (groups run one after another
+    # there, each a sequence of kernel launches). Same values either way.
+    n = 2000
+    scale = jnp.asarray(np.random.default_rng(1).permutation(np.geomspace(0.3, 3.0, n)))
+    p = jnp.array([1.5, 1.0, 3.0, 1.0]) * scale[:, None]
+    y0 = jnp.tile(jnp.array([1.0, 1.0]), (n, 1))
+    ts = jnp.linspace(0.0, 8.0, 9)
+    mesh = gs.record(lotka_volterra, 0.0, 8.0, y0, p, ts=ts)
+    steps = np.asarray(mesh.n_steps)
+    chunk = 8
+    one_group = n * chunk * np.ceil(steps.max() / chunk)
+    with gs.use_compiled_kernel(False):
+        cpu = gs.replay(lotka_volterra, mesh, y0, p)
+        explicit = gs.replay(lotka_volterra, mesh, y0, p, group_size=1024)
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        gpu = gs.replay(lotka_volterra, mesh, y0, p)
+    assert cpu.route == gpu.route == "gradsolve-replay"
+    assert float(cpu.stats["replay_work"]) == float(explicit.stats["replay_work"])
+    assert float(cpu.stats["replay_work"]) < 0.9 * one_group
+    assert float(gpu.stats["replay_work"]) == one_group
+    np.testing.assert_array_equal(np.asarray(gpu.ys), np.asarray(cpu.ys))
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5])
+def test_bad_replay_layout_is_rejected(lv_ensemble, bad):
+    f, y0, p, ts = lv_ensemble
+    mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts)
+    with pytest.raises(ValueError, match="group_size"):
+        gs.replay(f, mesh, y0, p, group_size=bad)
+    with pytest.raises(ValueError, match="chunk_size"):
+        gs.replay(f, mesh, y0, p, chunk_size=bad)
+
+
 def test_error_ratio_flags_parameter_drift(lv_ensemble):
     f, y0, p, ts = lv_ensemble
     mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts, rtol=1e-6, atol=1e-9)
