@@ -291,7 +291,7 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     out = None
     if use_kernel:
         out = kernel_replay(f, mesh.solver, times, n_eff, y0, params, bm.save_index, rtol,
-                            atol, tsave, subst, xla_replay)
+                            atol, tsave, subst, xla_replay, ts is not None)
     if out is None:
         tol = jnp.stack([rtol, atol])[None]
         out = xla_replay(tsave, y0, params, times, n_eff, bm.save_index, tol, subst)

@@ -199,6 +199,43 @@ def test_scalar_libm_fallback_when_vector_math_does_not_link(monkeypatch, tmp_pa
     np.testing.assert_allclose(g, g_xla, rtol=1e-11)
 
 
+@requires_compiler
+@pytest.mark.parametrize("cpus", [1, 2, 4])
+def test_kernel_parts_build_in_any_grouping(monkeypatch, tmp_path, cpus):
+    """The handlers are compiled in groups sized to the CPUs (one library per group) and the
+    time-carrying adjoint only once a save-time gradient needs it: every grouping gives the
+    XLA replay's values and gradients (parameters and ``ts``)."""
+    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr(build, "_registered", {})
+    monkeypatch.setattr(build, "_built", {})
+    monkeypatch.setattr(kernel_replay_mod, "_sources", {})
+
+    def decay_forced(t, y, p):  # a field no other test builds
+        return jnp.stack([-p[0] * y[0] + jnp.sin(t), -p[1] * y[1] + 0.1 * y[0]])
+
+    y0 = jnp.tile(jnp.array([1.0, 0.5]), (6, 1))
+    p = jnp.array([0.7, 1.3]) * (1 + 0.1 * jnp.arange(6))[:, None]
+    ts = jnp.linspace(0.0, 2.0, 5)
+    mesh = gs.record(decay_forced, 0.0, 2.0, y0, p, ts=ts)
+    loss_p = lambda a: jnp.sum(gs.replay(decay_forced, mesh, y0, a).ys ** 2)
+    loss_ts = lambda s: jnp.sum(gs.replay(decay_forced, mesh, y0, p, ts=s).ys ** 2)
+    sol = gs.replay(decay_forced, mesh, y0, p)
+    g_p = jax.grad(loss_p)(p)
+    built = sorted(f.name for f in tmp_path.iterdir())
+    assert not any("bwdt" in name for name in built), built
+    assert len(built) == min(cpus, 3), built
+    g_ts = jax.grad(loss_ts)(ts)
+    assert any("bwdt" in f.name for f in tmp_path.iterdir())
+    assert sol.route == "gradsolve-kernel"
+    with gs.use_compiled_kernel(False):
+        sol_x = gs.replay(decay_forced, mesh, y0, p)
+        g_p_x, g_ts_x = jax.grad(loss_p)(p), jax.grad(loss_ts)(ts)
+    np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(g_p, g_p_x, rtol=1e-11)
+    np.testing.assert_allclose(g_ts, g_ts_x, rtol=1e-10, atol=1e-12)
+
+
 def test_stiff_and_diffrax_solvers_use_the_xla_replay():
     import diffrax
 

@@ -126,7 +126,7 @@ def kernel_target(f, solver, y0, params) -> str | None:
 
 
 def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, tsave, subst,
-                  xla_replay):
+                  xla_replay, moved: bool):
     """Compiled replay, or ``None`` if it does not apply (see `kernel_target`).
 
     ``times (n, S+1)`` are the recorded nodes (no gradient); save slot ``m`` with
@@ -135,6 +135,8 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
     every differentiable input and cotangent at ``(n, k)``, not ``(n, S+1)``.
     ``xla_replay(tsave, y0, params, times, n_eff, save_index, tol, subst)`` returns
     ``(ys, y1, err, work)`` by the XLA path; it defines forward-mode and second derivatives.
+    ``moved`` (static: ``ts`` was given) selects the adjoint that carries node-time
+    cotangents, built on first use (`gradsolve._kernel.build.load_part`).
     """
     prefix = kernel_target(f, solver, y0, params)
     if prefix is None:
@@ -160,8 +162,9 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
          jax.ShapeDtypeStruct((m,), jnp.int32)),
         vmap_method="broadcast_all",
     ), n)
+    bwd_part = "bwdt" if moved else "bwd"
     bwd_call = spread(lambda m: jax.ffi.ffi_call(
-        f"{prefix}_bwd",
+        f"{prefix}_{bwd_part}",
         (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
          jax.ShapeDtypeStruct((m, p_size), dtype)),
         vmap_method="broadcast_all",
@@ -181,6 +184,7 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
     @jax.custom_jvp
     def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
         times, n_eff, save, _, subst = aux
+        build.load_part(prefix, bwd_part)
         return bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst)
 
     def backward_jvp(primals, tangents):

@@ -16,13 +16,19 @@ no stage leaves registers, and a lane whose trajectory ends is refilled from a q
       (mu_i, pi_i, tau_i) = (d f / d(y, p, t))(T_i, Y_i)^T kappa_i,
       lambda <- lambda + sum_i mu_i,  grad_p += sum_i pi_i,
 
-  plus the cotangents of the two node times through ``h`` and the stage times. With FSAL the
+  plus the cotangents of the two node times through ``h`` and the stage times (only in
+  the ``GS_PART_BWDT`` build). With FSAL the
   carried first stage is ``f(t_k, y_k)`` recomputed, the same function of ``y_k``.
 - ``Rec``: the adaptive record, with `gradsolve._controller`'s initial step and controller
   written per lane. Mesh slots past a trajectory's ``n_steps`` are written only when the
   ``fill`` attribute asks: under ``jit`` the buffer has ``max_steps`` slots per trajectory,
   and filling it would make the record's cost (first-touch page faults of a fresh buffer)
   grow with ``max_steps`` rather than with the steps taken (SPEC §2.4).
+
+Each handler is compiled as its own shared library from this one source, selected by a
+macro (``GS_PART_FWD``, ``GS_PART_BWD``, ``GS_PART_BWDT``, ``GS_PART_REC``): the builds run
+in parallel, and ``GS_PART_BWDT`` (``Bwd`` with node-time cotangents, for ``ts`` given to
+the replay) is built only when first needed. See `gradsolve._kernel.build`.
 
 The vector field and its VJP come from `gradsolve._kernel.codegen`.
 """
@@ -354,6 +360,7 @@ struct Queue {{
   }}
 }};
 
+#ifdef GS_PART_FWD
 void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y0,
                     const real* tol, real* ys, real* y1out, real* errout, real* states,
                     int32_t* cost) {{
@@ -420,6 +427,9 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
   if (last >= 0) cost[last] += (int32_t)idle;
 }}
 
+#endif  // GS_PART_FWD
+
+#if defined(GS_PART_BWD) || defined(GS_PART_BWDT)
 // TIMES: some save time moves a node (`subst`), so node times carry cotangents.
 template <bool TIMES>
 void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* states,
@@ -492,6 +502,9 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
   }}
 }}
 
+#endif  // GS_PART_BWD || GS_PART_BWDT
+
+#ifdef GS_PART_REC
 // Adaptive record: the same step, one attempt per lane per iteration, with the controller of
 // gradsolve._controller / gradsolve._record written per lane (see there for the rules).
 struct RecordIn {{
@@ -649,6 +662,7 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
     }}
   }}
 }}
+#endif  // GS_PART_REC
 
 }}  // namespace
 // The replay's problem from its buffers, trajectories sorted by step count; false if empty.
@@ -665,6 +679,7 @@ static bool setup(Problem& pr, ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<f
   return true;
 }}
 
+#ifdef GS_PART_FWD
 static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
                           ffi::Buffer<ffi::{ffi_type}> y0, ffi::Buffer<ffi::{ffi_type}> p,
                           ffi::Buffer<ffi::S32> save, ffi::Buffer<ffi::{ffi_type}> tol,
@@ -682,25 +697,6 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   return ffi::Error::Success();
 }}
 
-static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
-                          ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::S32> save,
-                          ffi::Buffer<ffi::{ffi_type}> states, ffi::Buffer<ffi::{ffi_type}> ct_ys,
-                          ffi::Buffer<ffi::{ffi_type}> ct_y1,
-                          ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
-                          ffi::ResultBuffer<ffi::{ffi_type}> ct_tsave,
-                          ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
-                          ffi::ResultBuffer<ffi::{ffi_type}> ct_p) {{
-  Problem pr;
-  if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
-  const int32_t* sub = subst.typed_data();
-  const bool moved = std::any_of(sub, sub + subst.element_count(), [](int32_t v) {{ return v != 0; }});
-  for_threads(pr.n, [&](int64_t w, int64_t threads) {{
-    auto sweep = moved ? backward_thread<true> : backward_thread<false>;
-    sweep(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
-          ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
-  }});
-  return ffi::Error::Success();
-}}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
     ffi::Ffi::Bind()
@@ -711,6 +707,32 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::S32>>());
+#endif  // GS_PART_FWD
+
+#if defined(GS_PART_BWD) || defined(GS_PART_BWDT)
+// The library built with GS_PART_BWDT carries node-time cotangents (`ts` given), the one
+// built with GS_PART_BWD does not (the common case, a third less code to compile).
+#ifdef GS_PART_BWDT
+#define GS_TIMES true
+#else
+#define GS_TIMES false
+#endif
+static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
+                          ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::S32> save,
+                          ffi::Buffer<ffi::{ffi_type}> states, ffi::Buffer<ffi::{ffi_type}> ct_ys,
+                          ffi::Buffer<ffi::{ffi_type}> ct_y1,
+                          ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_tsave,
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_p) {{
+  Problem pr;
+  if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
+  for_threads(pr.n, [&](int64_t w, int64_t threads) {{
+    backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
+          ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
+  }});
+  return ffi::Error::Success();
+}}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
     ffi::Ffi::Bind()
@@ -722,6 +744,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>());
 
+#endif  // GS_PART_BWD || GS_PART_BWDT
+
+#ifdef GS_PART_REC
 static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ffi_type}> y0,
                           ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::{ffi_type}> ts,
                           ffi::Buffer<ffi::{ffi_type}> tol, ffi::Buffer<ffi::{ffi_type}> dt0,
@@ -761,4 +786,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Rec, RecImpl,
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Attr<bool>("fill"));
+#endif  // GS_PART_REC
 """
