@@ -2,11 +2,14 @@
 
 Driver design (why it looks like this): one ``lax.while_loop`` over the *batch*, not a
 ``vmap`` of per-trajectory loops. Every iteration attempts one step for every unfinished
-trajectory and scatters accepted step times into a step-major buffer ``(S + 2, n)``;
-trajectories that are done (or rejected) write to a dump row. Under ``vmap`` a
-per-trajectory loop whose carry holds an ``(n, S)`` buffer copies it each iteration; the
-scatter here is in place, so the cost follows the steps actually attempted (the loop ends
-when the slowest trajectory does), not ``max_steps``.
+trajectory and scatters accepted step times into the mesh buffer ``(n, S + 1)``;
+trajectories that are done (or rejected) scatter out of bounds, which is dropped. Under
+``vmap`` a per-trajectory loop whose carry holds an ``(n, S)`` buffer copies it each
+iteration; the scatter here is in place, so the cost follows the steps actually attempted
+(the loop ends when the slowest trajectory does), not ``max_steps``. The buffer is the
+mesh itself (no transpose or slice afterwards), and under ``jit`` its slots past
+``n_steps`` are left as they are (`Mesh.times`): at ``max_steps = 4096`` every pass over it
+is a pass over ``n * 4097`` numbers.
 
 On CPU, for explicit Runge–Kutta solvers, the compiled kernel (`gradsolve._kernel`) runs the
 same algorithm per trajectory (lanes refilled as trajectories finish) instead of the loop
@@ -52,7 +55,7 @@ class _RecordState(NamedTuple):
     save_ptr: Int[Array, " n"]
     status: Int[Array, " n"]
     done: Bool[Array, " n"]
-    times: Float[Array, "S2 n"]
+    times: Float[Array, "n S1"]
     save_index: Int[Array, "n k"]
     iters: Int[Array, ""]
 
@@ -66,8 +69,7 @@ def record_batched(
 
     With ``use_kernel`` the compiled CPU kernel runs the same algorithm where it applies
     (`gradsolve._kernel.kernel_record`); otherwise the ``while_loop`` below. ``fill=False``
-    lets the kernel leave the mesh slots past ``n_steps`` unwritten (the loop below always
-    fills them).
+    leaves the mesh slots past ``n_steps`` unspecified (both drivers).
     """
     n, d = y0.shape
     k = ts.shape[1]
@@ -95,7 +97,7 @@ def record_batched(
         h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
     h0 = jnp.minimum(h0, t1 - t0)
 
-    times = jnp.zeros((max_steps + 2, n), dtype).at[0].set(t0)
+    times = jnp.zeros((n, max_steps + 1), dtype).at[:, 0].set(t0)
     ptr0 = jnp.sum(ts <= t0, axis=1).astype(jnp.int32)
     init = _RecordState(
         t=jnp.full((n,), t0),
@@ -133,8 +135,8 @@ def record_batched(
 
         n_acc = s.n_accepted + accept
         n_rej = s.n_rejected + (~accept & ~s.done)
-        row = jnp.where(accept, n_acc, max_steps + 1)
-        times = s.times.at[row, rows].set(t_new)
+        col = jnp.where(accept, n_acc, max_steps + 1)  # out of bounds: dropped
+        times = s.times.at[rows, col].set(t_new, mode="drop")
         reached = jnp.sum(ts <= t_new[:, None], axis=1).astype(jnp.int32)
         new_ptr = jnp.where(accept, reached, s.save_ptr)
         jj = jnp.arange(k)[None]
@@ -169,9 +171,10 @@ def record_batched(
 
     s = jax.lax.while_loop(cond, body, init)
     status = jnp.where(~s.done, Status.MAX_STEPS, s.status).astype(jnp.int32)
-    slots = jnp.arange(max_steps + 1)[None]
-    times = s.times[: max_steps + 1].T
-    times = jnp.where(slots > s.n_accepted[:, None], s.t[:, None], times)
+    times = s.times
+    if fill:
+        slots = jnp.arange(max_steps + 1)[None]
+        times = jnp.where(slots > s.n_accepted[:, None], s.t[:, None], times)
     return Mesh(
         times=times,
         n_steps=s.n_accepted,
