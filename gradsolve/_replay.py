@@ -30,8 +30,8 @@ XLA driver design:
   instead of ``O(n * S * stages * d)``. The states at save times are gathered block by
   block into the loop carry, and each block reads its own node times, so no array over
   all ``S`` steps is built or transposed: spare capacity costs no memory traffic (on CPU,
-  a jitted ``gs.solve`` of 1,000 LV trajectories at ``max_steps=4096``: forward 85 -> 36
-  ms, gradient 186 -> 106 ms).
+  a jitted ``gs.solve`` of 1,000 LV trajectories at ``max_steps=4096``, this change alone:
+  forward 85 -> 36 ms, gradient 186 -> 106 ms).
 - Ragged ensembles: trajectories are sorted by step count and replayed in groups of
   ``group_size`` (``lax.map`` over groups); a group runs only as many chunks as its longest
   member needs. Padding steps have ``h = 0`` and are exact identities in value and
@@ -62,7 +62,7 @@ from ._kernel import kernel_replay, kernel_target
 
 _sg = jax.lax.stop_gradient
 
-_GROUP_SIZE_CPU = 1024
+_GROUP_SIZE_CPU = 256
 _GROUP_SIZE_ACCELERATOR = 1 << 17
 
 
@@ -70,9 +70,12 @@ def default_group_size(backend: str | None = None) -> int:
     """Trajectories per length-sorted group of the XLA replay on ``backend`` (default:
     ``jax.default_backend()``).
 
-    Groups run one after another (``lax.map``). On CPU that is what we want: 1,024
-    trajectories keep a step's working set in cache, and a ragged ensemble replays only as
-    many steps as each group's longest member. On GPU and TPU one step of a group is a few
+    Groups run one after another (``lax.map``). On CPU that is what we want: a group keeps
+    a step's working set in cache, and a ragged ensemble replays only as many steps as each
+    group's longest member. 256 is the measured compromise (kernel off, replay gradient):
+    within 10 % of the best width on uniform ensembles (LV, Lorenz at 1,000 and 10,000,
+    Robertson), where 64 is 1.3-1.5x slower, and as fast as 64 on 1,000 lynx-hare prior
+    draws (22-311 steps each), where 1,024 is 1.7x slower. On GPU and TPU one step of a group is a few
     kernel launches whose time hardly depends on the group's width until the device is
     full (~10^5 small states), so narrow groups would only multiply launches: there the
     default is 131,072, a single group for most ensembles.
@@ -209,7 +212,7 @@ def replay(
             ``t0`` or ``t1`` stay pinned and get their first-order derivative
             ``f(t, y)`` added.
         group_size: trajectories per length-sorted group (ragged ensembles; XLA driver);
-            ``None`` picks `default_group_size` for the backend (1,024 on CPU, one group
+            ``None`` picks `default_group_size` for the backend (256 on CPU, one group
             of up to 131,072 on GPU/TPU).
         chunk_size: steps per skippable, rematerialised chunk (XLA driver).
 

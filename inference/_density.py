@@ -235,12 +235,9 @@ class _Problem:
         return gs.record(*args, **kwargs)
 
     def replay(self, mesh, params: dict, n: int | None):
-        # On CPU, ragged ensembles (e.g. many starts from the prior) replay in length-sorted
-        # groups of 64, each only as many steps as its longest member (measured ~2x faster
-        # than one group at N = 1,000 prior draws of Lotka–Volterra on the XLA driver).
-        # Elsewhere groups run one after another as kernel launches: the core's default.
-        group_size = 64 if jax.default_backend() == "cpu" else None
-        return gs.replay(self.f, mesh, self.y0(params, n), params, group_size=group_size)
+        # Ragged ensembles (many starts from the prior) rely on the core's length-sorted
+        # groups (see `gradsolve._replay.default_group_size`).
+        return gs.replay(self.f, mesh, self.y0(params, n), params)
 
     def log_density_solve(self, params: dict, n: int | None, **kw) -> jax.Array:
         sol = self.solve(params, n, **kw)

@@ -176,7 +176,7 @@ def test_ragged_ensemble_work_follows_the_sum_of_steps():
 
 
 def test_default_group_size_follows_the_backend(monkeypatch):
-    # 2,000 ragged trajectories: on CPU the default groups (1,024, length-sorted) replay
+    # 2,000 ragged trajectories: on CPU the default groups (256, length-sorted) replay
     # fewer steps than n * max; an accelerator gets one group (groups run one after another
     # there, each a sequence of kernel launches). Same values either way.
     n = 2000
@@ -190,7 +190,7 @@ def test_default_group_size_follows_the_backend(monkeypatch):
     one_group = n * chunk * np.ceil(steps.max() / chunk)
     with gs.use_compiled_kernel(False):
         cpu = gs.replay(lotka_volterra, mesh, y0, p)
-        explicit = gs.replay(lotka_volterra, mesh, y0, p, group_size=1024)
+        explicit = gs.replay(lotka_volterra, mesh, y0, p, group_size=256)
         monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
         gpu = gs.replay(lotka_volterra, mesh, y0, p)
     assert cpu.route == gpu.route == "gradsolve-replay"

@@ -6,7 +6,7 @@ and the adjoint with node-time cotangents (``bwdt``, for a replay given ``ts``).
 three are compiled in parallel, one compiler process per CPU (`_groups`); ``bwdt`` only
 when first used. The compiler's time grows with the inlined stages, so for large vector
 fields this matters: a 64-state Lorenz-96 kernel took 25 s as one library on two cores and
-takes ~11 s now; a 2-state one 3.9 s then, ~3.3 s now.
+takes ~11 s now; a 2-state one 3.9 s then, ~3.4 s now.
 
 Shared objects are cached on disk under ``$GRADSOLVE_KERNEL_CACHE`` (default
 ``~/.cache/gradsolve/kernels``), keyed by a hash of the source, the compiler command and the

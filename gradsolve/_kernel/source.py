@@ -697,7 +697,6 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   return ffi::Error::Success();
 }}
 
-
 XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
     ffi::Ffi::Bind()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
@@ -728,8 +727,9 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
-    backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(), ct_y1.typed_data(),
-          ct_tsave->typed_data(), ct_y0->typed_data(), ct_p->typed_data());
+    backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(),
+                              ct_y1.typed_data(), ct_tsave->typed_data(),
+                              ct_y0->typed_data(), ct_p->typed_data());
   }});
   return ffi::Error::Success();
 }}
