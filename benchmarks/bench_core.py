@@ -145,12 +145,16 @@ def bench_one(name: str, n: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="gradsolve bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="LV and Lorenz at n = 1, 100 only")
-    ap.add_argument("--problems", default="lotka_volterra,lorenz,van_der_pol,robertson")
-    ap.add_argument("--sizes", default="1,100,1000,10000")
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "core.json"))
+    ap.add_argument("--problems", default="lotka_volterra,lorenz,van_der_pol,robertson",
+                    help="comma-separated problems (default: %(default)s)")
+    ap.add_argument("--sizes", default="1,100,1000,10000",
+                    help="comma-separated ensemble sizes (default: %(default)s)")
+    ap.add_argument("--repeats", type=int, default=10,
+                    help="timed repeats per measurement; the best is reported (default: %(default)s)")
+    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "core.json"),
+                    help="where to write the JSON results (default: benchmarks/results/core.json)")
     args = ap.parse_args(argv)
     problems = args.problems.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -78,7 +78,8 @@ def _demo_inference(out: str, quick: bool) -> None:
     model, data = models.lynx_hare(), models.load_dataset("lynx_hare")
     print("[2/2] Lynx–hare (Hudson's Bay Company pelts 1900–1920), Carpenter's Stan model")
     t = time.perf_counter()
-    fit = inference.fit(model, data, n_starts=16 if quick else 64, steps=300 if quick else 1000, seed=0)
+    # 1,000 Adam steps reach the MAP (loss 126.69) from 16 starts; 300 do not (131.5)
+    fit = inference.fit(model, data, n_starts=16 if quick else 64, steps=1000, seed=0)
     print(f"      MAP fit: {time.perf_counter() - t:.1f} s, {fit.n_records} mesh records for "
           f"{fit.n_grad_evals} gradient evaluations")
     for k, v in fit.params.items():

@@ -16,6 +16,7 @@ likelihood gives ``-inf`` log density with a zero (not NaN) gradient.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -136,6 +137,24 @@ class ParamSpace:
 # ----------------------------------------------------------------------------- solving
 
 
+def digest(tree) -> str | None:
+    """A short hash of a pytree of arrays (structure, shapes, dtypes and values), for
+    checkpoint fingerprints; ``None`` for ``None``; strings and numbers by value."""
+    if tree is None:
+        return None
+    h = hashlib.sha1()
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    h.update(str(treedef).encode())
+    for leaf in leaves:
+        if isinstance(leaf, (str, bool, int, float)):
+            h.update(repr(leaf).encode())
+            continue
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
 class SolveOptions(NamedTuple):
     """How the ODE is solved: solver (``None``: the model's), tolerances, step capacity."""
 
@@ -180,6 +199,14 @@ class _Problem:
             )
         if not ts_np[-1] > model.t0:
             raise ValueError(f"`data.ts` must reach past the model's t0 = {model.t0}")
+        for name in ("rtol", "atol"):
+            v = getattr(opts, name)
+            if not (isinstance(v, (int, float, np.floating, np.integer)) and v > 0):
+                raise ValueError(f"`{name}` must be a positive number, got {v!r}")
+        if opts.max_steps is not None and (
+            not isinstance(opts.max_steps, (int, np.integer)) or opts.max_steps < 1
+        ):
+            raise ValueError(f"`max_steps` must be a positive int, got {opts.max_steps!r}")
         self.model = model
         self.data = data
         self.opts = opts
@@ -190,6 +217,12 @@ class _Problem:
         self.ts_np = ts_np
         self.ys_obs = jnp.asarray(ys, dtype=jnp.result_type(float))
         self.space = ParamSpace(model.priors)
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint must share with this problem to be resumed by it: the data
+        (a digest of ``ts`` and ``ys``), the solver and the step capacity."""
+        return dict(data=digest((self.ts_np, np.asarray(self.ys_obs))),
+                    solver=repr(self.solver), max_steps=self.opts.max_steps)
 
     @property
     def ts(self) -> jax.Array:

@@ -56,11 +56,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._density import ParamSpace, SolveOptions, _Problem, observe
+from ._density import ParamSpace, SolveOptions, _Problem, digest, observe
 
 __all__ = ["fit", "fit_least_squares", "FitResult"]
 
-_CKPT_VERSION = 1
+_CKPT_VERSION = 2
 _FAILED = 1
 
 
@@ -434,17 +434,34 @@ def fit(
         raise ValueError(f"`checkpoint_every` must be >= 1, got {checkpoint_every}")
     if not 0 < record_tol_factor <= 1:
         raise ValueError(f"`record_tol_factor` must lie in (0, 1], got {record_tol_factor}")
+    for name, v in (("drift_tol", drift_tol), ("error_ratio_max", error_ratio_max)):
+        if not (isinstance(v, (int, float, np.number)) and v > 0):
+            raise ValueError(f"`{name}` must be a positive number, got {v!r}")
+    if not isinstance(max_redraws, (int, np.integer)) or max_redraws < 0:
+        raise ValueError(f"`max_redraws` must be a non-negative int, got {max_redraws!r}")
     if optimizer is None:
         optimizer = optax.adam(1e-2)
+    elif not (callable(getattr(optimizer, "init", None))
+              and callable(getattr(optimizer, "update", None))):
+        raise ValueError(
+            "`optimizer` must be an Optax GradientTransformation (with init and update), "
+            f"e.g. optax.adam(1e-2); got {optimizer!r}"
+        )
     t_start = time.perf_counter()
     prob = _Problem(model, data, SolveOptions(solver, rtol, atol, max_steps))
     space = prob.space
 
+    # The optimizer is identified by the structure of its state (adam vs sgd, chained
+    # transforms), not its hyperparameters: resuming with another learning rate is allowed.
+    opt_structure = str(jax.tree_util.tree_structure(jax.eval_shape(
+        optimizer.init, jax.ShapeDtypeStruct((1, space.dim), jnp.result_type(float)))))
     fingerprint = dict(
         version=_CKPT_VERSION, model=model.name, dim=space.dim, objective=objective,
         rerecord=rerecord, drift_tol=float(drift_tol), error_ratio_max=float(error_ratio_max),
         seed=int(seed), jacobian=bool(jacobian), rtol=float(rtol), atol=float(atol),
-        record_tol_factor=float(record_tol_factor),
+        record_tol_factor=float(record_tol_factor), n_starts=int(n_starts),
+        init=digest(None if init is None else dict(init)), optimizer=opt_structure,
+        **prob.fingerprint(),
     )
     ckpt = _load_checkpoint(checkpoint, fingerprint, "fit")
 
@@ -489,9 +506,11 @@ def fit(
         bad = ~np.isfinite(loss) | (mesh_h.status != 0)
         alive &= ~bad
         if not alive.any():
+            tried = (f"after {max_redraws} rounds of re-drawing from the priors" if can_redraw
+                     else "(a single given `init` is not re-drawn)")
             raise RuntimeError(
                 "inference.fit: every start failed to solve (or has a non-finite loss) "
-                f"after {max_redraws} re-draws; check the priors, try a stiff solver such "
+                f"{tried}; check the priors or `init`, try a stiff solver such "
                 "as gs.Rodas5P(), a looser rtol or a larger max_steps."
             )
         opt_state = eng._init_opt(jnp.asarray(u))

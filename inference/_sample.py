@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import equinox as eqx
 
-from ._density import SolveOptions, _Problem
+from ._density import SolveOptions, _Problem, digest
 from ._fit import (
     _PER_TRAJ,
     _load_checkpoint,
@@ -81,7 +81,7 @@ from ._fit import (
 
 __all__ = ["sample"]
 
-_CKPT_VERSION = 1
+_CKPT_VERSION = 2
 
 
 class _FailureCounter:
@@ -226,6 +226,17 @@ def sample(
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
     if not 0 < frozen_tol_factor <= 1:
         raise ValueError(f"`frozen_tol_factor` must lie in (0, 1], got {frozen_tol_factor}")
+    if not (isinstance(target_accept, (int, float, np.number)) and 0 < target_accept < 1):
+        raise ValueError(f"`target_accept` must lie in (0, 1), got {target_accept!r}")
+    if not (isinstance(init_jitter, (int, float, np.number)) and init_jitter >= 0):
+        raise ValueError(f"`init_jitter` must be a non-negative number, got {init_jitter!r}")
+    if not isinstance(max_tree_depth, (int, np.integer)) or max_tree_depth < 1:
+        raise ValueError(f"`max_tree_depth` must be a positive int, got {max_tree_depth!r}")
+    if max_steps is not None and (not isinstance(max_steps, (int, np.integer)) or max_steps < 1):
+        raise ValueError(f"`max_steps` must be a positive int or None, got {max_steps!r}")
+    if (isinstance(init, str) and init not in ("map", "prior")) or not isinstance(
+            init, (str, Mapping)):
+        raise ValueError(f"`init` must be 'map', 'prior' or a parameter dict, got {init!r}")
     t_start = time.perf_counter()
     # records (between warmup windows, the sampling mesh) get a generous step budget; the
     # in-potential solve of rerecord="always" uses `max_steps` (below: `ms`)
@@ -266,7 +277,14 @@ def sample(
     fingerprint = dict(version=_CKPT_VERSION, model=model.name, dim=D, num_chains=C,
                        num_warmup=int(num_warmup), num_samples=int(num_samples),
                        kernel=kernel, rerecord=rerecord, seed=int(seed), rtol=float(rtol),
-                       atol=float(atol), frozen_tol_factor=ftf)
+                       atol=float(atol), frozen_tol_factor=ftf,
+                       target_accept=float(target_accept), dense_mass=bool(dense_mass),
+                       max_tree_depth=int(max_tree_depth), init_jitter=float(init_jitter),
+                       init=init if isinstance(init, str) else digest(dict(init)),
+                       fit_kwargs=sorted(
+                           (k, v) for k, v in (fit_kwargs or {}).items()
+                           if isinstance(v, (bool, int, float, str))),
+                       max_steps_solve=max_steps, **prob.fingerprint())
     ckpt = _load_checkpoint(checkpoint, fingerprint, "run")
 
     key = jax.random.PRNGKey(seed)

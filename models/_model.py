@@ -63,6 +63,47 @@ def _default_normal_noise(params: Mapping[str, Any], y_pred: jax.Array) -> dist.
     return dist.Normal(y_pred, params["sigma"]).to_event(jnp.ndim(y_pred))
 
 
+class LogLikelihoodDistribution(dist.Distribution):
+    """A user's log-likelihood seen as a NumPyro distribution of the observations.
+
+    ``ODEModel(log_likelihood=fn)`` wraps ``fn(params, y_pred, ys)`` in this class, so that
+    every place that calls ``model.noise(params, y_pred).log_prob(ys)`` (NumPyro's
+    ``numpyro.sample("obs", ..., obs=ys)``, `inference.log_density`, fits and samplers)
+    uses the user's function unchanged. It has no sampler: a log-likelihood alone does not
+    say how to draw data, so ``simulate`` needs ``noise=`` instead.
+
+    Args:
+        fn: ``fn(params, y_pred, ys) -> scalar`` for ONE trajectory.
+        params: the parameter dict.
+        y_pred: ``(k, m)`` predicted observed states; the event shape.
+    """
+
+    arg_constraints = {}
+    support = dist.constraints.independent(dist.constraints.real, 2)
+
+    def __init__(self, fn, params, y_pred):
+        self.fn, self.params, self.y_pred = fn, params, y_pred
+        super().__init__(batch_shape=(), event_shape=jnp.shape(y_pred))
+
+    def log_prob(self, value):
+        return jnp.asarray(self.fn(self.params, self.y_pred, value))
+
+    def sample(self, key, sample_shape=()):
+        raise NotImplementedError(
+            "this model was built with `log_likelihood=`, which does not say how to draw "
+            "observations; build it with `noise=` (a NumPyro distribution) to simulate data "
+            "or draw posterior predictive samples"
+        )
+
+
+def _wrap_log_likelihood(fn):
+    def noise(params, y_pred):
+        return LogLikelihoodDistribution(fn, params, y_pred)
+
+    noise.log_likelihood = fn
+    return noise
+
+
 @eqx.filter_jit
 def _sample_prior(priors, key, n):
     # compiled once per prior structure (eager NumPyro sampling costs seconds)
@@ -77,7 +118,8 @@ class ODEModel(eqx.Module):
     Built by keyword (every zoo constructor in `models` does exactly this)::
 
         ODEModel(name=..., vector_field=..., priors=..., y0=..., t0=0.0, noise=None,
-                 observed=None, stiff=False, defaults=None, state_names=None)
+                 observed=None, stiff=False, defaults=None, state_names=None,
+                 log_likelihood=None)
 
     Arguments:
         name: a short name.
@@ -93,11 +135,17 @@ class ODEModel(eqx.Module):
             ``y_pred`` the predicted observed states, shape ``(k, m)``; the distribution's
             samples have shape ``(k, m)`` (use ``.to_event(2)``). Default (``None``):
             independent ``Normal(y_pred, params["sigma"])``, which needs a ``sigma`` prior.
+            Give either ``noise`` or ``log_likelihood``.
         observed: indices of the measured states (tuple); default all states, in order.
         stiff: picks the default solver (``gs.Rodas5P()`` if stiff, else ``gs.Tsit5()``).
         defaults: a parameter dict (e.g. a sensible or literature value); missing entries are
             the prior medians (see `prior_median`).
         state_names: names of the ``d`` states; default ``("y0", "y1", ...)``.
+        log_likelihood: instead of ``noise``, a plain function ``log_likelihood(params,
+            y_pred, ys) -> scalar`` for ONE trajectory (``y_pred``, ``ys`` of shape
+            ``(k, m)``), for observation models that are not a NumPyro distribution.
+            Fitting, `inference.log_density` and sampling use it as is; `simulate` needs
+            ``noise`` (a log-likelihood does not say how to draw data).
 
     Parameters are passed as dicts with exactly the keys of ``priors``. A dict whose every
     value has one extra leading axis ``n`` is an ensemble of ``n`` parameter sets: then
@@ -153,6 +201,7 @@ class ODEModel(eqx.Module):
         stiff: bool = False,
         defaults: Mapping[str, Any] | None = None,
         state_names: Any = None,
+        log_likelihood: Callable | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}")
@@ -168,11 +217,21 @@ class ODEModel(eqx.Module):
                 f"`priors` entries {bad} are not (str -> numpyro.distributions.Distribution)"
             )
         priors = {k: priors[k] for k in priors}
-        if noise is None:
+        if log_likelihood is not None:
+            if noise is not None and getattr(noise, "log_likelihood", None) is not log_likelihood:
+                raise ValueError("give either `noise` or `log_likelihood`, not both")
+            if not callable(log_likelihood):
+                raise ValueError(
+                    "`log_likelihood` must be a callable log_likelihood(params, y_pred, ys) "
+                    "-> scalar"
+                )
+            noise = _wrap_log_likelihood(log_likelihood)
+        elif noise is None:
             if "sigma" not in priors:
                 raise ValueError(
                     "`noise` not given and `priors` has no 'sigma' entry for the default "
-                    "Normal(y_pred, sigma) noise model: pass `noise=` or add a 'sigma' prior"
+                    "Normal(y_pred, sigma) noise model: pass `noise=`, pass "
+                    "`log_likelihood=`, or add a 'sigma' prior"
                 )
             noise = _default_normal_noise
         elif not callable(noise):
@@ -298,6 +357,7 @@ class ODEModel(eqx.Module):
             stiff=self.stiff,
             defaults=self.defaults,
             state_names=self.state_names,
+            log_likelihood=getattr(self.noise, "log_likelihood", None),
         )
         unknown = sorted(set(changes) - set(kwargs))
         if unknown:
@@ -312,6 +372,10 @@ class ODEModel(eqx.Module):
             kwargs["state_names"] = None
             if "observed" not in changes:
                 kwargs["observed"] = None
+        if "noise" in changes and "log_likelihood" not in changes:
+            kwargs["log_likelihood"] = None
+        elif "log_likelihood" in changes and "noise" not in changes:
+            kwargs["noise"] = None
         kwargs.update(changes)
         return ODEModel(**kwargs)
 
@@ -533,6 +597,11 @@ class ODEModel(eqx.Module):
         if n is not None:
             raise ValueError(
                 f"{self.name}: simulate() draws ONE data set; `params` is an ensemble of {n}"
+            )
+        if getattr(self.noise, "log_likelihood", None) is not None:
+            raise ValueError(
+                f"{self.name}: simulate() needs a `noise` distribution to draw observations; "
+                "this model was built with `log_likelihood=` only"
             )
         y_pred = self.predict(params, ts, rtol=rtol, atol=atol, **solve_kwargs)
         ys = self.noise(self._as_arrays(params), y_pred).sample(key)

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+import gradsolve as gs
 import inference
 import models
 from inference import ParamSpace
@@ -231,6 +232,18 @@ def test_fit_checkpoint_resume_matches_clean_run(lynx, tmp_path):
     # a checkpoint of another fit is refused
     with pytest.raises(ValueError, match="different fit"):
         inference.fit(m, data, steps=60, checkpoint=path, objective="mle", **kw)
+    # ... and so is one resumed with other starts, data, optimizer or solver
+    other_data = models.Dataset(ts=data.ts, ys=np.asarray(data.ys) * 1.5)
+    changes = [("n_starts", {**kw, "n_starts": 8}, data), ("data", kw, other_data),
+               ("optimizer", {**kw, "optimizer": optax.sgd(1e-3)}, data),
+               ("solver", {**kw, "solver": gs.Dopri5()}, data),
+               ("max_steps", {**kw, "max_steps": 2048}, data)]
+    for what, kw2, data2 in changes:
+        with pytest.raises(ValueError, match=f"different fit.*'{what}'"):
+            inference.fit(m, data2, steps=60, checkpoint=path, **kw2)
+    # a new learning rate for the same optimizer is allowed (same state structure)
+    lr = inference.fit(m, data, steps=60, checkpoint=path, **{**kw, "optimizer": optax.adam(5e-3)})
+    assert lr.n_steps == 60
     assert not any(p.name.startswith("cut.pkl.tmp") for p in tmp_path.iterdir())
 
 
@@ -276,3 +289,48 @@ def test_fit_rejects_bad_arguments(lynx):
         inference.fit(m, data, n_starts=0, steps=1)
     with pytest.raises(ValueError, match="rerecord"):
         inference.fit(m, data, rerecord="sometimes", steps=1)
+    with pytest.raises(ValueError, match="`optimizer`"):
+        inference.fit(m, data, optimizer=0.01, steps=1)
+    for name in ("drift_tol", "error_ratio_max", "rtol", "atol"):
+        for bad in (0.0, -1e-6):
+            with pytest.raises(ValueError, match=f"`{name}` must be a positive number, got {bad}"):
+                inference.fit(m, data, steps=1, **{name: bad})
+    with pytest.raises(ValueError, match="max_redraws"):
+        inference.fit(m, data, max_redraws=-1, steps=1)
+    with pytest.raises(RuntimeError, match="single given `init` is not re-drawn"):
+        inference.fit(m, data, init=m.defaults, max_steps=5, steps=1)
+
+
+def test_fit_with_a_plain_log_likelihood():
+    """SPEC §4: a user vector field plus a log-likelihood function (here Student-t, not a
+    noise distribution). The MAP is checked against SciPy on the closed-form solution
+    y = y0 exp(-k t)."""
+    import numpyro.distributions as dist
+    from scipy import optimize, stats
+
+    def student_t(p, y_pred, ys):
+        return jnp.sum(dist.StudentT(4.0, y_pred, p["s"]).log_prob(ys))
+
+    m = models.ODEModel(
+        name="decay_t", vector_field=lambda t, y, p: -p["k"] * y,
+        priors={"k": dist.LogNormal(0.0, 0.5), "s": dist.LogNormal(-2.0, 0.5)},
+        y0=jnp.array([2.0]), log_likelihood=student_t,
+    )
+    ts = np.linspace(0.5, 5.0, 12)
+    ys = (2.0 * np.exp(-0.7 * ts) + 0.02 * np.sin(5 * ts) + 0.3 * (ts == ts[4]))[:, None]
+    data = models.Dataset(ts=ts, ys=ys)
+
+    def neg_log_post(x):
+        k, s = x
+        pred = 2.0 * np.exp(-k * ts)
+        return -(stats.lognorm(0.5).logpdf(k) + stats.lognorm(0.5, scale=np.exp(-2.0)).logpdf(s)
+                 + stats.t(4.0, loc=pred, scale=s).logpdf(ys[:, 0]).sum())
+
+    ref = optimize.minimize(neg_log_post, [0.5, 0.1], method="Nelder-Mead",
+                            options=dict(xatol=1e-10, fatol=1e-12, maxiter=5000)).x
+    p_ref = {"k": jnp.asarray(ref[0]), "s": jnp.asarray(ref[1])}
+    np.testing.assert_allclose(float(inference.log_density(m, data, p_ref)),
+                               -neg_log_post(ref), rtol=0, atol=1e-6)
+    res = inference.fit(m, data, n_starts=4, steps=1500, progress=False)
+    np.testing.assert_allclose([float(res.params["k"]), float(res.params["s"])], ref, rtol=1e-3)
+

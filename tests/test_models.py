@@ -648,6 +648,44 @@ def test_odemodel_construction_errors():
     with pytest.raises(TypeError):
         models.ODEModel("decay", good["vector_field"], good["priors"], good["y0"])  # keywords only
 
+    with pytest.raises(ValueError, match="either `noise` or `log_likelihood`"):
+        models.ODEModel(**good, noise=lambda p, y: dist.Normal(y, 1.0).to_event(2),
+                        log_likelihood=lambda p, y, ys: 0.0)
+    with pytest.raises(ValueError, match="`log_likelihood` must be a callable"):
+        models.ODEModel(**good, log_likelihood=1.0)
+
+
+def test_user_log_likelihood_model():
+    """``log_likelihood=`` instead of a noise distribution: no sigma prior needed; the
+    ensemble and single-set log likelihoods equal the closed form (y = exp(-k t)) with a
+    Laplace likelihood; simulate refuses; replace keeps the likelihood or swaps it."""
+    def laplace(p, y_pred, ys):
+        return jnp.sum(-jnp.abs(ys - y_pred) / p["b"] - jnp.log(2 * p["b"]))
+
+    m = models.ODEModel(name="decay_laplace", vector_field=lambda t, y, p: -p["k"] * y,
+                        priors={"k": dist.LogNormal(0.0, 0.5), "b": dist.LogNormal(-2.0, 0.5)},
+                        y0=jnp.ones(1), log_likelihood=laplace)
+    ts = np.linspace(0.5, 4.0, 8)
+    ys = (np.exp(-0.6 * ts) + 0.05 * np.cos(3 * ts))[:, None]
+    data = models.Dataset(ts=ts, ys=ys)
+
+    def closed(k, b):
+        return np.sum(-np.abs(ys[:, 0] - np.exp(-k * ts)) / b - np.log(2 * b))
+
+    ks, bs = np.array([0.5, 0.6, 0.8]), np.array([0.1, 0.05, 0.2])
+    ens = m.log_likelihood({"k": jnp.asarray(ks), "b": jnp.asarray(bs)}, data, rtol=1e-10,
+                           atol=1e-12)
+    np.testing.assert_allclose(ens, [closed(k, b) for k, b in zip(ks, bs)], rtol=1e-8)
+    one = m.log_likelihood({"k": 0.6, "b": 0.05}, data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(one, closed(0.6, 0.05), rtol=1e-8)
+    with pytest.raises(ValueError, match="simulate.*needs a `noise`"):
+        m.simulate(jax.random.PRNGKey(0), None, ts)
+    kept = m.replace(name="renamed")
+    np.testing.assert_allclose(kept.log_likelihood({"k": 0.6, "b": 0.05}, data), m.log_likelihood(
+        {"k": 0.6, "b": 0.05}, data))
+    swapped = m.replace(noise=lambda p, y: dist.Normal(y, p["b"]).to_event(2))
+    assert swapped.simulate(jax.random.PRNGKey(0), None, ts).ys.shape == (8, 1)
+
 
 def test_sample_prior_and_replace():
     m = models.lynx_hare()

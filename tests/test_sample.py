@@ -78,6 +78,11 @@ def test_sample_checkpoint_resume(lynx, tmp_path, monkeypatch):
                                   clean.sample_stats["n_steps"].values)
     with pytest.raises(ValueError, match="different run"):
         inference.sample(m, data, checkpoint=path, **dict(kw, num_samples=300))
+    other = models.Dataset(ts=data.ts, ys=np.asarray(data.ys) * 1.5)
+    with pytest.raises(ValueError, match="different run.*'data'"):
+        inference.sample(m, other, checkpoint=path, **kw)
+    with pytest.raises(ValueError, match="different run.*'target_accept'"):
+        inference.sample(m, data, checkpoint=path, **dict(kw, target_accept=0.9))
 
 
 def test_sample_counts_solver_failures():
@@ -108,6 +113,13 @@ def test_sample_rejects_bad_arguments(lynx):
         inference.sample(m, data, rerecord="sometimes")
     with pytest.raises(ValueError, match="num_chains"):
         inference.sample(m, data, num_chains=0)
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="target_accept"):
+            inference.sample(m, data, target_accept=bad)
+    with pytest.raises(ValueError, match="`init` must be"):
+        inference.sample(m, data, init="mode")
+    with pytest.raises(ValueError, match="`rtol` must be a positive number"):
+        inference.sample(m, data, rtol=-1e-6)
 
 
 # ------------------------------------------------------------------------------ slow
