@@ -118,3 +118,31 @@ az.plot_posterior(idata, var_names=["omega", "zeta"],
                   ref_val={"omega": [{"ref_val": float(truth["omega"])}],
                            "zeta": [{"ref_val": float(truth["zeta"])}]})
 plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# ## 5. A likelihood that is not a NumPyro distribution
+#
+# `noise=` takes a function that returns a NumPyro distribution. If your observation model
+# is easier to write as a log density, pass `log_likelihood(params, y_pred, ys) -> scalar`
+# instead. It covers ONE trajectory, with `y_pred` and `ys` of shape `(k, m)`.
+# `inference.fit`, `inference.log_density` and `inference.sample` use it as is.
+# `simulate` cannot, because a log density does not say how to draw data.
+#
+# Here the likelihood is a Gaussian whose spread grows with the signal. Its scale `b`
+# replaces `sigma`, so no `sigma` prior is needed.
+
+# %%
+def heteroscedastic(p, y_pred, ys):
+    scale = p["b"] * (0.1 + jnp.abs(y_pred))
+    return jnp.sum(-0.5 * ((ys - y_pred) / scale) ** 2 - jnp.log(scale) - 0.5 * jnp.log(2 * jnp.pi))
+
+
+priors_b = {k: v for k, v in model.priors.items() if k != "sigma"} | {"b": dist.HalfNormal(0.5)}
+model_ll = models.ODEModel(
+    name="damped_oscillator_hetero", vector_field=oscillator, priors=priors_b,
+    y0=lambda p: jnp.stack([p["x0"], 0.0 * p["x0"]]), observed=(0,), state_names=("x", "v"),
+    log_likelihood=heteroscedastic,
+)
+fit_ll = inference.fit(model_ll, data, n_starts=8 if QUICK else 32, steps=300 if QUICK else 1000,
+                       seed=0, progress=False)
+print({k: round(float(v), 4) for k, v in fit_ll.params.items()})
