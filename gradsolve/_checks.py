@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,10 +31,25 @@ class Batched(NamedTuple):
     d: int
 
 
-def _float_dtype(y0) -> Any:
-    dtype = jnp.result_type(y0)
+def _float_leaves(params) -> list:
+    return [x for x in jax.tree_util.tree_leaves(params)
+            if jnp.issubdtype(jnp.result_type(x), jnp.floating)]
+
+
+def common_dtype(y0, params) -> Any:
+    """The one floating dtype the state, times and floating ``params`` leaves are solved in.
+
+    ``jnp.result_type`` of ``y0`` and the floating leaves of ``params`` (so a float32 ``y0``
+    with float64 parameters runs in float64, as ``y0 * p`` would), at least float32: half
+    precision (float16, bfloat16) is promoted to float32, because step-size control and the
+    error test need more than its ~3 significant digits. Integer ``y0`` takes the default
+    float dtype (or the parameters' floating dtype).
+    """
+    dtype = jnp.result_type(y0, *_float_leaves(params))
     if not jnp.issubdtype(dtype, jnp.floating):
         dtype = jnp.result_type(float)
+    if jnp.finfo(dtype).bits < 32:
+        dtype = jnp.dtype(jnp.float32)
     return dtype
 
 
@@ -56,14 +72,71 @@ def check_tolerances(rtol, atol, max_steps, where: str) -> None:
             raise ValueError(f"{where}: `{name}` must be a scalar, got shape {jnp.shape(v)}.")
         if is_concrete(v) and not float(v) > 0:
             raise ValueError(f"{where}: `{name}` must be positive, got {float(v)}.")
-    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
         raise ValueError(f"{where}: `max_steps` must be a positive int, got {max_steps!r}.")
 
 
+def check_dt0(dt0, where: str) -> None:
+    """``dt0``: ``None`` or a positive, finite scalar (checked when concrete)."""
+    if dt0 is None:
+        return
+    if jnp.ndim(dt0) != 0:
+        raise ValueError(f"{where}: `dt0` must be a scalar or None, got shape {jnp.shape(dt0)}.")
+    if is_concrete(dt0):
+        v = float(dt0)
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(
+                f"{where}: `dt0` (the initial step) must be positive and finite, got {v}; "
+                "steps go from t0 towards t1 > t0. Pass dt0=None to pick it automatically."
+            )
+
+
+def check_save_count(t0, t1, ts, max_steps: int, where: str) -> None:
+    """Save times are forced mesh points: each distinct one after ``t0`` (and ``t1``) costs
+    an accepted step, so more of them than ``max_steps`` can never be recorded."""
+    k = ts.shape[-1]
+    if k < max_steps:  # at most k + 1 forced points (with t1): always room
+        return
+    if is_concrete(ts, t0, t1):
+        tv = np.asarray(ts).reshape(-1, k)  # sorted, in [t0, t1] (checked by `batch`)
+        new = np.concatenate([np.ones_like(tv[:, :1], bool), tv[:, 1:] != tv[:, :-1]], axis=1)
+        need = int(np.max(np.sum(new & (tv > float(t0)), axis=1) + (tv[:, -1] != float(t1))))
+        shown = f"{need} distinct save times after t0 (with t1)"
+    else:
+        need = k
+        shown = f"len(ts) = {k} save times"
+    if need > max_steps:
+        raise ValueError(
+            f"{where}: {shown} but `max_steps`={max_steps}. Save times are mesh points (each "
+            "costs one accepted step, on top of the steps the solver itself takes), so "
+            f"`max_steps` must exceed len(ts); pass e.g. max_steps={k + 4096}."
+        )
+
+
+def check_array_params(params, where: str) -> None:
+    """Every leaf of ``params`` must be array-like (arrays or numbers)."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not eqx.is_array_like(leaf):
+            name = "params" + jax.tree_util.keystr(path)
+            raise ValueError(
+                f"{where}: `{name}` is not an array but a {type(leaf).__name__} "
+                f"({str(leaf)[:60]!r}); pass only arrays in `params`, e.g. "
+                "`arrays, static = eqx.partition(params, eqx.is_array)`, and combine them in "
+                "`f` (`eqx.combine(p, static)`), with `f` defined once, outside the loop."
+            )
+
+
 def batch(t0, t1, y0, params, ts, where: str) -> Batched:
-    """Validate shapes and apply the ensemble rule; returns batched inputs."""
+    """Validate shapes and apply the ensemble rule; returns batched inputs.
+
+    ``y0``, ``ts`` and the floating leaves of ``params`` are cast to one floating dtype,
+    `common_dtype` (at least float32).
+    """
     y0 = jnp.asarray(y0)
-    dtype = _float_dtype(y0)
+    if jnp.issubdtype(y0.dtype, jnp.complexfloating):
+        raise ValueError(f"{where}: `y0` must be real, got dtype {y0.dtype}.")
+    check_array_params(params, where)
+    dtype = common_dtype(y0, params)
     y0 = y0.astype(dtype)
     if y0.ndim not in (1, 2):
         raise ValueError(
@@ -72,6 +145,11 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
         )
     if y0.shape[-1] == 0:
         raise ValueError(f"{where}: `y0` has no states (shape {y0.shape}).")
+    if y0.shape[0] == 0:
+        raise ValueError(
+            f"{where}: `y0` is an empty ensemble (shape {y0.shape}); pass at least one "
+            "trajectory."
+        )
     single = y0.ndim == 1
     if single:
         y0 = y0[None]
@@ -88,10 +166,13 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
                 "ensemble rule). Broadcast shared parameters yourself, e.g. "
                 f"jnp.broadcast_to(x, ({n},) + x.shape)."
             )
-    if single:
-        params = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], params)
-    else:
-        params = jax.tree_util.tree_map(jnp.asarray, params)
+    def as_leaf(x):
+        x = jnp.asarray(x)
+        if jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(dtype)
+        return x[None] if single else x
+
+    params = jax.tree_util.tree_map(as_leaf, params)
 
     if ts is None:
         ts = jnp.full((n, 1), t1, dtype)
@@ -156,3 +237,42 @@ def check_vector_field(f, t0, y0b, paramsb, where: str) -> None:
         )
     if key is not None and len(_CHECKED) < 4096:
         _CHECKED[key] = True
+
+
+_SPLIT: dict = {}  # (f, static part of params) -> the vector field that recombines them
+
+
+def split_static(f, params):
+    """``(f, params)`` with the non-array leaves of ``params`` (an ``eqx.nn.MLP``'s
+    activation, a label string) moved out of ``params`` and into the vector field.
+
+    Diffrax accepts such ``args``; the record and replay loops batch, flatten and vmap
+    ``params``, which only arrays survive. ``params`` is split with
+    ``eqx.partition(params, eqx.is_array_like)`` and ``f`` is wrapped to recombine the parts
+    (``eqx.combine``). The wrapper is memoised per ``(f, static part)``: the compiled kernels
+    and jitted drivers are cached by the vector field, so a fresh wrapper per call would
+    rebuild them every call. Returns ``f`` and ``params`` unchanged when every leaf is an
+    array or a number.
+    """
+    leaves = jax.tree_util.tree_leaves(params)
+    if all(eqx.is_array_like(x) for x in leaves):
+        return f, params
+    arrays, static = eqx.partition(params, eqx.is_array_like)
+    s_leaves, s_def = jax.tree_util.tree_flatten(static)
+    key = None
+    for ident in (tuple(s_leaves), tuple(id(x) for x in s_leaves)):  # equal, else identical
+        try:
+            key = (f, s_def, ident)
+            hash(key)
+            break
+        except TypeError:
+            key = None
+    hit = _SPLIT.get(key) if key is not None else None
+    if hit is None:
+        def f_split(t, y, p, _f=f, _static=static):
+            return _f(t, y, eqx.combine(p, _static))
+
+        hit = (f_split, s_leaves)  # keeps the static leaves alive: ids stay unique
+        if key is not None and len(_SPLIT) < 4096:
+            _SPLIT[key] = hit
+    return hit[0], arrays

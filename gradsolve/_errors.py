@@ -66,9 +66,11 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
         Status.MAX_STEPS: f"reached max_steps={bm.capacity}",
         Status.NONFINITE: "met a non-finite state (NaN/inf in f or y)",
         Status.STEP_UNDERFLOW: "had its step size underflow",
+        Status.INVALID_INPUT: "had invalid inputs (ts, t0/t1, rtol/atol or dt0; see "
+                              "gs.Status.INVALID_INPUT)",
     }
     lines = []
-    for code in (Status.MAX_STEPS, Status.NONFINITE, Status.STEP_UNDERFLOW):
+    for code in names:
         ids = bad[status[bad] == code]
         if ids.size:
             shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
@@ -90,4 +92,33 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
         + stiff_msg + _FIX + " Inside jax.jit no exception is raised: check "
         "`mesh.status` (failed trajectories give NaN outputs); pass throw=False to get that "
         "behaviour here too."
+    )
+
+
+def raise_if_fallback_failed(status, where: str, dt0, max_steps: int) -> None:
+    """`raise_if_failed` for the ``diffrax.diffeqsolve`` fallback (constant steps ``dt0``,
+    no mesh): ``status`` is the concrete ``(n,)`` `Status` per trajectory."""
+    status = np.atleast_1d(np.asarray(status))
+    bad = np.flatnonzero(status != Status.OK)
+    if bad.size == 0:
+        return
+    names = {
+        Status.MAX_STEPS: f"reached max_steps={max_steps} (constant steps of dt0={dt0} need "
+                          "(t1 - t0) / dt0 of them; pass a larger `max_steps` or `dt0`)",
+        Status.NONFINITE: "met a non-finite state or a failed implicit solve (a smaller `dt0`, "
+                          "or an adaptive solver: gs.Tsit5(), or gs.Rodas5P() if stiff)",
+        Status.STEP_UNDERFLOW: "had its step size underflow",
+        Status.INVALID_INPUT: "had invalid inputs (ts, t0/t1 or dt0)",
+    }
+    lines = []
+    for code, what in names.items():
+        ids = bad[status[bad] == code]
+        if ids.size:
+            shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
+            lines.append(f"{ids.size} trajectories {what} (indices: {shown}).")
+    raise RuntimeError(
+        f"{where}: {bad.size} of {status.size} trajectories failed on the diffrax.diffeqsolve "
+        "fallback route. " + " ".join(lines) + " Inside jax.jit no exception is raised: check "
+        "`sol.stats['status']` (failed trajectories give NaN outputs); pass throw=False to "
+        "get that behaviour here too."
     )

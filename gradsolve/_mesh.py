@@ -27,6 +27,10 @@ class Status(enum.IntEnum):
             `Rodas5P`.
         NONFINITE: 2, a NaN or inf appeared in ``f`` or the state.
         STEP_UNDERFLOW: 3, the step size became too small to advance the time.
+        INVALID_INPUT: 4, an input that could only be checked at run time (a traced value
+            under ``jax.jit``/``vmap``) was invalid: ``ts`` unsorted, outside ``[t0, t1]``
+            or non-finite; ``t1 <= t0``; ``rtol``/``atol`` not positive; ``dt0`` not
+            positive and finite. Outside ``jit`` the same inputs raise ``ValueError``.
 
     Example:
         >>> mesh = gs.record(f, 0.0, 10.0, y0, params, throw=False)
@@ -37,6 +41,7 @@ class Status(enum.IntEnum):
     MAX_STEPS = 1
     NONFINITE = 2
     STEP_UNDERFLOW = 3
+    INVALID_INPUT = 4
 
 
 class Mesh(eqx.Module):

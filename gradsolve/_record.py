@@ -30,7 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
-from ._checks import batch, check_interval, check_tolerances, check_vector_field, is_concrete
+from ._checks import (
+    batch, check_dt0, check_interval, check_save_count, check_tolerances, check_vector_field,
+    is_concrete, split_static,
+)
 from ._config import kernel_enabled
 from ._controller import PIDController, error_norm, initial_step
 from ._kernel import kernel_record
@@ -230,22 +233,30 @@ def record(
             ``(d,)`` (Diffrax's ``ODETerm`` convention); gradsolve batches it.
         t0, t1: scalars, ``t1 > t0``.
         y0: ``(d,)`` one trajectory or ``(n, d)`` an ensemble (then every leaf of
-            ``params`` has leading axis ``n``).
-        params: any pytree of arrays.
+            ``params`` has leading axis ``n``). It is solved in one floating dtype with
+            the floating leaves of ``params``: their ``jnp.result_type``, at least float32
+            (float16/bfloat16 are promoted to float32).
+        params: any pytree. Non-array leaves (an ``eqx.nn.MLP``'s activation, a string)
+            are split off with ``eqx.partition`` and handed back to ``f`` unchanged (the
+            mesh keeps the array part; `gradsolve.replay` takes arrays only).
         ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
             ``[t0, t1]``; default ``None`` saves at ``t1`` only. Save times become forced
             mesh points (the step before each is shortened to land on it).
         solver: a gradsolve solver (default `Tsit5`) or any ``diffrax`` solver with
             an error estimate (its own ``step`` is driven by this loop).
         rtol, atol: tolerances of the mixed error test ``|err| <= atol + rtol |y|`` (RMS).
-        dt0: initial step; ``None`` picks it per trajectory (Hairer's algorithm).
+        dt0: initial step, positive; ``None`` picks it per trajectory (Hairer's
+            algorithm).
         max_steps: capacity of the mesh (accepted steps); attempts are capped at
             ``4 * max_steps + 64``. Memory is ``O(n * max_steps)``; time follows the steps
-            taken.
+            taken. Each save time is a mesh point, so it must exceed ``len(ts)``.
         controller: `PIDController` (default: I-controller, as Diffrax).
         throw: ``None`` (default) raises ``RuntimeError`` for failed trajectories outside
             ``jit`` and returns status codes inside it; ``True`` also raises inside ``jit``
-            (via ``equinox.error_if``); ``False`` never raises.
+            (via ``equinox.error_if``); ``False`` never raises. Inputs that are traced
+            under ``jit`` (``ts``, ``t0``/``t1``, ``rtol``/``atol``, ``dt0``) are checked on
+            device: invalid ones give `Status.INVALID_INPUT` and NaN outputs (``throw=True``
+            raises, naming the input).
 
     Returns:
         A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest
@@ -258,8 +269,8 @@ def record(
         >>> sol = gs.replay(f, mesh, y0, params)
     """
     where = "gs.record"
-    solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
-                                    controller, where)
+    f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
+                                       controller, where, dt0)
     if not getattr(solver, "adaptive", True):
         raise ValueError(
             f"{where}: `solver` {type(solver.solver).__name__} has no embedded error estimate, "
@@ -270,17 +281,76 @@ def record(
     return unbatch_mesh(mesh) if b.single else mesh
 
 
-def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller, where):
-    """Validate the arguments shared by record and solve; returns ``(solver, controller, batched)``."""
+def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller, where,
+            dt0=None):
+    """Validate the arguments shared by record and solve; returns ``(f, solver, controller,
+    batched)``. Non-array leaves of ``params`` move into ``f`` (`split_static`)."""
     solver = as_solver(Tsit5() if solver is None else solver, where)
     controller = PIDController() if controller is None else controller
     check_interval(t0, t1, where)
     check_tolerances(rtol, atol, max_steps, where)
+    check_dt0(dt0, where)
     if isinstance(solver, DiffraxSolver):
         solver = solver.with_tolerances(rtol, atol)
+    if callable(f):
+        f, params = split_static(f, params)
     b = batch(t0, t1, y0, params, ts, where)
     check_vector_field(f, t0, b.y0, b.params, where)
-    return solver, controller, b
+    return f, solver, controller, b
+
+
+class RuntimeChecks(NamedTuple):
+    """Checks of traced inputs (under ``jit``/``vmap``), which no trace-time ``ValueError``
+    can make (SPEC §2.6): what failed, per trajectory, and inputs safe to record with."""
+
+    failed: dict  # message -> (n,) bool
+    invalid: Bool[Array, " n"]
+    t0: Array
+    t1: Array
+    ts: Array
+    rtol: Array
+    atol: Array
+    dt0: Array | None
+
+
+def runtime_checks(t0, t1, ts, rtol, atol, dt0) -> RuntimeChecks | None:
+    """``None`` when every input is concrete (then `batch` and the ``check_*`` functions
+    have validated them at trace time). Otherwise the traced ones are checked on device:
+    invalid trajectories get `Status.INVALID_INPUT` (NaN outputs), and the inputs are
+    replaced by harmless ones for them (``ts`` at ``t1``, a unit interval, ``rtol = atol =
+    1e-3``, ``dt0`` the whole interval), so their record is short and well defined."""
+    if is_concrete(t0, t1, ts, rtol, atol, dt0):
+        return None
+    n = ts.shape[0]
+    dtype = ts.dtype
+    t0a, t1a = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    each = lambda c: jnp.broadcast_to(c, (n,))
+    failed = {}
+    if not is_concrete(t0, t1):
+        bad = ~(jnp.isfinite(t0a) & jnp.isfinite(t1a) & (t1a > t0a))
+        failed["`t0` and `t1` must be finite with `t1` greater than `t0`"] = each(bad)
+        t0a, t1a = jnp.where(bad, 0.0, t0a), jnp.where(bad, 1.0, t1a)
+    tols = []
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if not is_concrete(v):
+            bad = ~(jnp.asarray(v, dtype) > 0)
+            failed[f"`{name}` must be positive"] = each(bad)
+            v = jnp.where(bad, 1e-3, jnp.asarray(v, dtype))
+        tols.append(v)
+    if dt0 is not None and not is_concrete(dt0):
+        dv = jnp.asarray(dt0, dtype)
+        bad = ~(jnp.isfinite(dv) & (dv > 0))
+        failed["`dt0` must be positive and finite"] = each(bad)
+        dt0 = jax.lax.stop_gradient(jnp.where(bad, t1a - t0a, dv))
+    if not is_concrete(ts, t0, t1):
+        failed["`ts` must be finite"] = ~jnp.all(jnp.isfinite(ts), axis=1)
+        failed["`ts` must be sorted (non-decreasing)"] = jnp.any(jnp.diff(ts, axis=1) < 0, axis=1)
+        failed["`ts` must lie inside [t0, t1]"] = jnp.any((ts < t0) | (ts > t1), axis=1)
+    invalid = jnp.zeros((n,), bool)
+    for bad in failed.values():
+        invalid = invalid | bad
+    ts = jnp.where(invalid[:, None], t1a, ts)
+    return RuntimeChecks(failed, invalid, t0a, t1a, ts, tols[0], tols[1], dt0)
 
 
 _FIRST_CAPACITY = 256
@@ -294,8 +364,14 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
     so the common short solve never writes an ``n * max_steps`` buffer. The steps taken do
     not depend on the capacity, so the result equals a single record at ``max_steps``.
     """
+    check_save_count(t0, t1, b.ts, max_steps, where)
     sg = jax.lax.stop_gradient
-    args = (sg(t0), sg(t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params), sg(b.ts))
+    rc = runtime_checks(t0, t1, b.ts, rtol, atol, dt0)
+    rec_t0, rec_t1, rec_ts, rec_rtol, rec_atol, rec_dt0 = (
+        (t0, t1, b.ts, rtol, atol, dt0) if rc is None
+        else (rc.t0, rc.t1, rc.ts, sg(rc.rtol), sg(rc.atol), rc.dt0)
+    )
+    args = (sg(rec_t0), sg(rec_t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params), sg(rec_ts))
     use_kernel = kernel_enabled()
     eager = is_concrete(args, rtol, atol, dt0)
     cap = max_steps
@@ -303,16 +379,32 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
         cap = _FIRST_CAPACITY
     while True:
         # Under jit the padding slots stay unwritten (Mesh.times); eager meshes are filled.
-        mesh = record_batched(f, solver, controller, *args, rtol, atol, dt0, cap, use_kernel,
-                              eager)
-        if cap >= max_steps:
+        mesh = record_batched(f, solver, controller, *args, rec_rtol, rec_atol, rec_dt0, cap,
+                              use_kernel, eager)
+        if eager and not is_concrete(mesh.status):
+            # Concrete arguments but traced results: `f` closes over tracers (e.g. a value
+            # under jax.vmap). Behave as under jit: full capacity, no host round trip.
+            eager = False
+            if cap < max_steps:
+                cap = max_steps
+                continue
+        if cap >= max_steps or not eager:
             break
         status = np.asarray(mesh.status)
         short = status == Status.MAX_STEPS
         if not short.any():
             break
         cap = _next_capacity(mesh, short, cap, max_steps)
-    return finalize(mesh, f, where, throw)
+    if rc is not None:
+        # Invalid trajectories: the status says so; the mesh keeps the inputs as given.
+        dtype = b.y0.dtype
+        status = jnp.where(rc.invalid, Status.INVALID_INPUT, mesh.status).astype(jnp.int32)
+        mesh = eqx.tree_at(
+            lambda m: (m.status, m.ts, m.t0, m.t1, m.rtol, m.atol), mesh,
+            (status, sg(b.ts), jnp.asarray(sg(t0), dtype), jnp.asarray(sg(t1), dtype),
+             jnp.asarray(sg(rtol), dtype), jnp.asarray(sg(atol), dtype)),
+        )
+    return finalize(mesh, f, where, throw, None if rc is None else rc.failed)
 
 
 def _next_capacity(mesh: Mesh, short, cap: int, max_steps: int) -> int:
@@ -327,16 +419,26 @@ def _next_capacity(mesh: Mesh, short, cap: int, max_steps: int) -> int:
     return int(min(max_steps, max(4 * cap, 1 << (need - 1).bit_length())))
 
 
-def finalize(mesh: Mesh, f, where: str, throw: bool | None) -> Mesh:
-    """Raise for failed trajectories where asked, and trim outside ``jit``."""
+def finalize(mesh: Mesh, f, where: str, throw: bool | None, invalid: dict | None = None) -> Mesh:
+    """Raise for failed trajectories where asked, and trim outside ``jit``.
+
+    ``invalid`` (message -> ``(n,)`` bool, from `runtime_checks`) names the inputs found
+    invalid on device; with ``throw=True`` under ``jit`` each raises its own message.
+    """
     if is_concrete(mesh.status):
         if throw is None or throw:
             raise_if_failed(mesh, f, where)
         return mesh.trim()
     if throw:
-        bad = jnp.any(mesh.status != Status.OK)
+        times = mesh.times
+        for msg, bad in (invalid or {}).items():
+            times = eqx.error_if(
+                times, jnp.any(bad),
+                f"{where}: invalid input (found at run time under jax.jit): {msg}.",
+            )
+        failed = (mesh.status != Status.OK) & (mesh.status != Status.INVALID_INPUT)
         times = eqx.error_if(
-            mesh.times, bad,
+            times, jnp.any(failed),
             f"{where}: a trajectory failed (max_steps reached, non-finite state or step-size "
             "underflow); try a stiff solver such as gs.Rodas5P(), a looser rtol or a larger "
             "max_steps.",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import is_concrete
 from ._controller import PIDController
-from ._record import _MAX_STEPS, prepare, record_prepared, unbatch_mesh
+from ._errors import raise_if_fallback_failed
+from ._mesh import Status
+from ._record import _MAX_STEPS, prepare, record_prepared, runtime_checks, unbatch_mesh
 from ._replay import replay_prepared
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
@@ -42,14 +46,17 @@ def solve(
             ``(d,)``; gradsolve batches it.
         t0, t1: scalars, ``t1 > t0``.
         y0: ``(d,)`` one trajectory or ``(n, d)`` an ensemble (then every leaf of
-            ``params`` has leading axis ``n``).
-        params: any pytree of arrays.
+            ``params`` has leading axis ``n``). It is solved in one floating dtype with
+            the floating leaves of ``params``: their ``jnp.result_type``, at least float32
+            (float16/bfloat16 are promoted to float32).
+        params: any pytree. Non-array leaves (an ``eqx.nn.MLP``'s activation, a string)
+            are split off with ``eqx.partition`` and handed back to ``f`` unchanged.
         ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
             ``[t0, t1]``; default ``None`` saves at ``t1`` only.
         solver: a gradsolve solver (default `Tsit5`) or any ``diffrax`` solver.
         rtol, atol: tolerances of the error test ``|err| <= atol + rtol |y|`` (RMS).
-        dt0: initial step; ``None`` picks it per trajectory.
-        max_steps: capacity of the recorded mesh (accepted steps).
+        dt0: initial step, positive; ``None`` picks it per trajectory.
+        max_steps: capacity of the recorded mesh (accepted steps; each save time is one).
         controller: `PIDController` (default: I-controller, as Diffrax).
         throw: failure policy, as in `gradsolve.record`.
         group_size, chunk_size: replay layout, as in `gradsolve.replay`.
@@ -61,17 +68,19 @@ def solve(
 
     A Diffrax solver without an error estimate (e.g. ``diffrax.Euler()``) falls back to
     ``diffrax.diffeqsolve`` with constant steps ``dt0`` and ``RecursiveCheckpointAdjoint``;
-    ``Solution.route`` says which ran.
+    ``Solution.route`` says which ran. Failures there follow the same policy: status codes
+    in ``stats["status"]`` with NaN outputs inside ``jit`` (and with ``throw=False``), a
+    ``RuntimeError`` outside it.
 
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
         >>> sol.ys.shape  # (n, 21, d)
     """
     where = "gs.solve"
-    solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
-                                    controller, where)
+    f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
+                                       controller, where, dt0)
     if isinstance(solver, DiffraxSolver) and not solver.adaptive:
-        return _diffrax_fallback(f, t0, t1, b, solver.solver, dt0, max_steps)
+        return _diffrax_fallback(f, t0, t1, b, solver.solver, dt0, max_steps, throw, where)
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
                            where)
     if b.single:
@@ -80,12 +89,16 @@ def solve(
     return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size)
 
 
-def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps) -> Solution:
+def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps, throw, where) -> Solution:
+    """``diffrax.diffeqsolve`` with constant steps ``dt0`` for each trajectory. Failures
+    follow SPEC §2.6 as on the other routes: Diffrax runs with ``throw=False`` and its
+    result becomes ``stats["status"]`` (`Status` codes) with NaN outputs; outside ``jit``
+    (or with ``throw=True``) a failure raises."""
     import diffrax
 
     if dt0 is None:
         raise ValueError(
-            f"gs.solve: `solver` {type(dsolver).__name__} has no error estimate; pass `dt0` "
+            f"{where}: `solver` {type(dsolver).__name__} has no error estimate; pass `dt0` "
             "for constant steps."
         )
     term = diffrax.ODETerm(lambda t, y, args: f(t, y, args))
@@ -93,18 +106,52 @@ def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps) -> Solution:
         max_steps = max(max_steps, int(np.ceil((float(t1) - float(t0)) / float(dt0))) + 2)
     except (TypeError, jax.errors.ConcretizationTypeError):
         pass
+    rc = runtime_checks(t0, t1, b.ts, 1.0, 1.0, dt0)
+    if rc is not None:
+        t0, t1, ts_run, dt0 = rc.t0, rc.t1, rc.ts, rc.dt0
+    else:
+        ts_run = b.ts
+    R = diffrax.RESULTS
 
     def one(y0, p, ts):
         sol = diffrax.diffeqsolve(
             term, dsolver, t0, t1, dt0, y0, args=p, saveat=diffrax.SaveAt(ts=ts, t1=True),
             stepsize_controller=diffrax.ConstantStepSize(), max_steps=max_steps,
-            adjoint=diffrax.RecursiveCheckpointAdjoint(),
+            adjoint=diffrax.RecursiveCheckpointAdjoint(), throw=False,
         )
-        return sol.ys[:-1], sol.ys[-1], sol.stats["num_accepted_steps"]
+        r = sol.result
+        status = jnp.where(
+            r == R.successful, Status.OK,
+            jnp.where((r == R.max_steps_reached) | (r == R.max_steps_rejected), Status.MAX_STEPS,
+                      jnp.where(r == R.dt_min_reached, Status.STEP_UNDERFLOW, Status.NONFINITE)),
+        )
+        finite = jnp.all(jnp.isfinite(sol.ys))
+        status = jnp.where((status == Status.OK) & ~finite, Status.NONFINITE, status)
+        return sol.ys[:-1], sol.ys[-1], sol.stats["num_accepted_steps"], status.astype(jnp.int32)
 
-    ys, y1, nacc = jax.vmap(one)(b.y0, b.params, b.ts)
+    ys, y1, nacc, status = jax.vmap(one)(b.y0, b.params, ts_run)
+    if rc is not None:
+        status = jnp.where(rc.invalid, Status.INVALID_INPUT, status).astype(jnp.int32)
+    failed = status != Status.OK
+    nan = jnp.asarray(jnp.nan, b.y0.dtype)
+    ys = jnp.where(failed[:, None, None], nan, ys)
+    y1 = jnp.where(failed[:, None], nan, y1)
+    if is_concrete(status):
+        if throw is None or throw:
+            raise_if_fallback_failed(status, where, dt0, max_steps)
+    elif throw:
+        for msg, bad in (rc.failed if rc is not None else {}).items():
+            ys = eqx.error_if(ys, jnp.any(bad),
+                              f"{where}: invalid input (found at run time under jax.jit): {msg}.")
+        ys = eqx.error_if(
+            ys, jnp.any(failed & (status != Status.INVALID_INPUT)),
+            f"{where}: a trajectory failed on the diffrax.diffeqsolve fallback (constant steps "
+            f"dt0): max_steps={max_steps} reached or a non-finite state; pass a larger "
+            "`max_steps` or a smaller `dt0`, or use an adaptive solver.",
+        )
     err = jnp.full((b.n,), jnp.nan, b.y0.dtype)
-    stats = {"num_accepted_steps": nacc, "num_rejected_steps": jnp.zeros_like(nacc)}
+    stats = {"num_accepted_steps": nacc, "num_rejected_steps": jnp.zeros_like(nacc),
+             "status": status}
     out_ts = b.ts
     if b.single:
         ys, y1, err, out_ts = ys[0], y1[0], err[0], out_ts[0]

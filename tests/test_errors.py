@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-from conftest import lotka_volterra, robertson
+from conftest import decay, lotka_volterra, robertson
 
 P = jnp.array([1.5, 1.0, 3.0, 1.0])
 Y0 = jnp.array([1.0, 1.0])
@@ -31,6 +31,11 @@ Y0 = jnp.array([1.0, 1.0])
         (dict(max_steps=0), "`max_steps`"),
         (dict(solver="tsit5"), "`solver`"),
         (dict(f=lambda t, y, p: jnp.zeros(3)), "`f` must return"),
+        (dict(dt0=-0.1), "`dt0`"),
+        (dict(dt0=0.0), "`dt0`"),
+        (dict(dt0=float("inf")), "`dt0`"),
+        (dict(y0=jnp.ones((0, 2)), params=jnp.ones((0, 4))), "`y0`"),
+        (dict(y0=jnp.ones(2, jnp.complex128)), "`y0`"),
     ],
 )
 @pytest.mark.parametrize("fn", ["record", "solve"])
@@ -137,3 +142,132 @@ print(repr(np.asarray(sol.ys[0]).tolist())); print(repr(np.asarray(g).tolist()))
     np.testing.assert_allclose(ys32, ref.ys, rtol=1e-3)
     gref = jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 5.0, Y0, q, rtol=1e-10, atol=1e-12).ys))(P)
     np.testing.assert_allclose(g32, gref, rtol=1e-3)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_invalid_traced_inputs_give_invalid_status_and_nan(kernel):
+    """Under jit, ts/tolerances/interval are traced: no ValueError is possible, so invalid
+    ones are flagged per trajectory (Status.INVALID_INPUT, NaN), on both replay routes."""
+    ts = jnp.array([[0.2, 0.5], [0.5, 0.2], [0.3, 1.5], [0.3, 1.0]])  # rows 1, 2 invalid
+    k = jnp.array([1.0, 2.0, 3.0, 4.0])
+    y0 = jnp.ones((4, 1))
+    with gs.use_compiled_kernel(kernel):
+        run = jax.jit(lambda ts, rtol: gs.solve(decay, 0.0, 1.0, y0, {"k": k}, ts=ts, rtol=rtol))
+        sol = run(ts, 1e-8)
+        np.testing.assert_array_equal(sol.stats["status"], [0, 4, 4, 0])
+        assert gs.Status.INVALID_INPUT == 4
+        assert np.all(np.isnan(np.asarray(sol.ys[1:3])))
+        for i in (0, 3):
+            np.testing.assert_allclose(sol.ys[i, :, 0], np.exp(-float(k[i]) * np.asarray(ts[i])),
+                                       rtol=1e-6)
+        # Gradients of the valid trajectories are untouched (none leaks from the invalid).
+        g = jax.grad(lambda k_, ts_: jnp.sum(jnp.nan_to_num(
+            gs.solve(decay, 0.0, 1.0, y0, {"k": k_}, ts=ts_, rtol=1e-8).ys)))
+        gk = np.asarray(jax.jit(g)(k, ts))
+        ref = [-np.sum(np.asarray(ts[i]) * np.exp(-float(k[i]) * np.asarray(ts[i]))) for i in (0, 3)]
+        np.testing.assert_allclose(gk[np.array([0, 3])], ref, rtol=1e-5)
+        np.testing.assert_array_equal(gk[1:3], 0.0)
+        # A traced non-positive tolerance invalidates every trajectory.
+        assert np.all(np.asarray(run(ts[jnp.array([0, 3, 0, 3])], -1.0).stats["status"]) == 4)
+        mesh = jax.jit(lambda t1: gs.record(decay, 0.0, t1, y0, {"k": k}))(-1.0)
+        assert np.all(np.asarray(mesh.status) == gs.Status.INVALID_INPUT)
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(ts=jnp.array([0.5, 0.2])), "`ts` must be sorted"),
+        (dict(ts=jnp.array([0.5, 1.5])), "`ts` must lie inside"),
+        (dict(rtol=jnp.array(-1.0)), "`rtol` must be positive"),
+        (dict(dt0=jnp.array(-0.1)), "`dt0` must be positive"),
+    ],
+)
+def test_invalid_traced_input_with_throw_names_it(kwargs, needle):
+    run = jax.jit(lambda kw: gs.solve(decay, 0.0, 1.0, jnp.ones(1), {"k": 1.0}, throw=True, **kw).ys)
+    with pytest.raises(Exception, match=needle) as info:
+        jax.block_until_ready(run(kwargs))
+    assert "a trajectory failed" not in str(info.value)
+
+
+def test_vmap_over_a_value_the_vector_field_closes_over():
+    """jax.vmap(lambda k: gs.solve(lambda t, y, p: -k * y, ...)) run eagerly: the mesh is
+    traced although the arguments are not; it must behave as under jit."""
+    ks = jnp.array([1.0, 2.0, 3.0])
+    y0 = jnp.array([1.0, 2.0])
+    sol = jax.vmap(lambda k: gs.solve(lambda t, y, p: -k * y, 0.0, 1.0, y0, None, rtol=1e-8))(ks)
+    np.testing.assert_allclose(sol.y1, np.exp(-np.asarray(ks))[:, None] * np.asarray(y0), rtol=1e-6)
+    # A failure there is a status code plus NaN, as under jit.
+    a = jnp.array([0.1, 1.0])
+    sol = jax.vmap(lambda a_: gs.solve(lambda t, y, p: a_ * y**2, 0.0, 2.0, jnp.ones(1), None))(a)
+    assert int(sol.mesh.status[0]) == 0 and int(sol.mesh.status[1]) != 0
+    assert np.isnan(float(sol.y1[1, 0]))
+
+
+@pytest.mark.parametrize("route", ["kernel", "xla", "rodas5p"])
+def test_mixed_and_half_precision_dtypes_are_promoted(route):
+    """float32 y0 with float64 params (x64 on) runs in float64 on every route; float16 and
+    bfloat16 y0 run in float32."""
+    kw = dict(solver=gs.Rodas5P()) if route == "rodas5p" else {}
+    with gs.use_compiled_kernel(route == "kernel"):
+        sol = gs.solve(decay, 0.0, 1.0, jnp.ones(2, jnp.float32), {"k": jnp.array(1.5, jnp.float64)},
+                       rtol=1e-8, atol=1e-10, **kw)
+        assert sol.ys.dtype == jnp.float64
+        np.testing.assert_allclose(sol.y1, np.exp(-1.5), rtol=1e-6)
+        for half in (jnp.float16, jnp.bfloat16):
+            sol = gs.solve(decay, 0.0, 1.0, jnp.ones(2, half), {"k": jnp.array(1.5, half)},
+                           rtol=1e-4, atol=1e-6, **kw)
+            assert sol.ys.dtype == jnp.float32
+            np.testing.assert_allclose(sol.y1, np.exp(-1.5), rtol=1e-3)
+
+
+def test_more_save_times_than_max_steps_is_a_value_error():
+    ts = jnp.linspace(0.0, 1.0, 50)
+    for fn in (gs.solve, gs.record):
+        with pytest.raises(ValueError, match="`max_steps`") as info:
+            fn(decay, 0.0, 1.0, jnp.ones(1), {"k": 1.0}, ts=ts, max_steps=20)
+        msg = str(info.value)
+        assert "len(ts)" in msg and "max_steps=" in msg and "Rodas5P" not in msg
+    with pytest.raises(ValueError, match="len\\(ts\\) = 50"):  # traced ts: by their number
+        jax.jit(lambda ts: gs.solve(decay, 0.0, 1.0, jnp.ones(1), {"k": 1.0}, ts=ts,
+                                    max_steps=20))(ts)
+    # Repeated save times are one mesh point each: these fit.
+    sol = gs.solve(decay, 0.0, 1.0, jnp.ones(1), {"k": 1.0}, ts=jnp.repeat(ts[:5], 10),
+                   max_steps=20, rtol=1e-3)
+    np.testing.assert_allclose(sol.ys[:, 0], np.exp(-np.repeat(ts[:5], 10)), rtol=1e-3)
+
+
+def test_params_with_non_array_leaves():
+    """Diffrax accepts ``args`` with non-array leaves; so do solve and record (split off
+    and handed back to f), without rebuilding anything per call."""
+    import diffrax
+    import equinox as eqx
+
+    from gradsolve._kernel.replay import _sources
+
+    def f(t, y, p):
+        assert p["name"] == "decay"
+        return -p["k"] * y
+
+    y0 = jnp.array([1.0, 0.5])
+    for k in (1.0, 2.0, 3.0):
+        if k == 2.0:
+            n_sources = len(_sources)
+        sol = gs.solve(f, 0.0, 1.0, y0, {"k": jnp.array(k), "name": "decay"}, rtol=1e-8)
+        np.testing.assert_allclose(sol.y1, np.exp(-k) * np.asarray(y0), rtol=1e-6)
+    assert len(_sources) == n_sources  # the wrapper is reused: no new kernel per call
+
+    mlp = eqx.nn.MLP(2, 2, 8, 2, activation=jax.nn.tanh, key=jax.random.PRNGKey(0))  # smooth
+    g = lambda t, y, m: m(y)
+    ref = diffrax.diffeqsolve(diffrax.ODETerm(g), diffrax.Tsit5(), 0.0, 1.0, None, y0, args=mlp,
+                              stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13))
+    sol = gs.solve(g, 0.0, 1.0, y0, mlp, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(sol.y1, ref.ys[-1], rtol=1e-8)
+    grad = eqx.filter_grad(lambda m: jnp.sum(gs.solve(g, 0.0, 1.0, y0, m, rtol=1e-10, atol=1e-12).y1))(mlp)
+    grad_ref = eqx.filter_grad(lambda m: jnp.sum(diffrax.diffeqsolve(
+        diffrax.ODETerm(g), diffrax.Tsit5(), 0.0, 1.0, None, y0, args=m,
+        stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13)).ys[-1]))(mlp)
+    for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(grad_ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+    mesh = gs.record(g, 0.0, 1.0, y0, mlp)
+    with pytest.raises(ValueError, match="`params.activation`"):  # replay: arrays only
+        gs.replay(g, mesh, y0, mlp)

@@ -46,7 +46,8 @@ class DiffraxSolver(AbstractSolver):
         rf = getattr(self.solver, "root_finder", None)
         if rf is None:
             return self
-        values = {"rtol": float(rtol), "atol": float(atol), "norm": optx.rms_norm}
+        num = lambda v: v if isinstance(v, jax.core.Tracer) else float(v)  # traced under jit
+        values = {"rtol": num(rtol), "atol": num(atol), "norm": optx.rms_norm}
         names = [a for a in ("rtol", "atol", "norm") if getattr(rf, a, None) is use_stepsize_tol]
         if not names:
             return self
@@ -109,6 +110,19 @@ def _probe_error_estimate(wrapped: DiffraxSolver) -> bool:
         return False
 
 
+def _takes_one_term(solver) -> bool:
+    """Whether a Diffrax solver steps a single term (``term_structure`` an ``AbstractTerm``
+    class, not a ``MultiTerm`` or a tuple of terms)."""
+    import typing
+
+    import diffrax
+
+    structure = getattr(solver, "term_structure", diffrax.AbstractTerm)
+    cls = typing.get_origin(structure) or structure
+    return (isinstance(cls, type) and issubclass(cls, diffrax.AbstractTerm)
+            and not issubclass(cls, diffrax.MultiTerm))
+
+
 def as_solver(solver, where: str) -> AbstractSolver:
     """Accept a gradsolve solver or any ``diffrax`` solver; raise a clear error otherwise."""
     if isinstance(solver, AbstractSolver):
@@ -116,6 +130,15 @@ def as_solver(solver, where: str) -> AbstractSolver:
     if _is_diffrax_solver(solver):
         import diffrax
 
+        if not _takes_one_term(solver):
+            raise ValueError(
+                f"{where}: `solver` {type(solver).__name__} is not supported: it needs the "
+                f"term structure {solver.term_structure} (e.g. an IMEX split into explicit and "
+                "implicit parts in a diffrax.MultiTerm, or an SDE's drift and diffusion), "
+                "but gradsolve drives Diffrax solvers with the single ODETerm of `f`. Use a "
+                "solver of one ODETerm: diffrax.Kvaerno5() or gs.Rodas5P() for stiff "
+                "problems, diffrax.Tsit5() or gs.Tsit5() otherwise."
+            )
         term = diffrax.ODETerm(lambda t, y, args: y)
         order = solver.order(term)
         if order is None:
