@@ -148,7 +148,9 @@ def record_batched(
 
         finished = accept & (t_new >= t1)
         active = ~s.done & ~finished
-        tiny = 10 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(t1))
+        # underflow: the next step would no longer move the time (relative to the time
+        # where it starts, not to t1: a long horizon must not forbid small early steps)
+        tiny = 10 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(s.t))
         underflow = active & (h_next <= tiny)
         over = active & ((n_acc >= max_steps) | (n_acc + n_rej >= attempts_cap))
         finite = jnp.isfinite(err)

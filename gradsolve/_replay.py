@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
-from ._checks import batch, is_concrete
+from ._checks import batch, check_vector_field, is_concrete, split_static
 from ._config import kernel_enabled
 from ._controller import error_norm
 from ._misc import tree_where
@@ -234,7 +234,9 @@ def replay(
     if not isinstance(mesh, Mesh):
         raise ValueError(f"{where}: `mesh` must be a gs.Mesh from gs.record, got {type(mesh).__name__}.")
     bm = _as_batched(mesh)
+    f, params = split_static(f, params)
     b = batch(mesh.t0, mesh.t1, y0, params, ts if ts is not None else None, where)
+    check_vector_field(f, mesh.t0, b.y0, b.params, where)
     if b.single == mesh.is_ensemble:
         raise ValueError(
             f"{where}: `y0` has shape {jnp.shape(y0)} but the mesh was recorded for "
@@ -286,12 +288,49 @@ def _check_moved_ts(bm: Mesh, ts) -> None:
     idx = np.asarray(bm.save_index)
     interior = (rec > float(bm.t0)) & (rec < float(bm.t1))
     rows = np.arange(times.shape[0])[:, None]
-    times[rows, idx] = np.where(interior, np.asarray(ts), times[rows, idx])
+    ts = np.asarray(ts)
+    shared = idx[:, 1:] == idx[:, :-1]
+    if np.any(shared & (ts[:, 1:] != ts[:, :-1])):
+        raise ValueError(
+            "gs.replay: `ts` separates save times that were equal when the mesh was recorded "
+            "(they share one mesh point); re-record the mesh for these save times."
+        )
+    times[rows, idx] = np.where(interior, ts, times[rows, idx])
     if np.any(np.diff(times, axis=-1) < 0):
         raise ValueError(
             "gs.replay: `ts` moved past neighbouring mesh points; re-record the mesh for "
             "these save times."
         )
+
+
+def _taylor2(f, t, y, params, s):
+    """``y + s f(t, y) + s^2/2 (f_t + J f)(t, y)``: the solution through ``(t, y)`` moved
+    by ``s``, to second order, for one trajectory (``t (k,)``, ``y (k, d)``, ``s (k,)``).
+
+    With ``s`` a zero that carries derivatives (e.g. ``ts - stop_gradient(ts)``) it adds
+    nothing to the value and gives the exact first and second derivatives ``y'``, ``y''``
+    of the solution, so gradients and Hessians w.r.t. times that cannot move a mesh node
+    (pinned save times, duplicates, ``t0``, ``t1``) are right.
+    """
+    def one(t, y, s):
+        def g(t, y):
+            return f(t, y, params)
+
+        fy, fdot = jax.jvp(g, (t, y), (jnp.ones_like(t), g(t, y)))
+        return y + s * fy + 0.5 * s * s * fdot
+
+    return jax.vmap(one)(t, y, s)
+
+
+def _save_groups(save_index: Int[Array, "n k"]) -> Int[Array, "n k"]:
+    """For each save time, the position of the first save time sharing its mesh node
+    (equal save times are recorded as one node)."""
+    k = save_index.shape[-1]
+    pos = jnp.broadcast_to(jnp.arange(k), save_index.shape)
+    dup = jnp.concatenate(
+        [jnp.zeros_like(save_index[:, :1], bool), save_index[:, 1:] == save_index[:, :-1]], axis=1
+    )
+    return jax.lax.cummax(jnp.where(dup, 0, pos), axis=1)
 
 
 @eqx.filter_jit
@@ -305,18 +344,32 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     t0 = jnp.asarray(_sg(mesh.t0), dtype)
     t1 = jnp.asarray(_sg(mesh.t1), dtype)
     rec_ts = _sg(bm.ts).astype(dtype)
-    # Interior save times given as ``ts`` move their mesh node (differentiably).
-    subst = ((rec_ts > t0) & (rec_ts < t1)) if ts is not None else jnp.zeros(rec_ts.shape, bool)
+    rows = jnp.arange(times.shape[0])[:, None]  # (not closed over by xla_replay below)
+    first = _save_groups(bm.save_index)
+    dup = first != jnp.arange(first.shape[1])
+    interior = (rec_ts > t0) & (rec_ts < t1)
+    # Interior save times given as ``ts`` move their mesh node (differentiably); equal save
+    # times share one node, moved by the first of them.
+    subst = (interior & ~dup) if ts is not None else jnp.zeros(rec_ts.shape, bool)
     tsave = ts if ts is not None else rec_ts
     n_eff = jnp.where(failed, 0, bm.n_steps).astype(jnp.int32)
     rtol, atol = jnp.asarray(mesh.rtol, dtype), jnp.asarray(mesh.atol, dtype)
 
+    # Derivatives w.r.t. t0 (a traced mesh.t0, e.g. gs.solve differentiated w.r.t. t0):
+    # y(t; t0 + s, y0) = y(t; t0, y0 - s f + s^2/2 f'), so replay from that y0.
+    t0_live = jnp.asarray(mesh.t0, dtype)
+    s0 = jnp.broadcast_to(t0_live - _sg(t0_live), y0.shape[:1])
+    y0 = jax.vmap(lambda y, p, s: _taylor2(f, t0[None], y[None], p, -s[None])[0])(y0, params, s0)
+
     def xla_replay(tsave, y, p, times, n_eff, save_index, tol, subst):
         tm = times
         if ts is not None:
-            rows = jnp.arange(times.shape[0])[:, None]
-            current = times[rows, save_index]
-            tm = times.at[rows, save_index].set(jnp.where(subst, tsave, current))
+            rows = jnp.arange(times.shape[0])[:, None]  # made here: closed-over tracers
+            current = times[rows, save_index]          # break the kernel's fallback
+            # equal save times share a node: only the first writes it (no colliding scatter)
+            dup = _save_groups(save_index) != jnp.arange(save_index.shape[1])
+            slot = jnp.where(dup, times.shape[1], save_index)
+            tm = times.at[rows, slot].set(jnp.where(subst, tsave, current), mode="drop")
         # Slots past n_eff (unspecified under jit, see Mesh.times) are read as zero-length
         # steps by `_replay_block`.
         return replay_batched(f, mesh.solver, tm, n_eff, y, p, save_index, tol[0, 0],
@@ -331,12 +384,20 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
         out = xla_replay(tsave, y0, params, times, n_eff, bm.save_index, tol, subst)
     ys, y1, err, work = out
     if ts is not None:
-        pinned = ~((rec_ts > t0) & (rec_ts < t1))
-        vf = jax.vmap(jax.vmap(lambda t, y, p: f(t, y, p), in_axes=(0, 0, None)))
-        fv = vf(_sg(ts), _sg(ys), params)
-        fv = jnp.where(jnp.isfinite(fv), fv, 0.0)
-        shift = jnp.where(pinned, ts - _sg(ts), 0.0)
-        ys = ys + shift[..., None] * fv
+        # Save times that do not move a node get the solution's Taylor expansion around
+        # their node: pinned ones (equal to t0 or t1) around their fixed time, duplicates
+        # around the first equal save time (whose node they share).
+        shared = dup & interior
+        node_t = jnp.where(shared, ts[rows, first], _sg(ts))
+        shift = jnp.where(subst, 0.0, ts - node_t)
+        ys = jax.vmap(lambda t, y, p, s: _taylor2(f, t, y, p, s))(node_t, ys, params, shift)
+        # Replayed at new times, duplicates that no longer coincide have no node of their
+        # own: NaN (outside jit, `replay` raises instead).
+        ys = jnp.where((shared & (ts != node_t))[..., None], jnp.nan, ys)
+    # Derivatives w.r.t. t1: y1 = y(t1) moves with t1.
+    t1_live = jnp.asarray(mesh.t1, dtype)
+    s1 = jnp.broadcast_to(t1_live - _sg(t1_live), y1.shape[:1])
+    y1 = jax.vmap(lambda y, p, s: _taylor2(f, t1[None], y[None], p, s[None])[0])(y1, params, s1)
     nan = jnp.asarray(jnp.nan, dtype)
     ys = jnp.where(failed[:, None, None], nan, ys)
     y1 = jnp.where(failed[:, None], nan, y1)

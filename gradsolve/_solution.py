@@ -21,7 +21,10 @@ class Solution(eqx.Module):
             the replay, padding included) and ``status``.
         error_ratio: ``(n,)`` largest embedded-error norm met along the replay, scaled so
             that ``<= 1`` means the controller would still accept every step of the mesh at
-            these ``y0``/``params``; re-record when it exceeds 1. Not differentiated.
+            these ``y0``/``params``; re-record when it exceeds 1. Not differentiated. In
+            float32 the estimate carries rounding noise of about ``eps / rtol`` (~1 % at
+            ``rtol=1e-5``), so a mesh replayed where it was recorded can read slightly
+            above 1; `inference` records at a fraction of the tolerance for that reason.
         route: what ran: ``"gradsolve-kernel"`` (the compiled CPU replay kernel),
             ``"gradsolve-replay"`` (the XLA replay) or ``"diffrax-diffeqsolve"``.
 

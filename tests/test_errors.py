@@ -268,6 +268,32 @@ def test_params_with_non_array_leaves():
         stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13)).ys[-1]))(mlp)
     for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(grad_ref)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
-    mesh = gs.record(g, 0.0, 1.0, y0, mlp)
-    with pytest.raises(ValueError, match="`params.activation`"):  # replay: arrays only
-        gs.replay(g, mesh, y0, mlp)
+    mesh = gs.record(g, 0.0, 1.0, y0, mlp, rtol=1e-10, atol=1e-12)
+    grad_replay = eqx.filter_grad(lambda m: jnp.sum(gs.replay(g, mesh, y0, m).y1))(mlp)
+    for a, b in zip(jax.tree_util.tree_leaves(grad_replay), jax.tree_util.tree_leaves(grad)):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_replay_checks_the_vector_field():
+    f = lambda t, y, p: -p * y
+    mesh = gs.record(f, 0.0, 1.0, jnp.ones(2), 1.0)
+    with pytest.raises(ValueError, match="`f`"):
+        gs.replay(lambda t, y, p: jnp.ones(3), mesh, jnp.ones(2), 1.0)
+    with pytest.raises(ValueError, match="`f` must be callable"):
+        gs.replay(None, mesh, jnp.ones(2), 1.0)
+
+
+@pytest.mark.parametrize("solver, kernel", [(gs.Tsit5(), True), (gs.Tsit5(), False),
+                                            (gs.Rodas5P(), False)], ids=["tsit5-kernel", "tsit5-xla", "rodas5p"])
+def test_long_horizon_is_not_a_step_underflow(solver, kernel):
+    """Step-size underflow is judged against the current time, not t1: y' = -y / (t + c)
+    needs steps ~1e-5 near t = 0 and reaches t1 = 1e11 (the classic ROBER horizon) in a few
+    hundred steps. Closed form y = y0 c / (t + c)."""
+    c = 1e-3
+    f = lambda t, y, p: -y / (t + p)
+    ts = jnp.array([1e-3, 1.0, 1e5, 1e11])
+    with gs.use_compiled_kernel(kernel):
+        sol = gs.solve(f, 0.0, 1e11, jnp.array([2.0]), c, ts=ts, solver=solver, rtol=1e-8,
+                       atol=1e-14)
+    assert int(sol.mesh.status) == gs.Status.OK
+    np.testing.assert_allclose(sol.ys[:, 0], 2.0 * c / (np.asarray(ts) + c), rtol=1e-6, atol=1e-15)

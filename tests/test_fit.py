@@ -112,9 +112,9 @@ def test_log_density_ensemble_grad_and_numpyro_program(lynx):
     lp_np, _ = np_log_density(prog, (), {}, p)
     assert abs(float(lp_np) - float(f(p))) < 1e-9
     # a failing solve is -inf, not NaN, and its gradient is finite
-    fail = jax.jit(lambda q: inference.log_density(m, data, q, max_steps=5))
+    fail = jax.jit(lambda q: inference.log_density(m, data, q, max_steps=25))
     assert float(fail(p)) == -np.inf
-    gf = jax.jit(jax.grad(lambda q: inference.log_density(m, data, q, max_steps=5)))(p)
+    gf = jax.jit(jax.grad(lambda q: inference.log_density(m, data, q, max_steps=25)))(p)
     assert all(np.all(np.isfinite(np.asarray(v))) for v in gf.values())
 
 
@@ -298,7 +298,7 @@ def test_fit_rejects_bad_arguments(lynx):
     with pytest.raises(ValueError, match="max_redraws"):
         inference.fit(m, data, max_redraws=-1, steps=1)
     with pytest.raises(RuntimeError, match="single given `init` is not re-drawn"):
-        inference.fit(m, data, init=m.defaults, max_steps=5, steps=1)
+        inference.fit(m, data, init=m.defaults, max_steps=25, steps=1)
 
 
 def test_fit_with_a_plain_log_likelihood():

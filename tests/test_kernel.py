@@ -7,6 +7,7 @@ JAX primitives, pytree and per-trajectory parameters, save-time gradients, forwa
 second derivatives, ``vmap`` and float32; and the fallbacks are checked.
 """
 
+import os
 import warnings
 
 import jax
@@ -282,3 +283,38 @@ def test_record_kernel_matches_xla_record(problem, options):
     # The replay reproduces the record's own final state (same code, same arithmetic).
     ok = np.asarray(mk.status) == 0
     np.testing.assert_allclose(gs.replay(f, mk, y0, p).y1[ok], mk.y_last[ok], rtol=1e-13, atol=1e-14)
+
+
+@requires_compiler
+def test_closures_over_changing_values_stop_compiling_new_kernels(monkeypatch):
+    """A vector field closing over a value that changes between calls would compile a new
+    kernel per value; past the limit (here 1) it runs on the XLA driver, with a warning and
+    the same results (checked against the closed form y = exp(-k t))."""
+    monkeypatch.setattr(kernel_replay_mod, "_MAX_VARIANTS", 1)
+    monkeypatch.setattr(kernel_replay_mod, "_variants", {})
+
+    def solve(k):
+        return gs.solve(lambda t, y, p: -k * p * y, 0.0, 2.0, jnp.ones((3, 1)), jnp.ones(3),
+                        ts=jnp.array([1.0, 2.0]), rtol=1e-10, atol=1e-12)
+
+    first = solve(0.3)
+    assert first.route == "gradsolve-kernel"
+    with pytest.warns(RuntimeWarning, match="closes over values that change"):
+        second = solve(0.7)
+    assert second.route == "gradsolve-replay"
+    for k, sol in ((0.3, first), (0.7, second)):
+        np.testing.assert_allclose(sol.ys[:, :, 0], np.exp(-k * np.array([[1.0, 2.0]] * 3)),
+                                   rtol=1e-9)
+
+
+def test_kernel_cache_prunes_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE_MB", str(2.5 / 1024))  # 2.5 KiB
+    paths = []
+    for i in range(4):
+        p = tmp_path / f"gs_{i}_fwd.so"
+        p.write_bytes(b"x" * 1024)
+        os.utime(p, (1000 + i, 1000 + i))
+        paths.append(p)
+    build._prune_cache(keep={paths[0]})  # the oldest, but just built: kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gs_0_fwd.so", "gs_3_fwd.so"]

@@ -130,6 +130,61 @@ def test_gradient_wrt_save_times_is_vector_field(lv_ensemble):
     np.testing.assert_allclose(jr, jac, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", [True, False])
+def test_equal_save_times_each_get_their_own_derivative(kernel):
+    """Equal save times share one mesh node; each still gets d y(t_j)/d t_j = y'(t_j) and
+    d^2/d t_j^2 = y''(t_j), checked against the closed form y = 2 exp(-t/2), interior
+    and pinned at t1. Replaying at times that separate them is refused."""
+    f = lambda t, y, p: -p * y
+    y0, p = jnp.array([2.0]), 0.5
+    ts = jnp.array([0.5, 1.0, 1.0, 2.0, 2.0])  # t1 = 2
+    exact_d1 = -0.5 * 2.0 * np.exp(-0.5 * np.asarray(ts))
+    with gs.use_compiled_kernel(kernel):
+        loss = lambda s: jnp.sum(gs.solve(f, 0.0, 2.0, y0, p, ts=s, rtol=1e-11, atol=1e-13).ys)
+        np.testing.assert_allclose(jax.grad(loss)(ts), exact_d1, rtol=1e-8)
+        np.testing.assert_allclose(jnp.diag(jax.hessian(loss)(ts)), -0.5 * exact_d1, rtol=1e-6)
+        mesh = gs.record(f, 0.0, 2.0, y0, p, ts=ts, rtol=1e-11, atol=1e-13)
+        assert int(mesh.save_index[1]) == int(mesh.save_index[2])
+        with pytest.raises(ValueError, match="separates save times that were equal"):
+            gs.replay(f, mesh, y0, p, ts=jnp.array([0.5, 0.9, 1.0, 2.0, 2.0]))
+        ys = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(
+            jnp.array([0.5, 0.9, 1.0, 2.0, 2.0]))
+        assert bool(jnp.isnan(ys[2]).all()) and bool(jnp.isfinite(ys[jnp.array([0, 1, 3, 4])]).all())
+
+
+@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Rodas5P()], ids=["tsit5", "rodas5p"])
+def test_derivatives_wrt_interval_ends_match_diffrax(solver):
+    """d/dt0 and d/dt1 of gs.solve (a Diffrax user differentiates these too) against
+    Diffrax's default adjoint and the closed form, for y(t1) and a save time."""
+    f = lambda t, y, p: jnp.stack([-p * y[0] + jnp.sin(t), -y[1]])
+    y0 = jnp.array([1.0, 2.0])
+    ts = jnp.array([0.7])
+
+    def gs_out(t0, t1):
+        sol = gs.solve(f, t0, t1, y0, 0.8, ts=ts, solver=solver, rtol=1e-10, atol=1e-12)
+        return jnp.concatenate([sol.y1, sol.ys[0]])
+
+    def dfx_out(t0, t1):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(f), diffrax.Tsit5(), t0, t1, None, y0, args=0.8,
+            saveat=diffrax.SaveAt(ts=ts, t1=True),
+            stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-12))
+        return jnp.concatenate([sol.ys[-1], sol.ys[0]])
+
+    jg = jax.jacrev(gs_out, (0, 1))(0.2, 1.5)
+    jd = jax.jacrev(dfx_out, (0, 1))(0.2, 1.5)
+    np.testing.assert_allclose(jg[0], jd[0], rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(jg[1], jd[1], rtol=1e-7, atol=1e-9)
+    # closed form for the second state: y = 2 exp(-(t - t0))
+    np.testing.assert_allclose(jg[1][1], -2 * np.exp(-1.3), rtol=1e-8)
+    np.testing.assert_allclose(jg[0][1], 2 * np.exp(-1.3), rtol=1e-8)
+    np.testing.assert_allclose(jg[0][3], 2 * np.exp(-0.5), rtol=1e-8)
+    np.testing.assert_allclose(jg[1][3], 0.0, atol=1e-12)
+    # second derivative w.r.t. t1 of y2(t1) = 2 exp(-(t1 - t0))
+    h = jax.hessian(lambda t1: gs_out(0.2, t1)[1])(1.5)
+    np.testing.assert_allclose(h, 2 * np.exp(-1.3), rtol=1e-8)
+
+
 @pytest.mark.parametrize("group_size", [4, 1024])
 def test_ragged_ensemble_members_equal_single_solves(group_size):
     n = 12

@@ -11,7 +11,8 @@ takes ~11 s now; a 2-state one 3.9 s then, ~3.4 s now.
 Shared objects are cached on disk under ``$GRADSOLVE_KERNEL_CACHE`` (default
 ``~/.cache/gradsolve/kernels``), keyed by a hash of the source, the compiler command and the
 CPU's feature flags (the code is built with ``-march=native``). Compiling takes a few
-seconds once per vector field; a cached kernel loads in milliseconds.
+seconds once per vector field; a cached kernel loads in milliseconds. The cache keeps the
+most recently used kernels within ``$GRADSOLVE_KERNEL_CACHE_MB`` (default 1024) megabytes.
 """
 
 from __future__ import annotations
@@ -155,7 +156,12 @@ def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts) -> 
         with ThreadPoolExecutor(max_workers=len(todo)) as ex:
             for fut in [ex.submit(_compile, cxx, source, paths[g], g) for g in todo]:
                 fut.result()
+        _prune_cache(keep=set(paths.values()))
     for g in groups:
+        try:
+            os.utime(paths[g])  # last use, for the cache's least-recently-used pruning
+        except OSError:
+            pass
         lib = ctypes.cdll.LoadLibrary(str(paths[g]))
         for part in g:
             target = f"{prefix}_{part}"
@@ -164,6 +170,27 @@ def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts) -> 
             # Every operand and result leads with the ensemble axis and trajectories are
             # independent, so a sharded ensemble runs the kernel on each shard.
             jax.ffi.register_ffi_target_as_batch_partitionable(target)
+
+
+def _prune_cache(keep: set) -> None:
+    """Delete the least recently used kernels while the cache exceeds its size limit
+    (``$GRADSOLVE_KERNEL_CACHE_MB``, default 1024). Loaded libraries stay valid."""
+    try:
+        limit = float(os.environ.get("GRADSOLVE_KERNEL_CACHE_MB", "1024")) * 2**20
+        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in cache_dir().glob("gs_*.so")]
+    except (OSError, ValueError):
+        return
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files, key=lambda x: x[0]):
+        if total <= limit:
+            break
+        if path in keep:
+            continue
+        try:
+            path.unlink()
+            total -= size
+        except OSError:
+            pass
 
 
 def _warn_once(reason: str) -> None:

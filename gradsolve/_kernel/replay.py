@@ -23,8 +23,11 @@ Differentiation (why it is built this way):
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+
 import numpy as np
 
 from .._solver.base import AbstractExplicitRK
@@ -86,10 +89,43 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype):
     except Unsupported:
         prefix = None
     else:
-        prefix = build.load(source)
+        variant_key = (type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
+        prefix = None if _too_many_variants(f, variant_key, source) else build.load(source)
     if key is not None:
         _sources[key] = prefix
     return prefix
+
+
+# Distinct kernel sources generated per vector-field code object in this process. Values a
+# vector field closes over are compiled into its kernel as constants, so
+# ``gs.solve(lambda t, y, p: -k * y, ...)`` in a loop over ``k`` would compile a new kernel
+# (seconds) for every ``k``; past `_MAX_VARIANTS` such variants new ones use the XLA driver.
+_variants: dict = {}
+_MAX_VARIANTS = 4
+
+
+def _too_many_variants(f, variant_key, source: str) -> bool:
+    """Whether ``f``'s code already compiled `_MAX_VARIANTS` other kernels for the same
+    solver and shapes (so the sources differ only by closed-over values)."""
+    code = getattr(f, "__code__", None)
+    if code is None:
+        return False
+    seen = _variants.setdefault((code, variant_key), set())
+    digest = hash(source)
+    if digest in seen:
+        return False
+    if len(seen) >= _MAX_VARIANTS:
+        if len(seen) == _MAX_VARIANTS:
+            seen.add(None)  # warn once per code object
+            warnings.warn(
+                f"gradsolve: the vector field {getattr(f, '__qualname__', f)!r} closes over "
+                f"values that change between calls; each new value compiles a new CPU kernel "
+                f"(seconds), so after {_MAX_VARIANTS} of them it runs on the XLA driver "
+                "(same results, slower). Pass such values through `params` to reuse one "
+                "compiled kernel.", RuntimeWarning, stacklevel=6)
+        return True
+    seen.add(digest)
+    return False
 
 
 def spread(make_call, n: int):

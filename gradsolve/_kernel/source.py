@@ -653,7 +653,7 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
       }}
       HS[j] = h_next;
       const bool finished = accept && t_new >= T1[j];
-      const real tiny = 10 * eps * std::max(std::abs(t_new), std::abs(T1[j]));
+      const real tiny = 10 * eps * std::max(std::abs(t_new), std::abs(TA[j]));
       const bool underflow = !finished && h_next <= tiny;
       const bool over = !finished && (NA[j] >= in.cap || NA[j] + NR[j] >= attempts_cap);
       if (underflow) ST[j] = std::isfinite(err) ? 3 : 2;
