@@ -313,10 +313,15 @@ def _taylor2(f, t, y, params, s):
     (pinned save times, duplicates, ``t0``, ``t1``) are right.
     """
     def one(t, y, s):
-        def g(t, y):
-            return f(t, y, params)
-
-        fy, fdot = jax.jvp(g, (t, y), (jnp.ones_like(t), g(t, y)))
+        fy = f(t, y, params)
+        # y'' enters as a value only (its own derivatives would be third order), so it is
+        # evaluated on stopped inputs: a Jacobian that is not finite at the node (sqrt at
+        # 0) then cannot turn a zero cotangent into NaN.
+        ts_, ys_, ps_ = _sg(t), _sg(y), jax.tree_util.tree_map(_sg, params)
+        g = lambda t, y: f(t, y, ps_)
+        _, fdot = jax.jvp(g, (ts_, ys_), (jnp.ones_like(ts_), g(ts_, ys_)))
+        fy = jnp.where(jnp.isfinite(fy), fy, 0.0)
+        fdot = jnp.where(jnp.isfinite(fdot), fdot, 0.0)
         return y + s * fy + 0.5 * s * s * fdot
 
     return jax.vmap(one)(t, y, s)
