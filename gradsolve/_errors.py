@@ -9,7 +9,9 @@ accuracy, and should be replaced by a linearly implicit one.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._mesh import Mesh, Status
@@ -69,16 +71,11 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
         Status.INVALID_INPUT: "had invalid inputs (ts, t0/t1, rtol/atol or dt0; see "
                               "gs.Status.INVALID_INPUT)",
     }
-    lines = []
-    for code in names:
-        ids = bad[status[bad] == code]
-        if ids.size:
-            shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
-            t_stop = float(np.asarray(bm.times)[ids[0], min(int(bm.n_steps[ids[0]]), bm.capacity)])
-            lines.append(
-                f"{ids.size} trajectories {names[code]} (indices: {shown}; trajectory "
-                f"{ids[0]} stopped at t={t_stop:.6g} of t1={float(bm.t1):.6g})."
-            )
+    def stopped(i):
+        t_stop = float(np.asarray(bm.times)[i, min(int(bm.n_steps[i]), bm.capacity)])
+        return f"; trajectory {i} stopped at t={t_stop:.6g} of t1={float(bm.t1):.6g}"
+
+    lines = _failure_lines(status, bad, names, stopped)
     stiff_msg = ""
     for i in bad[:3]:
         if status[i] in (Status.MAX_STEPS, Status.STEP_UNDERFLOW):
@@ -110,15 +107,34 @@ def raise_if_fallback_failed(status, where: str, dt0, max_steps: int) -> None:
         Status.STEP_UNDERFLOW: "had its step size underflow",
         Status.INVALID_INPUT: "had invalid inputs (ts, t0/t1 or dt0)",
     }
-    lines = []
-    for code, what in names.items():
-        ids = bad[status[bad] == code]
-        if ids.size:
-            shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
-            lines.append(f"{ids.size} trajectories {what} (indices: {shown}).")
+    lines = _failure_lines(status, bad, names)
     raise RuntimeError(
         f"{where}: {bad.size} of {status.size} trajectories failed on the diffrax.diffeqsolve "
         "fallback route. " + " ".join(lines) + " Inside jax.jit no exception is raised: check "
         "`sol.stats['status']` (failed trajectories give NaN outputs); pass throw=False to "
         "get that behaviour here too."
     )
+
+
+def _failure_lines(status, bad, names: dict, detail=None) -> list[str]:
+    """One sentence per failure code in ``names`` (code -> what happened): how many of the
+    ``bad`` trajectories, their first indices, and ``detail(first index)`` if given."""
+    lines = []
+    for code, what in names.items():
+        ids = bad[status[bad] == code]
+        if ids.size:
+            shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
+            extra = detail(int(ids[0])) if detail is not None else ""
+            lines.append(f"{ids.size} trajectories {what} (indices: {shown}{extra}).")
+    return lines
+
+
+def error_if_failed(x, status, invalid: dict | None, where: str, failure: str):
+    """``x`` guarded by ``equinox.error_if`` (``throw=True`` under ``jit``): one error per
+    input found invalid on device (``invalid``: message -> ``(n,)`` bool, from
+    `gradsolve._record.runtime_checks`), then ``failure`` for any other failed status."""
+    for msg, bad in (invalid or {}).items():
+        x = eqx.error_if(x, jnp.any(bad),
+                         f"{where}: invalid input (found at run time under jax.jit): {msg}.")
+    failed = (status != Status.OK) & (status != Status.INVALID_INPUT)
+    return eqx.error_if(x, jnp.any(failed), f"{where}: {failure}")

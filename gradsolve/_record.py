@@ -37,7 +37,7 @@ from ._checks import (
 from ._config import kernel_enabled
 from ._controller import PIDController, error_norm, initial_step
 from ._kernel import kernel_record
-from ._errors import raise_if_failed
+from ._errors import error_if_failed, raise_if_failed
 from ._misc import tree_where
 from ._mesh import Mesh, Status
 from ._solver import Tsit5
@@ -432,16 +432,9 @@ def finalize(mesh: Mesh, f, where: str, throw: bool | None, invalid: dict | None
             raise_if_failed(mesh, f, where)
         return mesh.trim()
     if throw:
-        times = mesh.times
-        for msg, bad in (invalid or {}).items():
-            times = eqx.error_if(
-                times, jnp.any(bad),
-                f"{where}: invalid input (found at run time under jax.jit): {msg}.",
-            )
-        failed = (mesh.status != Status.OK) & (mesh.status != Status.INVALID_INPUT)
-        times = eqx.error_if(
-            times, jnp.any(failed),
-            f"{where}: a trajectory failed (max_steps reached, non-finite state or step-size "
+        times = error_if_failed(
+            mesh.times, mesh.status, invalid, where,
+            "a trajectory failed (max_steps reached, non-finite state or step-size "
             "underflow); try a stiff solver such as gs.Rodas5P(), a looser rtol or a larger "
             "max_steps.",
         )

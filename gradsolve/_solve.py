@@ -9,7 +9,7 @@ import numpy as np
 
 from ._checks import is_concrete
 from ._controller import PIDController
-from ._errors import raise_if_fallback_failed
+from ._errors import error_if_failed, raise_if_fallback_failed
 from ._mesh import Status
 from ._record import _MAX_STEPS, prepare, record_prepared, runtime_checks, unbatch_mesh
 from ._replay import replay_prepared
@@ -143,12 +143,9 @@ def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps, throw, where) -> So
         if throw is None or throw:
             raise_if_fallback_failed(status, where, dt0, max_steps)
     elif throw:
-        for msg, bad in (rc.failed if rc is not None else {}).items():
-            ys = eqx.error_if(ys, jnp.any(bad),
-                              f"{where}: invalid input (found at run time under jax.jit): {msg}.")
-        ys = eqx.error_if(
-            ys, jnp.any(failed & (status != Status.INVALID_INPUT)),
-            f"{where}: a trajectory failed on the diffrax.diffeqsolve fallback (constant steps "
+        ys = error_if_failed(
+            ys, status, None if rc is None else rc.failed, where,
+            "a trajectory failed on the diffrax.diffeqsolve fallback (constant steps "
             f"dt0): max_steps={max_steps} reached or a non-finite state; pass a larger "
             "`max_steps` or a smaller `dt0`, or use an adaptive solver.",
         )

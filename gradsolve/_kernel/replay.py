@@ -27,7 +27,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-
 import numpy as np
 
 from .._solver.base import AbstractExplicitRK
