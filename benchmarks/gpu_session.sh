@@ -23,17 +23,20 @@ START=$SECONDS
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-row() {  # row SECONDS PROBLEM SIZE
+row() {  # row SECONDS PROBLEM SIZE [TAG]
   local left=$(( 540 - (SECONDS - START) ))
   local limit=$(( $1 < left ? $1 : left ))
   if (( limit < 30 )); then echo "skipped $2 n=$3 (time budget)" | tee -a "$OUT/bench.log"; return; fi
+  echo "# $2 n=$3 ${4:-}" >> "$OUT/bench.log"
   timeout "$limit" python benchmarks/bench_core.py --problems "$2" --sizes "$3" --repeats 5 \
-    --json "$OUT/core_$2_$3.json" 2>&1 | grep -v "^WARNING" | tee -a "$OUT/bench.log"
+    --json "$OUT/core_$2_$3${4:-}.json" 2>&1 | grep -v "^WARNING" | tee -a "$OUT/bench.log"
 }
 
 row 150 lotka_volterra 32768
 row 120 lorenz 32768
 row 120 van_der_pol 32768
+# The batched XLA replay the lanes replay replaced (gradsolve._lanes), for comparison.
+GRADSOLVE_LANES=0 row 120 lotka_volterra 32768 _batched
 row 60 lotka_volterra 1000
 row 60 lorenz 1000
 row 60 van_der_pol 1000

@@ -73,3 +73,12 @@ def kernel_enabled() -> bool:
     if _KERNEL["enabled"] is not None:
         return _KERNEL["enabled"]
     return os.environ.get("GRADSOLVE_KERNEL", "1").lower() not in ("0", "false", "no", "off")
+
+
+def lanes_enabled() -> bool:
+    """Whether explicit Runge–Kutta replays off the compiled kernel use the lanes replay
+    (`gradsolve._lanes`); ``GRADSOLVE_LANES=0`` selects the batched XLA replay instead
+    (same values and gradients to rounding; for comparison and debugging)."""
+    import os
+
+    return os.environ.get("GRADSOLVE_LANES", "1").lower() not in ("0", "false", "no", "off")

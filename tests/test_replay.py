@@ -243,6 +243,7 @@ def test_default_group_size_follows_the_backend(monkeypatch):
     steps = np.asarray(mesh.n_steps)
     chunk = 8
     one_group = n * chunk * np.ceil(steps.max() / chunk)
+    monkeypatch.setenv("GRADSOLVE_LANES", "0")  # the batched driver (lanes: test_lanes.py)
     with gs.use_compiled_kernel(False):
         cpu = gs.replay(lotka_volterra, mesh, y0, p)
         explicit = gs.replay(lotka_volterra, mesh, y0, p, group_size=256)

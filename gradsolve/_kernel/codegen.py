@@ -122,20 +122,32 @@ _BINARY = {
 _INLINE_KEYS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 _INLINE = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
            "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name"}
+# Primitives applied entry by entry (same output shape as the broadcast inputs).
+ELEMENTWISE = frozenset(_UNARY) | frozenset(_BINARY) | {
+    "integer_pow", "convert_element_type", "reduce_precision", "select_n", "clamp", "round"}
 
 
-class Emitter:
-    """Accumulates C++ statements; values are numpy object arrays of C++ expressions."""
+class Scalarizer:
+    """Evaluates a jaxpr element by element: every value is a numpy object array whose
+    entries are one backend scalar each (a C++ expression here, a JAX array of one entry per
+    trajectory in `gradsolve._lanes`). Structural primitives are resolved on those object
+    arrays; subclasses say how elementwise ones, constants and static indices are made."""
 
-    def __init__(self):
-        self.lines: list[str] = []
-        self._count = 0
+    # --- backend hooks -------------------------------------------------------------------
+    def constant(self, value, dtype) -> np.ndarray:
+        raise NotImplementedError
 
-    def fresh(self, ctype: str, expr: str) -> str:
-        name = f"v{self._count}"
-        self._count += 1
-        self.lines.append(f"const {ctype} {name} = {expr};")
-        return name
+    def elementwise(self, eqn, ins: list[np.ndarray]) -> list[np.ndarray]:
+        """``eqn`` (an elementwise primitive) applied entry by entry."""
+        raise NotImplementedError
+
+    def binop(self, name: str, a, b, dtype):
+        """One backend scalar: ``add``, ``mul``, ``max`` or ``min`` of two (reductions)."""
+        raise NotImplementedError
+
+    def static_int(self, entry) -> int:
+        """The value of an integer entry known at translation time, else `Unsupported`."""
+        raise NotImplementedError
 
     # --- jaxpr evaluation -------------------------------------------------------------
     def run(self, closed, args: list[np.ndarray]) -> list[np.ndarray]:
@@ -147,17 +159,14 @@ class Emitter:
             env[var] = a
         return self._eval(jaxpr, env)
 
-    def constant(self, value, dtype) -> np.ndarray:
+    def _concrete(self, value) -> np.ndarray:
         try:
             arr = np.asarray(value)
         except Exception as e:  # a tracer closed over from an outer trace
             raise Unsupported("the vector field closes over traced values") from e
         if arr.size > _MAX_ELEMENTS:
             raise Unsupported("large constant")
-        out = np.empty(arr.shape, dtype=object)
-        for idx in np.ndindex(arr.shape):
-            out[idx] = _literal(arr[idx], dtype)
-        return out
+        return arr
 
     def _read(self, env, v) -> np.ndarray:
         if isinstance(v, Literal):
@@ -188,83 +197,12 @@ class Emitter:
                         return self.run(sub, ins[len(ins) - len(sub.jaxpr.invars):])
                     return self._eval(sub, dict(zip(sub.invars, ins[len(ins) - len(sub.invars):])))
             raise Unsupported(name)
-        if name in _UNARY:
-            ct = _ctype(out_avals[0].dtype)
-            fmt = "(~{0})" if name == "not" and ct != "int" else _UNARY[name]  # ints: bitwise
-            return [self._map(ct, fmt, ins)]
-        if name in _BINARY:
-            ct = _ctype(out_avals[0].dtype)
-            fmt = _BINARY[name]
-            if name in ("and", "or", "xor") and ct == "int":  # booleans: logical
-                fmt = fmt.replace("&", "&&").replace("|", "||").replace("^", "!=")
-            return [self._map(ct, fmt, ins, shape=out_avals[0].shape)]
+        if name in ELEMENTWISE:
+            return self.elementwise(eqn, ins)
         rule = getattr(self, "_p_" + name, None)
         if rule is None:
             raise Unsupported(name)
         return rule(ins, p, out_avals)
-
-    def _map(self, ctype, fmt, ins, shape=None):
-        shape = tuple(ins[0].shape) if shape is None else tuple(shape)
-        ins = [np.broadcast_to(a, shape) for a in ins]
-        out = np.empty(shape, dtype=object)
-        for idx in np.ndindex(shape):
-            out[idx] = self.fresh(ctype, fmt.format(*[a[idx] for a in ins]))
-        return out
-
-    def _p_integer_pow(self, ins, p, avals):
-        y = int(p["y"])
-        out = np.empty(ins[0].shape, dtype=object)
-        for idx in np.ndindex(ins[0].shape):
-            x = ins[0][idx]
-            if y == 0:
-                out[idx] = "(real)1"
-                continue
-            acc, base, e = None, x, abs(y)
-            while e:  # square-and-multiply, as XLA lowers integer_pow
-                if e & 1:
-                    acc = base if acc is None else self.fresh("real", f"({acc} * {base})")
-                e >>= 1
-                if e:
-                    base = self.fresh("real", f"({base} * {base})")
-            out[idx] = acc if y > 0 else self.fresh("real", f"((real)1 / {acc})")
-        return [out]
-
-    def _p_convert_element_type(self, ins, p, avals):
-        ct = _ctype(avals[0].dtype)
-        if np.dtype(avals[0].dtype) == np.bool_:  # nonzero is true, as in XLA
-            return [self._map(ct, "((int)(({0}) != 0))", ins)]
-        return [self._map(ct, f"(({ct})" + "{0})", ins)]
-
-    def _p_reduce_precision(self, ins, p, avals):
-        return [ins[0]]
-
-    def _p_select_n(self, ins, p, avals):
-        pred, *cases = ins
-        shape = tuple(avals[0].shape)
-        pred = np.broadcast_to(pred, shape)
-        cases = [np.broadcast_to(c, shape) for c in cases]
-        ct = _ctype(avals[0].dtype)
-        out = np.empty(shape, dtype=object)
-        for idx in np.ndindex(shape):
-            expr = cases[-1][idx]
-            for k in range(len(cases) - 2, -1, -1):
-                expr = f"(({pred[idx]}) == {k} ? ({cases[k][idx]}) : ({expr}))"
-            out[idx] = self.fresh(ct, expr)
-        return [out]
-
-    def _p_clamp(self, ins, p, avals):
-        lo, x, hi = (np.broadcast_to(a, avals[0].shape) for a in ins)
-        ct = _ctype(avals[0].dtype)
-        out = np.empty(avals[0].shape, dtype=object)
-        for idx in np.ndindex(avals[0].shape):
-            m = f"(({x[idx]}) < ({lo[idx]}) ? ({lo[idx]}) : ({x[idx]}))"
-            out[idx] = self.fresh(ct, f"(({m}) > ({hi[idx]}) ? ({hi[idx]}) : ({m}))")
-        return [out]
-
-    def _p_round(self, ins, p, avals):
-        method = int(p.get("rounding_method", 0))
-        fmt = "std::round({0})" if method == 0 else "std::nearbyint({0})"
-        return [self._map("real", fmt, ins)]
 
     # structural primitives: resolved at translation time
     def _p_broadcast_in_dim(self, ins, p, avals):
@@ -287,15 +225,7 @@ class Emitter:
         return [ins[0][sl]]
 
     def _static_ints(self, arrays) -> list[int]:
-        vals = []
-        for a in arrays:
-            s = str(np.asarray(a).reshape(-1)[0])
-            s = s.replace("(real)", "").replace("LL", "")
-            try:
-                vals.append(int(float(s)))
-            except ValueError as e:
-                raise Unsupported("traced index") from e
-        return vals
+        return [self.static_int(np.asarray(a).reshape(-1)[0]) for a in arrays]
 
     def _p_dynamic_slice(self, ins, p, avals):
         x, *idx = ins
@@ -364,27 +294,27 @@ class Emitter:
         keep = [i for i in range(x.ndim) if i not in axes]
         moved = np.transpose(x, keep + list(axes)).reshape(
             tuple(x.shape[i] for i in keep) + (-1,))
-        ct = _ctype(avals[0].dtype)
+        dtype = avals[0].dtype
         out = np.empty(moved.shape[:-1], dtype=object)
         for idx in np.ndindex(out.shape):
             terms = list(moved[idx])
             acc = terms[0]
             for t in terms[1:]:
-                acc = self.fresh(ct, op.format(acc, t))
+                acc = self.binop(op, acc, t, dtype)
             out[idx] = acc
         return [out]
 
     def _p_reduce_sum(self, ins, p, avals):
-        return self._reduce(ins, p, avals, "({0} + {1})")
+        return self._reduce(ins, p, avals, "add")
 
     def _p_reduce_prod(self, ins, p, avals):
-        return self._reduce(ins, p, avals, "({0} * {1})")
+        return self._reduce(ins, p, avals, "mul")
 
     def _p_reduce_max(self, ins, p, avals):
-        return self._reduce(ins, p, avals, _BINARY["max"])
+        return self._reduce(ins, p, avals, "max")
 
     def _p_reduce_min(self, ins, p, avals):
-        return self._reduce(ins, p, avals, _BINARY["min"])
+        return self._reduce(ins, p, avals, "min")
 
     def _p_dot_general(self, ins, p, avals):
         (lc, rc), (lb, rb) = p["dimension_numbers"]
@@ -401,14 +331,126 @@ class Emitter:
         L = L.reshape(bshape + lfs + (k,))
         R = R.reshape(bshape + (k,) + rfs)
         out = np.empty(bshape + lfs + rfs, dtype=object)
-        ct = _ctype(avals[0].dtype)
+        dtype = avals[0].dtype
         for bi in np.ndindex(bshape):
             for li in np.ndindex(lfs):
                 for ri in np.ndindex(rfs):
-                    terms = [f"({L[bi + li + (j,)]} * {R[bi + (j,) + ri]})" for j in range(k)]
-                    expr = " + ".join(terms) if terms else "(real)0"
-                    out[bi + li + ri] = self.fresh(ct, expr)
+                    acc = None
+                    for j in range(k):
+                        term = self.binop("mul", L[bi + li + (j,)], R[bi + (j,) + ri], dtype)
+                        acc = term if acc is None else self.binop("add", acc, term, dtype)
+                    out[bi + li + ri] = (self.constant(0, dtype).reshape(()).item()
+                                         if acc is None else acc)
         return [out]
+
+
+class Emitter(Scalarizer):
+    """Accumulates C++ statements; values are numpy object arrays of C++ expressions."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self._count = 0
+
+    def fresh(self, ctype: str, expr: str) -> str:
+        name = f"v{self._count}"
+        self._count += 1
+        self.lines.append(f"const {ctype} {name} = {expr};")
+        return name
+
+    def constant(self, value, dtype) -> np.ndarray:
+        arr = self._concrete(value)
+        out = np.empty(arr.shape, dtype=object)
+        for idx in np.ndindex(arr.shape):
+            out[idx] = _literal(arr[idx], dtype)
+        return out
+
+    def static_int(self, entry) -> int:
+        s = str(entry).replace("(real)", "").replace("LL", "")
+        try:
+            return int(float(s))
+        except ValueError as e:
+            raise Unsupported("traced index") from e
+
+    def binop(self, name, a, b, dtype):
+        return self.fresh(_ctype(dtype), _BINARY[name].format(a, b))
+
+    def elementwise(self, eqn, ins):
+        name = eqn.primitive.name
+        out_avals = [v.aval for v in eqn.outvars]
+        if name in _UNARY:
+            ct = _ctype(out_avals[0].dtype)
+            fmt = "(~{0})" if name == "not" and ct != "int" else _UNARY[name]  # ints: bitwise
+            return [self._map(ct, fmt, ins)]
+        if name in _BINARY:
+            ct = _ctype(out_avals[0].dtype)
+            fmt = _BINARY[name]
+            if name in ("and", "or", "xor") and ct == "int":  # booleans: logical
+                fmt = fmt.replace("&", "&&").replace("|", "||").replace("^", "!=")
+            return [self._map(ct, fmt, ins, shape=out_avals[0].shape)]
+        return getattr(self, "_p_" + name)(ins, eqn.params, out_avals)
+
+    def _map(self, ctype, fmt, ins, shape=None):
+        shape = tuple(ins[0].shape) if shape is None else tuple(shape)
+        ins = [np.broadcast_to(a, shape) for a in ins]
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            out[idx] = self.fresh(ctype, fmt.format(*[a[idx] for a in ins]))
+        return out
+
+    def _p_integer_pow(self, ins, p, avals):
+        y = int(p["y"])
+        out = np.empty(ins[0].shape, dtype=object)
+        for idx in np.ndindex(ins[0].shape):
+            x = ins[0][idx]
+            if y == 0:
+                out[idx] = "(real)1"
+                continue
+            acc, base, e = None, x, abs(y)
+            while e:  # square-and-multiply, as XLA lowers integer_pow
+                if e & 1:
+                    acc = base if acc is None else self.fresh("real", f"({acc} * {base})")
+                e >>= 1
+                if e:
+                    base = self.fresh("real", f"({base} * {base})")
+            out[idx] = acc if y > 0 else self.fresh("real", f"((real)1 / {acc})")
+        return [out]
+
+    def _p_convert_element_type(self, ins, p, avals):
+        ct = _ctype(avals[0].dtype)
+        if np.dtype(avals[0].dtype) == np.bool_:  # nonzero is true, as in XLA
+            return [self._map(ct, "((int)(({0}) != 0))", ins)]
+        return [self._map(ct, f"(({ct})" + "{0})", ins)]
+
+    def _p_reduce_precision(self, ins, p, avals):
+        return [ins[0]]
+
+    def _p_select_n(self, ins, p, avals):
+        pred, *cases = ins
+        shape = tuple(avals[0].shape)
+        pred = np.broadcast_to(pred, shape)
+        cases = [np.broadcast_to(c, shape) for c in cases]
+        ct = _ctype(avals[0].dtype)
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            expr = cases[-1][idx]
+            for k in range(len(cases) - 2, -1, -1):
+                expr = f"(({pred[idx]}) == {k} ? ({cases[k][idx]}) : ({expr}))"
+            out[idx] = self.fresh(ct, expr)
+        return [out]
+
+    def _p_clamp(self, ins, p, avals):
+        lo, x, hi = (np.broadcast_to(a, avals[0].shape) for a in ins)
+        ct = _ctype(avals[0].dtype)
+        out = np.empty(avals[0].shape, dtype=object)
+        for idx in np.ndindex(avals[0].shape):
+            m = f"(({x[idx]}) < ({lo[idx]}) ? ({lo[idx]}) : ({x[idx]}))"
+            out[idx] = self.fresh(ct, f"(({m}) > ({hi[idx]}) ? ({hi[idx]}) : ({m}))")
+        return [out]
+
+    def _p_round(self, ins, p, avals):
+        method = int(p.get("rounding_method", 0))
+        fmt = "std::round({0})" if method == 0 else "std::nearbyint({0})"
+        return [self._map("real", fmt, ins)]
 
 
 def translate(fn, example_args, input_exprs):

@@ -12,7 +12,8 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from .replay import _flatten_spec, flat_params, kernel_target, per_trajectory, spread
+from .._adjoint import flat_params, flatten_spec, per_trajectory
+from .replay import kernel_target, spread
 
 
 def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int,
@@ -28,7 +29,7 @@ def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype
-    leaves = _flatten_spec(params)[0]
+    leaves = flatten_spec(params)[0]
     pflat = flat_params(leaves, n, dtype)
     t01 = per_trajectory((t0, t1), n, dtype)
     tol = per_trajectory((rtol, atol), n, dtype)

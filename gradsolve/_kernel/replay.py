@@ -5,20 +5,8 @@
 kernel does not apply (not on CPU, not an explicit Runge–Kutta solver, a vector field the
 translator does not handle, no compiler); the caller then runs the XLA replay.
 
-Differentiation (why it is built this way):
-
-- ``forward`` is a ``custom_jvp`` function. Its JVP rule returns the kernel's values and a
-  tangent built with `gradsolve._kernel.linear.linear_apply` (a linear map with a given
-  transpose): forward mode evaluates the tangent with the XLA replay's own JVP, reverse
-  mode transposes it into ``backward``, the compiled adjoint. So ``grad``/``vjp`` get the
-  fast adjoint while ``jvp``/``jacfwd`` keep working, which a ``custom_vjp`` would forbid.
-- ``backward`` is itself a ``custom_jvp`` function whose rule differentiates the XLA
-  replay's VJP, so second derivatives (``hessian``, ``jacfwd(jacrev(...))``) work too.
-- The stored node states travel from ``forward`` to ``backward`` as residuals. They are a
-  function of the differentiable inputs, and ``backward``'s rule differentiates through
-  those inputs only, so the states' own tangent is never needed (it is returned as zero).
-- Every array reaches the rules as an argument, never a closure: the transposed and
-  differentiated rules are traced lazily, outside the trace that created them.
+Differentiation is `gradsolve._adjoint.adjoint_replay`'s: ``grad`` runs the compiled adjoint,
+forward mode and second derivatives the XLA replay.
 """
 
 from __future__ import annotations
@@ -29,59 +17,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
 from .._solver.base import AbstractExplicitRK
 from . import build
 from .codegen import Unsupported
-from .linear import linear_apply
 from .source import generate
 
 _sources: dict = {}
 
 
-def _flatten_spec(params):
-    """Leaves, treedef, per-trajectory leaf shapes and dtypes of batched ``params``."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
-    dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
-    return leaves, treedef, shapes, dtypes
-
-
-def flat_params(leaves, n: int, dtype):
-    """Per-trajectory parameters as one ``(n, P)`` matrix of the state dtype."""
-    if not leaves:
-        return jnp.zeros((n, 0), dtype)
-    return jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1)
-
-
-def per_trajectory(values, n: int, dtype):
-    """Scalars (or a vector) repeated as one ``(n, len(values))`` row per trajectory: every
-    kernel operand leads with the ensemble axis, so it shards and vmaps like the others."""
-    row = jnp.stack([jnp.asarray(v, dtype) for v in values])
-    return jnp.broadcast_to(row, (n,) + row.shape)
-
-
-def _unflatten_one(pflat, treedef, shapes, dtypes):
-    out, i = [], 0
-    for shape, dt in zip(shapes, dtypes):
-        size = int(np.prod(shape))
-        out.append(pflat[i:i + size].reshape(shape).astype(dt))
-        i += size
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
 def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype):
-    key = None
-    try:
-        key = (f, type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
-        hash(key)
-    except TypeError:
-        key = None
+    key = cache_key(f, type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
     if key is not None and key in _sources:
         return _sources[key]
-    p_size = int(sum(int(np.prod(s)) for s in shapes))
-
-    def f_flat(t, y, pflat):
-        return f(t, y, _unflatten_one(pflat, treedef, shapes, dtypes))
+    f_flat, p_size = flat_field(f, treedef, shapes, dtypes)
 
     try:
         source = generate(f_flat, d, p_size, dtype, solver)
@@ -154,7 +103,7 @@ def kernel_target(f, solver, y0, params) -> str | None:
     dtype = jnp.result_type(y0)
     if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
         return None
-    leaves, treedef, shapes, dtypes = _flatten_spec(params)
+    leaves, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
         return None
     return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype)
@@ -178,17 +127,9 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
         return None
     dtype = jnp.result_type(y0)
     n, d = y0.shape
-    leaves, treedef, shapes, dtypes = _flatten_spec(params)
-
-    pflat = flat_params(leaves, n, dtype)
-    tol = per_trajectory((rtol, atol), n, dtype)
-    subst = subst.astype(jnp.int32)
-    tsave = tsave.astype(dtype)
-    n_eff = n_eff.astype(jnp.int32)
-    save_index = save_index.astype(jnp.int32)
     k = save_index.shape[1]
     s1 = times.shape[1]
-    p_size = pflat.shape[1]
+    p_size = int(sum(int(np.prod(s)) for s in flatten_spec(params)[2]))
 
     fwd_call = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_fwd",
@@ -205,72 +146,6 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
         vmap_method="broadcast_all",
     ), n)
 
-    def xla(tm, y, pf, aux):
-        params = jax.vmap(lambda q: _unflatten_one(q, treedef, shapes, dtypes))(pf)
-        ys, y1 = xla_replay(tm, y, params, *aux)[:2]
-        return ys, y1
-
-    # ``tm`` below is ``tsave``; ``aux = (times, n_eff, save_index, tol, subst)``.
-    @jax.custom_jvp
-    def forward(tm, y, pf, aux):
-        times, n_eff, save, tol, subst = aux
-        return fwd_call(times, n_eff, y, pf, save, tol, tm, subst)
-
-    @jax.custom_jvp
-    def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
-        times, n_eff, save, _, subst = aux
-        build.load_part(prefix, bwd_part)
-        return bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst)
-
-    def backward_jvp(primals, tangents):
-        tm, y, pf, states, ct_ys, ct_y1, aux = primals
-        dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
-        out = backward(*primals)
-
-        def vjp_xla(tm, y, pf, ct_ys, ct_y1):
-            _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
-            return back((ct_ys, ct_y1))
-
-        _, dout = jax.jvp(vjp_xla, (tm, y, pf, ct_ys, ct_y1), (dtm, dy, dpf, dct_ys, dct_y1))
-        return out, dout
-
-    backward.defjvp(backward_jvp)
-
-    def forward_jvp(primals, tangents):
-        tm, y, pf, aux = primals
-        ys, y1, err, states, cost = forward(tm, y, pf, aux)
-        # Only non-zero tangents are linear arguments: the transpose returns cotangents
-        # for exactly those.
-        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[:3]]
-
-        def full(tans, like):
-            it = iter(tans)
-            return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
-
-        def lin(res, tans):
-            tm, y, pf, _, *aux = res
-            return jax.jvp(lambda a, b, c: xla(a, b, c, tuple(aux)), (tm, y, pf),
-                           full(tans, (tm, y, pf)))[1]
-
-        def lin_t(res, cts):
-            tm, y, pf, states, *aux = res
-            ct_ys, ct_y1 = cts
-            out = backward(tm, y, pf, states, ct_ys, ct_y1, tuple(aux))
-            return [o for lv, o in zip(live, out) if lv]
-
-        tans = [t for lv, t in zip(live, tangents[:3]) if lv]
-        if tans:
-            dys, dy1 = linear_apply(lin, lin_t, (tm, y, pf, states, *aux), tans,
-                                    out_shapes=(ys, y1))
-        else:
-            dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
-        return ((ys, y1, err, states, cost),
-                (dys, dy1, jnp.zeros_like(err), jnp.zeros_like(states),
-                 np.zeros(cost.shape, jax.dtypes.float0)))
-
-    forward.defjvp(forward_jvp, symbolic_zeros=True)
-
-    ys, y1, err, _, cost = forward(tsave, y0, pflat, (times, n_eff, save_index, tol, subst))
-    # Lane-steps computed, idle lanes included (the kernel refills lanes as trajectories end).
-    work = jnp.sum(cost).astype(dtype)
-    return ys, y1, jax.lax.stop_gradient(err), work
+    return adjoint_replay(fwd_call, bwd_call, times, n_eff, y0,
+                          params, save_index, rtol, atol, tsave, subst, xla_replay,
+                          before_bwd=lambda: build.load_part(prefix, bwd_part))

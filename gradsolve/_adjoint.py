@@ -1,0 +1,178 @@
+"""A replay with a hand-written adjoint, made differentiable under every transform.
+
+Two replays compute the forward pass and its exact discrete adjoint by hand: the compiled
+CPU kernel (`gradsolve._kernel`, C++ through ``jax.ffi``) and the lanes replay
+(`gradsolve._lanes`, XLA in structure-of-arrays form). Both provide the same pair of
+functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save slots,
+``P`` flattened parameters per trajectory):
+
+- ``fwd(times, n_eff, y0, pflat, save, tol, tsave, subst) -> (ys, y1, err, states, cost)``
+  with ``ys (n, k, d)``, ``y1 (n, d)``, ``err (n,)``, ``states`` (whatever the backward pass
+  needs, a function of the inputs) and ``cost (n,)`` int32 steps computed;
+- ``bwd(times, n_eff, pflat, save, states, ct_ys, ct_y1, tsave, subst)
+  -> (ct_tsave (n, k), ct_y0 (n, d), ct_pflat (n, P))``.
+
+`adjoint_replay` wraps them (why it is built this way):
+
+- ``forward`` is a ``custom_jvp`` function. Its JVP rule returns the values and a tangent
+  built with `gradsolve._linear.linear_apply` (a linear map with a given transpose):
+  forward mode evaluates the tangent with the plain XLA replay's own JVP, reverse mode
+  transposes it into ``bwd``. So ``grad``/``vjp`` get the fast adjoint while
+  ``jvp``/``jacfwd`` keep working, which a ``custom_vjp`` would forbid.
+- ``backward`` is itself a ``custom_jvp`` function whose rule differentiates the plain XLA
+  replay's VJP, so second derivatives (``hessian``, ``jacfwd(jacrev(...))``) work too.
+- ``states`` travel from ``forward`` to ``backward`` as residuals. They are a function of
+  the differentiable inputs, and ``backward``'s rule differentiates through those inputs
+  only, so their own tangent is never needed (it is returned as zero).
+- Every array reaches the rules as an argument, never a closure: the transposed and
+  differentiated rules are traced lazily, outside the trace that created them.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._linear import linear_apply
+
+
+def flatten_spec(params):
+    """Leaves, treedef, per-trajectory leaf shapes and dtypes of batched ``params``."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
+    dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
+    return leaves, treedef, shapes, dtypes
+
+
+def flat_params(leaves, n: int, dtype):
+    """Per-trajectory parameters as one ``(n, P)`` matrix of the state dtype."""
+    if not leaves:
+        return jnp.zeros((n, 0), dtype)
+    return jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1)
+
+
+def per_trajectory(values, n: int, dtype):
+    """Scalars (or a vector) repeated as one ``(n, len(values))`` row per trajectory: every
+    kernel operand leads with the ensemble axis, so it shards and vmaps like the others."""
+    row = jnp.stack([jnp.asarray(v, dtype) for v in values])
+    return jnp.broadcast_to(row, (n,) + row.shape)
+
+
+def unflatten_one(pflat, treedef, shapes, dtypes):
+    """One trajectory's parameter pytree from its flat ``(P,)`` row."""
+    out, i = [], 0
+    for shape, dt in zip(shapes, dtypes):
+        size = int(np.prod(shape))
+        out.append(pflat[i:i + size].reshape(shape).astype(dt))
+        i += size
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def cache_key(*parts):
+    """``parts`` as a dict key, or ``None`` where one is unhashable (e.g. a vector field
+    that is an unhashable callable object)."""
+    try:
+        hash(parts)
+    except TypeError:
+        return None
+    return parts
+
+
+def flat_field(f, treedef, shapes, dtypes):
+    """``(f_flat, P)``: ``f`` taking one trajectory's parameters as a flat ``(P,)`` row."""
+    p_size = int(sum(int(np.prod(s)) for s in shapes))
+
+    def f_flat(t, y, pflat):
+        return f(t, y, unflatten_one(pflat, treedef, shapes, dtypes))
+
+    return f_flat, p_size
+
+
+def adjoint_replay(fwd, bwd, times, n_eff, y0, params, save_index, rtol, atol, tsave, subst,
+                   xla_replay, before_bwd=None):
+    """``(ys, y1, err, work)`` of the replay computed by ``fwd``, differentiated by ``bwd``.
+
+    Arguments as `gradsolve._kernel.kernel_replay`; ``fwd``/``bwd`` as in the module
+    docstring; ``before_bwd()`` runs when the backward pass is traced (e.g. to build it).
+    """
+    dtype = jnp.result_type(y0)
+    n = y0.shape[0]
+    leaves, treedef, shapes, dtypes = flatten_spec(params)
+    pflat = flat_params(leaves, n, dtype)
+    tol = per_trajectory((rtol, atol), n, dtype)
+    subst = subst.astype(jnp.int32)
+    tsave = tsave.astype(dtype)
+    n_eff = n_eff.astype(jnp.int32)
+    save_index = save_index.astype(jnp.int32)
+
+    def xla(tm, y, pf, aux):
+        params = jax.vmap(lambda q: unflatten_one(q, treedef, shapes, dtypes))(pf)
+        ys, y1 = xla_replay(tm, y, params, *aux)[:2]
+        return ys, y1
+
+    # ``tm`` below is ``tsave``; ``aux = (times, n_eff, save_index, tol, subst)``.
+    @jax.custom_jvp
+    def forward(tm, y, pf, aux):
+        times, n_eff, save, tol, subst = aux
+        return fwd(times, n_eff, y, pf, save, tol, tm, subst)
+
+    @jax.custom_jvp
+    def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
+        times, n_eff, save, _, subst = aux
+        if before_bwd is not None:
+            before_bwd()
+        return bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst)
+
+    def backward_jvp(primals, tangents):
+        tm, y, pf, states, ct_ys, ct_y1, aux = primals
+        dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
+        out = backward(*primals)
+
+        def vjp_xla(tm, y, pf, ct_ys, ct_y1):
+            _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
+            return back((ct_ys, ct_y1))
+
+        _, dout = jax.jvp(vjp_xla, (tm, y, pf, ct_ys, ct_y1), (dtm, dy, dpf, dct_ys, dct_y1))
+        return out, dout
+
+    backward.defjvp(backward_jvp)
+
+    def forward_jvp(primals, tangents):
+        tm, y, pf, aux = primals
+        ys, y1, err, states, cost = forward(tm, y, pf, aux)
+        # Only non-zero tangents are linear arguments: the transpose returns cotangents
+        # for exactly those.
+        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[:3]]
+
+        def full(tans, like):
+            it = iter(tans)
+            return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
+
+        def lin(res, tans):
+            tm, y, pf, _, *aux = res
+            return jax.jvp(lambda a, b, c: xla(a, b, c, tuple(aux)), (tm, y, pf),
+                           full(tans, (tm, y, pf)))[1]
+
+        def lin_t(res, cts):
+            tm, y, pf, states, *aux = res
+            ct_ys, ct_y1 = cts
+            out = backward(tm, y, pf, states, ct_ys, ct_y1, tuple(aux))
+            return [o for lv, o in zip(live, out) if lv]
+
+        tans = [t for lv, t in zip(live, tangents[:3]) if lv]
+        if tans:
+            dys, dy1 = linear_apply(lin, lin_t, (tm, y, pf, states, *aux), tans,
+                                    out_shapes=(ys, y1))
+        else:
+            dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
+        return ((ys, y1, err, states, cost),
+                (dys, dy1, jnp.zeros_like(err), jnp.zeros_like(states),
+                 np.zeros(cost.shape, jax.dtypes.float0)))
+
+    forward.defjvp(forward_jvp, symbolic_zeros=True)
+
+    ys, y1, err, _, cost = forward(tsave, y0, pflat, (times, n_eff, save_index, tol, subst))
+    # Lane-steps computed, idle lanes included.
+    work = jnp.sum(cost).astype(dtype)
+    return ys, y1, jax.lax.stop_gradient(err), work
