@@ -232,23 +232,6 @@ def _error_norm(y_err: Lanes, y0: Lanes, y1: Lanes, rtol, atol):
     return jnp.where(finite & jnp.isfinite(err), err, jnp.inf)
 
 
-@jax.custom_vjp
-def _fence(x):
-    """Identity whose value and cotangent are materialised (``optimization_barrier``)."""
-    return jax.lax.optimization_barrier(x)
-
-
-def _fence_fwd(x):
-    return jax.lax.optimization_barrier(x), None
-
-
-def _fence_bwd(_, ct):
-    return (jax.lax.optimization_barrier(ct),)
-
-
-_fence.defvjp(_fence_fwd, _fence_bwd)
-
-
 def _where(c, a: Lanes, b: Lanes) -> Lanes:
     return Lanes(jnp.where(c, x, y) for x, y in zip(a.rows, b.rows))
 
@@ -311,12 +294,9 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     p = Lanes.from_matrix(pflat)
     n_max = jnp.max(n_eff)
 
-    def fenced(t, y, p):
-        return Lanes(_fence(field(t, Lanes(_fence(y.rows)), p).rows))
-
     def unit(y, p, t_prev, ta, tb):
-        st = _stage(fenced, solver, t_prev, ta, y, p)
-        return solver.step(fenced, ta, tb - ta, y, p, st)[0]
+        st = _stage(field, solver, t_prev, ta, y, p)
+        return solver.step(field, ta, tb - ta, y, p, st)[0]
 
     def body(j, carry):
         lam, gp, ct_t = carry
