@@ -248,6 +248,16 @@ def _stage(field, solver, t_prev, ta, y: Lanes, p: Lanes):
     return field(t_prev + float(solver.c[-1]) * (ta - t_prev), y, p)
 
 
+def _chunked_loop(n, body, carry, chunk: int = 8):
+    """``body(i, carry)`` for ``i`` in ``[0, ceil(n / chunk) * chunk)``: a loop of dynamic
+    length over chunks of a fixed-length loop, so a GPU checks the loop condition on the
+    host once per chunk, not once per step. ``body`` must be an identity past ``n``."""
+    def one_chunk(c, carry):
+        return jax.lax.fori_loop(0, chunk, lambda k, cr: body(c * chunk + k, cr), carry)
+
+    return jax.lax.fori_loop(0, (n + chunk - 1) // chunk, one_chunk, carry)
+
+
 def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
     """Replay one group. ``nodes (g, S1)`` (moved save nodes included), ``n_eff (g,)``,
     ``y0 (g, d)``, ``pflat (g, P)``, ``save (g, k)``, ``tol (g, 2)``. Returns ``ys (g, k, d)``,
@@ -274,8 +284,9 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
         states = jax.lax.dynamic_update_index_in_dim(states, jnp.stack(y.rows), i + 1, axis=0)
         return y, st, emax, states
 
-    y, _, emax, states = jax.lax.fori_loop(
-        0, n_max, body, (y, st, jnp.zeros((g,), y0.dtype), states))
+    # Steps past n_max (the last chunk's tail) are inactive everywhere; their clamped state
+    # write only repeats each lane's final state into a slot past its n_eff, or its own.
+    y, _, emax, states = _chunked_loop(n_max, body, (y, st, jnp.zeros((g,), y0.dtype), states))
     node = jnp.minimum(save, n_eff[:, None])
     ys = states[node, :, jnp.arange(g)[:, None]]
     cost = jnp.broadcast_to(n_max, (g,)).astype(jnp.int32)
@@ -301,7 +312,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     def body(j, carry):
         lam, gp, ct_t = carry
         i = n_max - 1 - j
-        active = i < n_eff
+        active = (i >= 0) & (i < n_eff)
         t_prev = _column(nodes, jnp.maximum(i - 1, 0))
         ta, tb = _column(nodes, i), _column(nodes, i + 1)
         y = Lanes(jax.lax.dynamic_index_in_dim(states, i, axis=0, keepdims=False))
@@ -319,8 +330,8 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     # Carries are `Lanes` (one array per component), not (g, d) matrices: XLA would fuse
     # each output entry's whole reverse step separately and compute it d times.
     ct_t0 = jnp.zeros((s1, g), states.dtype) if moved else None
-    lam, gp, ct_t = jax.lax.fori_loop(
-        0, n_max, body, (Lanes.from_matrix(lam), Lanes.from_matrix(jnp.zeros_like(pflat)), ct_t0))
+    lam, gp, ct_t = _chunked_loop(
+        n_max, body, (Lanes.from_matrix(lam), Lanes.from_matrix(jnp.zeros_like(pflat)), ct_t0))
     return lam.matrix(), gp.matrix(), ct_t
 
 
