@@ -55,7 +55,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PyTree
+from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from ._checks import batch, check_vector_field, is_concrete, split_static
 from ._config import kernel_enabled, lanes_enabled
@@ -221,7 +221,9 @@ def replay(
             are mesh nodes: interior save times move their node (so the gradient w.r.t.
             ``ts`` is ``f(t, y)`` there, to the solver's accuracy); save times equal to
             ``t0`` or ``t1`` stay pinned and get their first-order derivative
-            ``f(t, y)`` added.
+            ``f(t, y)`` added. A save time moved past a neighbouring mesh node is a
+            ``ValueError``; under ``jit`` that trajectory gives NaN and
+            ``stats["status"] == Status.INVALID_INPUT``.
         group_size: trajectories per length-sorted group (ragged ensembles; XLA driver);
             ``None`` picks `default_group_size` for the backend (on CPU 256, or 1,024
             for the lanes replay of explicit solvers; one group of up to 131,072 on
@@ -269,8 +271,11 @@ def replay(
     return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size)
 
 
-def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_size: int) -> Solution:
-    """Replay validated, batched inputs ``b`` (see `gradsolve._checks.batch`)."""
+def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_size: int,
+                    check_moved: bool = True) -> Solution:
+    """Replay validated, batched inputs ``b`` (see `gradsolve._checks.batch`).
+    ``check_moved=False`` skips the on-device check of moved save times (`gradsolve.solve`,
+    whose ``ts`` are the recorded nodes)."""
     use_kernel = kernel_enabled() and kernel_target(f, mesh.solver, b.y0, b.params) is not None
     if not (group_size is None or isinstance(group_size, (int, np.integer)) and group_size >= 1):
         raise ValueError(f"`group_size` must be a positive int or None, got {group_size!r}.")
@@ -280,19 +285,20 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_siz
     if lanes_enabled():
         lanes_group = default_group_size(lanes=True) if group_size is None else group_size
     group_size = default_group_size() if group_size is None else group_size
-    ys, y1, err, work, out_ts = _replay_core(
+    ys, y1, err, work, out_ts, status = _replay_core(
         f, mesh, b.y0, b.params, b.ts if ts_given else None, group_size, chunk_size, use_kernel,
-        lanes_group,
+        lanes_group, check_moved,
     )
     stats = {
         "num_accepted_steps": mesh.n_steps,
         "num_rejected_steps": mesh.n_rejected,
         "num_replayed_steps": jnp.asarray(mesh.capacity),
         "replay_work": work,
-        "status": mesh.status,
+        "status": status,
     }
     if b.single:
         ys, y1, err, out_ts = ys[0], y1[0], err[0], out_ts[0]
+        stats["status"] = status[0]
     return Solution(ys=ys, y1=y1, ts=out_ts, mesh=mesh, stats=stats, error_ratio=err,
                     route="gradsolve-kernel" if use_kernel else "gradsolve-replay")
 
@@ -354,6 +360,27 @@ def _node_times(times: Float[Array, "n S1"], save_index: Int[Array, "n k"], tsav
     return nodes, subst & ~dup
 
 
+def _moved_out_of_order(times, save_index, tsave, subst) -> Bool[Array, " n"]:
+    """Per trajectory: does a moved save node (``subst``) pass a neighbouring node? Reads
+    only the neighbours of the ``k`` save nodes (a neighbour is itself moved when the next
+    or previous save slot owns it), so it costs ``O(n k)``, not ``O(n S)``."""
+    s1 = times.shape[1]
+    rows = jnp.arange(times.shape[0])[:, None]
+    subst = subst.astype(bool)
+
+    def neighbour(shift):
+        idx = jnp.clip(save_index + shift, 0, s1 - 1)
+        t = times[rows, idx]
+        other = jnp.roll(save_index, -shift, axis=1)
+        moved = jnp.roll(subst, -shift, axis=1) & (other == save_index + shift)
+        edge = (jnp.arange(save_index.shape[1]) + shift) % save_index.shape[1] != (
+            jnp.arange(save_index.shape[1]) + shift)
+        return jnp.where(moved & ~edge[None], jnp.roll(tsave, -shift, axis=1), t)
+
+    bad = subst & ((tsave < neighbour(-1)) | (tsave > neighbour(1)))
+    return jnp.any(bad, axis=1)
+
+
 def _save_groups(save_index: Int[Array, "n k"]) -> Int[Array, "n k"]:
     """For each save time, the position of the first save time sharing its mesh node
     (equal save times are recorded as one node)."""
@@ -367,7 +394,7 @@ def _save_groups(save_index: Int[Array, "n k"]) -> Int[Array, "n k"]:
 
 @eqx.filter_jit
 def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int,
-                 use_kernel: bool, lanes_group: int | None):
+                 use_kernel: bool, lanes_group: int | None, check_moved: bool = True):
     """Jitted body of `replay` on batched, validated inputs (``lanes_group``: group size of
     the lanes replay, ``None`` to use the batched one)."""
     bm = _as_batched(mesh)
@@ -385,6 +412,15 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     # times share one node, moved by the first of them.
     subst = (interior & ~dup) if ts is not None else jnp.zeros(rec_ts.shape, bool)
     tsave = ts if ts is not None else rec_ts
+    status = bm.status
+    if ts is not None and check_moved:
+        # Moved save times checked on device too (outside jit `replay` raises instead): a
+        # save time moved past a neighbouring node leaves no valid mesh, so the trajectory
+        # is neutralised like a failed one and reported INVALID_INPUT. (Separated equal
+        # save times only lose their own slot, below.)
+        invalid = _moved_out_of_order(times, bm.save_index, _sg(ts), subst)
+        status = jnp.where(invalid & ~failed, Status.INVALID_INPUT, status).astype(jnp.int32)
+        failed = failed | invalid
     n_eff = jnp.where(failed, 0, bm.n_steps).astype(jnp.int32)
     rtol, atol = jnp.asarray(mesh.rtol, dtype), jnp.asarray(mesh.atol, dtype)
 
@@ -435,4 +471,4 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     y1 = jnp.where(failed[:, None], nan, y1)
     err = jnp.where(failed, jnp.inf, _sg(err))
     out_ts = ts if ts is not None else rec_ts
-    return ys, y1, err, _sg(work), out_ts
+    return ys, y1, err, _sg(work), out_ts, status

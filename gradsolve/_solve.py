@@ -88,8 +88,10 @@ def solve(
     # The record stops gradients; the replay differentiates w.r.t. the interval's ends.
     mesh = eqx.tree_at(lambda m: (m.t0, m.t1), mesh,
                        (jnp.asarray(t0, mesh.t0.dtype), jnp.asarray(t1, mesh.t1.dtype)))
-    # The record's inputs are already validated and batched: replay them as they are.
-    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size)
+    # The record's inputs are already validated and batched, and its nodes sit at ``ts``:
+    # replay them as they are.
+    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size,
+                           check_moved=False)
 
 
 def _diffrax_fallback(f, t0, t1, b, dsolver, dt0, max_steps, throw, where) -> Solution:

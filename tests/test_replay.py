@@ -145,10 +145,10 @@ def test_equal_save_times_each_get_their_own_derivative(kernel):
         np.testing.assert_allclose(jnp.diag(jax.hessian(loss)(ts)), -0.5 * exact_d1, rtol=1e-6)
         mesh = gs.record(f, 0.0, 2.0, y0, p, ts=ts, rtol=1e-11, atol=1e-13)
         assert int(mesh.save_index[1]) == int(mesh.save_index[2])
+        apart = jnp.array([0.5, 0.9999, 1.0, 2.0, 2.0])  # within the neighbouring nodes
         with pytest.raises(ValueError, match="separates save times that were equal"):
-            gs.replay(f, mesh, y0, p, ts=jnp.array([0.5, 0.9, 1.0, 2.0, 2.0]))
-        ys = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(
-            jnp.array([0.5, 0.9, 1.0, 2.0, 2.0]))
+            gs.replay(f, mesh, y0, p, ts=apart)
+        ys = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(apart)
         assert bool(jnp.isnan(ys[2]).all()) and bool(jnp.isfinite(ys[jnp.array([0, 1, 3, 4])]).all())
 
 
@@ -349,3 +349,29 @@ def test_user_vmap_over_replay(lv_ensemble):
     out = jax.vmap(lambda s: gs.replay(f, mesh, y0[:4], p[:4] * s).ys)(scales)
     ref = gs.replay(f, mesh, y0[:4], p[:4] * 1.001).ys
     np.testing.assert_allclose(out[1], ref, rtol=1e-13)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_moved_save_times_out_of_order_under_jit(kernel):
+    """Under jit a save time moved past a neighbouring mesh node (which `replay` refuses
+    outside jit) gives NaN and Status.INVALID_INPUT for that trajectory only; the others
+    keep their values and finite gradients."""
+    f = lambda t, y, p: -p[0] * y
+    y0 = jnp.ones((3, 1))
+    p = jnp.array([[0.5], [1.0], [1.5]])
+    ts = jnp.array([0.5, 1.0, 1.5])
+    with gs.use_compiled_kernel(kernel):
+        mesh = gs.record(f, 0.0, 2.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12)
+        bad = jnp.tile(ts, (3, 1)).at[1, 1].set(1.45)  # sorted, but past nodes after t = 1
+        with pytest.raises(ValueError, match="moved past"):
+            gs.replay(f, mesh, y0, p, ts=bad)
+        sol = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s))(bad)
+        g = jax.jit(jax.grad(lambda q, s: jnp.sum(gs.replay(f, mesh, y0, q, ts=s).ys[jnp.array([0, 2])])))(p, bad)
+    assert [int(s) for s in sol.stats["status"]] == [0, int(gs.Status.INVALID_INPUT), 0]
+    assert bool(jnp.isnan(sol.ys[1]).all()) and bool(jnp.isnan(sol.y1[1]).all())
+    exact = np.exp(-np.asarray(p)[:, :1] * np.asarray(ts)[None])
+    np.testing.assert_allclose(np.asarray(sol.ys[jnp.array([0, 2]), :, 0]), exact[[0, 2]], rtol=1e-8)
+    assert bool(jnp.all(jnp.isfinite(g)))
+    # moving within the neighbouring nodes is fine
+    ok = jnp.tile(ts, (3, 1)).at[1, 1].add(1e-5)
+    assert [int(s) for s in jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s))(ok).stats["status"]] == [0, 0, 0]
