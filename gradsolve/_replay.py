@@ -362,23 +362,24 @@ def _node_times(times: Float[Array, "n S1"], save_index: Int[Array, "n k"], tsav
 
 def _moved_out_of_order(times, save_index, tsave, subst) -> Bool[Array, " n"]:
     """Per trajectory: does a moved save node (``subst``) pass a neighbouring node? Reads
-    only the neighbours of the ``k`` save nodes (a neighbour is itself moved when the next
-    or previous save slot owns it), so it costs ``O(n k)``, not ``O(n S)``."""
-    s1 = times.shape[1]
+    only the neighbours of the ``k`` save nodes (a neighbour is itself moved when the save
+    time owning it moved), so it costs ``O(n k)``, not ``O(n S)``."""
+    s1, k = times.shape[1], save_index.shape[1]
     rows = jnp.arange(times.shape[0])[:, None]
     subst = subst.astype(bool)
+    owner = _save_groups(save_index)  # first slot of each group of equal save times
+    search = jax.vmap(lambda a, side: jnp.searchsorted(a, a, side=side), in_axes=(0, None))
 
-    def neighbour(shift):
+    def neighbour(shift, slot):
         idx = jnp.clip(save_index + shift, 0, s1 - 1)
-        t = times[rows, idx]
-        other = jnp.roll(save_index, -shift, axis=1)
-        moved = jnp.roll(subst, -shift, axis=1) & (other == save_index + shift)
-        edge = (jnp.arange(save_index.shape[1]) + shift) % save_index.shape[1] != (
-            jnp.arange(save_index.shape[1]) + shift)
-        return jnp.where(moved & ~edge[None], jnp.roll(tsave, -shift, axis=1), t)
+        slot = jnp.clip(slot, 0, k - 1)
+        first = owner[rows, slot]
+        moved = subst[rows, first] & (save_index[rows, first] == save_index + shift)
+        return jnp.where(moved, tsave[rows, first], times[rows, idx])
 
-    bad = subst & ((tsave < neighbour(-1)) | (tsave > neighbour(1)))
-    return jnp.any(bad, axis=1)
+    left = neighbour(-1, search(save_index, "left") - 1)   # last slot of the previous node
+    right = neighbour(1, search(save_index, "right"))      # first slot of the next node
+    return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
 
 
 def _save_groups(save_index: Int[Array, "n k"]) -> Int[Array, "n k"]:

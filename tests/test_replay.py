@@ -375,3 +375,19 @@ def test_moved_save_times_out_of_order_under_jit(kernel):
     # moving within the neighbouring nodes is fine
     ok = jnp.tile(ts, (3, 1)).at[1, 1].add(1e-5)
     assert [int(s) for s in jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s))(ok).stats["status"]] == [0, 0, 0]
+
+
+def test_moved_check_sees_moved_neighbours_past_equal_save_times():
+    """A moved save time is compared with its neighbouring node as moved, even when equal
+    save times sit between them in ``ts`` (jit and eager agree)."""
+    f = lambda t, y, p: -p * y
+    y0, p = jnp.array([1.0]), 0.5
+    mesh = gs.record(f, 0.0, 2.0, y0, p, ts=jnp.array([1.0, 1.0, 1.0 + 1e-3]), rtol=1e-10)
+    i = int(mesh.save_index[0])
+    assert int(mesh.save_index[2]) == i + 1  # the third save time is the next node
+    moved = jnp.array([1.0 + 2e-3, 1.0 + 2e-3, 1.0 + 3e-3])  # both past the recorded 1.001
+    eager = gs.replay(f, mesh, y0, p, ts=moved)  # accepted outside jit
+    jitted = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s))(moved)
+    assert int(jitted.stats["status"]) == 0
+    np.testing.assert_allclose(np.asarray(jitted.ys), np.asarray(eager.ys), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(eager.ys[:, 0]), np.exp(-0.5 * np.asarray(moved)), rtol=1e-8)
