@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 
 
@@ -68,17 +70,18 @@ def use_compiled_kernel(enable: bool = True) -> _KernelSetting:
 
 def kernel_enabled() -> bool:
     """Whether the compiled replay kernel may be used (see `use_compiled_kernel`)."""
-    import os
-
     if _KERNEL["enabled"] is not None:
         return _KERNEL["enabled"]
-    return os.environ.get("GRADSOLVE_KERNEL", "1").lower() not in ("0", "false", "no", "off")
+    return _env_flag("GRADSOLVE_KERNEL")
 
 
 def lanes_enabled() -> bool:
     """Whether explicit Runge–Kutta replays off the compiled kernel use the lanes replay
     (`gradsolve._lanes`); ``GRADSOLVE_LANES=0`` selects the batched XLA replay instead
     (same values and gradients to rounding; for comparison and debugging)."""
-    import os
+    return _env_flag("GRADSOLVE_LANES")
 
-    return os.environ.get("GRADSOLVE_LANES", "1").lower() not in ("0", "false", "no", "off")
+
+def _env_flag(name: str) -> bool:
+    """An on-by-default switch: off when the variable is ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get(name, "1").lower() not in ("0", "false", "no", "off")

@@ -27,16 +27,16 @@ and each group runs only as many steps as its longest member.
 
 from __future__ import annotations
 
-import math
 import operator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float
 
 from ._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
 from ._kernel.codegen import Scalarizer, Unsupported
+from ._misc import length_groups
 from ._solver.base import AbstractExplicitRK
 
 
@@ -211,9 +211,7 @@ def lane_field(f, solver, y0, params) -> LaneField | None:
         probe = Lanes([jnp.zeros((1,), dtype)] * d)
         jax.eval_shape(field, jnp.zeros((1,), dtype), probe,
                        Lanes([jnp.zeros((1,), dtype)] * p_size))
-    except Unsupported:
-        field = None
-    except Exception:  # noqa: BLE001 - anything untranslatable uses the batched replay
+    except Exception:  # noqa: BLE001 - Unsupported, or anything untranslatable: batched replay
         field = None
     if key is not None:
         _fields[key] = field
@@ -221,7 +219,8 @@ def lane_field(f, solver, y0, params) -> LaneField | None:
 
 
 def _error_norm(y_err: Lanes, y0: Lanes, y1: Lanes, rtol, atol):
-    """`gradsolve._controller.error_norm` over lanes."""
+    """`gradsolve._controller.error_norm` over lanes. Not that function on stacked ``(g, d)``
+    matrices: the stack splits the step's fusion (LV n = 1,000 forward 3.4 -> 8.3 ms)."""
     acc = 0.0
     finite = True
     for e, a, b in zip(y_err.rows, y0.rows, y1.rows):
@@ -335,26 +334,6 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     return lam.matrix(), gp.matrix(), ct_t
 
 
-def _grouping(n_eff: Int[Array, " n"], group_size: int):
-    """``(group, ungroup)``: trajectories sorted by ``n_eff`` into groups of about
-    ``group_size`` (``x (n, ...) -> (groups, g, ...)``) and back."""
-    n = n_eff.shape[0]
-    n_groups = max(1, math.ceil(n / group_size))
-    g = math.ceil(n / n_groups)
-    n_pad = n_groups * g
-    perm = jnp.argsort(n_eff, stable=True)
-    perm = jnp.concatenate([perm, jnp.repeat(perm[-1:], n_pad - n)])
-    inv = jnp.argsort(perm[:n])
-
-    def group(x):
-        return x[perm].reshape((n_groups, g) + x.shape[1:])
-
-    def ungroup(x):
-        return x.reshape((n_pad,) + x.shape[2:])[:n][inv]
-
-    return group, ungroup
-
-
 def lanes_replay(field, solver, times, n_eff, y0, params, save_index, rtol, atol, tsave,
                  subst, xla_replay, node_times, moved: bool, group_size: int):
     """``(ys, y1, err, work)`` by the lanes replay, differentiable in every mode.
@@ -366,7 +345,7 @@ def lanes_replay(field, solver, times, n_eff, y0, params, save_index, rtol, atol
 
     def fwd(times, n_eff, y, pf, save, tol, tm, subst):
         nodes, _ = node_times(times, save, tm, subst)
-        group, ungroup = _grouping(n_eff, group_size)
+        group, ungroup, _ = length_groups(n_eff, group_size)
         ys, y1, err, states, cost = jax.lax.map(
             lambda a: _forward_group(field, solver, *a),
             jax.tree_util.tree_map(group, (nodes, n_eff, y, pf, save, tol)))
@@ -374,7 +353,7 @@ def lanes_replay(field, solver, times, n_eff, y0, params, save_index, rtol, atol
 
     def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst):
         nodes, owner = node_times(times, save, tm, subst)
-        group, ungroup = _grouping(n_eff, group_size)
+        group, ungroup, _ = length_groups(n_eff, group_size)
         args = jax.tree_util.tree_map(group, (nodes, n_eff, pf, save, ct_ys, ct_y1))
 
         def one(a):

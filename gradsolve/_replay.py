@@ -60,8 +60,8 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 from ._checks import batch, check_vector_field, is_concrete, split_static
 from ._config import kernel_enabled, lanes_enabled
 from ._controller import error_norm
-from ._misc import tree_where
-from ._mesh import Mesh, Status, _as_batched, pad_times
+from ._misc import length_groups, tree_where
+from ._mesh import Mesh, Status, _as_batched
 from ._solution import Solution
 from ._kernel import kernel_replay, kernel_target
 from ._lanes import lane_field, lanes_replay
@@ -177,26 +177,13 @@ def replay_batched(
     if n <= group_size:
         return _replay_block(f, solver, times, n_eff, y0, params, save_index, rtol, atol,
                              chunk_size)
-    n_groups = math.ceil(n / group_size)
-    g = math.ceil(n / n_groups)
-    n_pad = n_groups * g
-    perm = jnp.argsort(n_eff, stable=True)
-    perm = jnp.concatenate([perm, jnp.repeat(perm[-1:], n_pad - n)])
-
-    def grouped(x):
-        return x[perm].reshape((n_groups, g) + x.shape[1:])
-
-    args = jax.tree_util.tree_map(grouped, (times, n_eff, y0, params, save_index))
+    group, ungroup, n_pad = length_groups(n_eff, group_size)
+    args = jax.tree_util.tree_map(group, (times, n_eff, y0, params, save_index))
 
     def body(a):
         return _replay_block(f, solver, *a, rtol, atol, chunk_size)
 
     ys, y1, emax, work = jax.lax.map(body, args)
-    inv = jnp.argsort(perm[:n])
-
-    def ungroup(x):
-        return x.reshape((n_pad,) + x.shape[2:])[:n][inv]
-
     return ungroup(ys), ungroup(y1), ungroup(emax), jnp.sum(work) * n / n_pad
 
 
@@ -304,11 +291,8 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_siz
 
 
 def _check_moved_ts(bm: Mesh, ts) -> None:
-    times = pad_times(np.array(bm.times), np.asarray(bm.n_steps))
-    rec = np.asarray(bm.ts)
+    """Outside ``jit``: `_replay_core`'s on-device checks of moved save times, as errors."""
     idx = np.asarray(bm.save_index)
-    interior = (rec > float(bm.t0)) & (rec < float(bm.t1))
-    rows = np.arange(times.shape[0])[:, None]
     ts = np.asarray(ts)
     shared = idx[:, 1:] == idx[:, :-1]
     if np.any(shared & (ts[:, 1:] != ts[:, :-1])):
@@ -316,8 +300,9 @@ def _check_moved_ts(bm: Mesh, ts) -> None:
             "gs.replay: `ts` separates save times that were equal when the mesh was recorded "
             "(they share one mesh point); re-record the mesh for these save times."
         )
-    times[rows, idx] = np.where(interior, ts, times[rows, idx])
-    if np.any(np.diff(times, axis=-1) < 0):
+    subst = _save_roles(bm.ts, bm.t0, bm.t1, bm.save_index)[3]
+    times = jnp.asarray(bm.times).astype(ts.dtype)
+    if np.any(np.asarray(_moved_out_of_order(times, bm.save_index, jnp.asarray(ts), subst))):
         raise ValueError(
             "gs.replay: `ts` moved past neighbouring mesh points; re-record the mesh for "
             "these save times."
@@ -382,6 +367,16 @@ def _moved_out_of_order(times, save_index, tsave, subst) -> Bool[Array, " n"]:
     return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
 
 
+def _save_roles(rec_ts, t0, t1, save_index):
+    """``(first, dup, interior, moving)`` per save slot: the first slot sharing its node,
+    whether it is a later one of equal save times, whether it lies strictly inside
+    ``(t0, t1)``, and whether a given ``ts`` moves its node (interior, not a duplicate)."""
+    first = _save_groups(save_index)
+    dup = first != jnp.arange(first.shape[1])
+    interior = (rec_ts > t0) & (rec_ts < t1)
+    return first, dup, interior, interior & ~dup
+
+
 def _save_groups(save_index: Int[Array, "n k"]) -> Int[Array, "n k"]:
     """For each save time, the position of the first save time sharing its mesh node
     (equal save times are recorded as one node)."""
@@ -406,12 +401,10 @@ def _replay_core(f, mesh: Mesh, y0, params, ts, group_size: int, chunk_size: int
     t1 = jnp.asarray(_sg(mesh.t1), dtype)
     rec_ts = _sg(bm.ts).astype(dtype)
     rows = jnp.arange(times.shape[0])[:, None]  # (not closed over by xla_replay below)
-    first = _save_groups(bm.save_index)
-    dup = first != jnp.arange(first.shape[1])
-    interior = (rec_ts > t0) & (rec_ts < t1)
+    first, dup, interior, moving = _save_roles(rec_ts, t0, t1, bm.save_index)
     # Interior save times given as ``ts`` move their mesh node (differentiably); equal save
     # times share one node, moved by the first of them.
-    subst = (interior & ~dup) if ts is not None else jnp.zeros(rec_ts.shape, bool)
+    subst = moving if ts is not None else jnp.zeros(rec_ts.shape, bool)
     tsave = ts if ts is not None else rec_ts
     status = bm.status
     if ts is not None and check_moved:

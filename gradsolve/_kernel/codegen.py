@@ -339,8 +339,7 @@ class Scalarizer:
                     for j in range(k):
                         term = self.binop("mul", L[bi + li + (j,)], R[bi + (j,) + ri], dtype)
                         acc = term if acc is None else self.binop("add", acc, term, dtype)
-                    out[bi + li + ri] = (self.constant(0, dtype).reshape(()).item()
-                                         if acc is None else acc)
+                    out[bi + li + ri] = self.constant(0, dtype)[()] if acc is None else acc
         return [out]
 
 
