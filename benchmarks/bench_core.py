@@ -39,7 +39,7 @@ import diffrax  # noqa: E402
 import gradsolve as gs  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from problems import make  # noqa: E402
+from problems import PROBLEM_NAMES, make  # noqa: E402
 
 RTOL, ATOL = 1e-6, 1e-8
 
@@ -156,8 +156,19 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "core.json"),
                     help="where to write the JSON results (default: benchmarks/results/core.json)")
     args = ap.parse_args(argv)
-    problems = args.problems.split(",")
-    sizes = [int(s) for s in args.sizes.split(",")]
+    problems = [s.strip() for s in args.problems.split(",") if s.strip()]
+    unknown = sorted(set(problems) - set(PROBLEM_NAMES))
+    if unknown or not problems:
+        ap.error(f"--problems: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                 f"{','.join(PROBLEM_NAMES)}")
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        ap.error(f"--sizes: comma-separated positive integers, got {args.sizes!r}")
+    if not sizes or min(sizes) < 1:
+        ap.error(f"--sizes: comma-separated positive integers, got {args.sizes!r}")
+    if args.repeats < 1:
+        ap.error(f"--repeats: a positive integer, got {args.repeats}")
     if args.quick:
         problems, sizes, args.repeats = ["lotka_volterra", "lorenz"], [1, 100], 5
     rows = []

@@ -29,6 +29,9 @@ def robertson(t, y, p):
     return jnp.stack([-r1 + r3, r1 - r2 - r3, r2])
 
 
+PROBLEM_NAMES = ("lotka_volterra", "lorenz", "van_der_pol", "pendulum", "robertson")
+
+
 def make(name: str, n: int, seed: int = 0):
     """(f, t1, y0 (n, d), params (n, q), ts (k,), stiff) with parameters spread +-10 %."""
     rng = np.random.default_rng(seed)

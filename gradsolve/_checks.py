@@ -53,6 +53,20 @@ def common_dtype(y0, params) -> Any:
     return dtype
 
 
+def _as_array(name: str, x, dtype, where: str):
+    """``jnp.asarray(x, dtype)``, or a ``ValueError`` naming the argument (a Diffrax
+    ``SaveAt`` passed as ``ts`` would otherwise fail deep inside ``jnp``)."""
+    try:
+        return jnp.asarray(x, dtype)
+    except (TypeError, ValueError) as e:
+        hint = ""
+        if type(x).__name__ == "SaveAt":
+            hint = " For a diffrax.SaveAt(ts=...), pass its times: ts=saveat.subs.ts."
+        raise ValueError(
+            f"{where}: `{name}` must be an array of times, got {type(x).__name__}.{hint}"
+        ) from e
+
+
 def check_interval(t0, t1, where: str) -> None:
     if jnp.ndim(t0) != 0:
         raise ValueError(f"{where}: `t0` must be a scalar, got shape {jnp.shape(t0)}.")
@@ -177,7 +191,7 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
     if ts is None:
         ts = jnp.full((n, 1), t1, dtype)
     else:
-        ts = jnp.asarray(ts, dtype)
+        ts = _as_array("ts", ts, dtype, where)
         if single and ts.ndim != 1:
             raise ValueError(f"{where}: `ts` must have shape (k,) for one trajectory, got {ts.shape}.")
         if ts.ndim == 1:
@@ -227,16 +241,30 @@ def check_vector_field(f, t0, y0b, paramsb, where: str) -> None:
         out = jax.eval_shape(f, jax.ShapeDtypeStruct((), y0b.dtype), y1, p0)
     except Exception as e:  # noqa: BLE001 - re-raised with context
         raise ValueError(
-            f"{where}: calling `f(t, y, params)` for ONE trajectory (y of shape "
-            f"{tuple(y0b.shape[1:])}) failed: {type(e).__name__}: {e}"
+            f"{where}: calling `f(t, y, params)` for ONE trajectory failed: "
+            f"{type(e).__name__}: {e}\n{_call_shapes(y0b, p0)}"
         ) from e
     if not hasattr(out, "shape") or tuple(out.shape) != tuple(y0b.shape[1:]):
         raise ValueError(
             f"{where}: `f` must return dy/dt of the same shape as y {tuple(y0b.shape[1:])}, "
-            f"got {getattr(out, 'shape', type(out))}."
+            f"got {getattr(out, 'shape', type(out))}.\n{_call_shapes(y0b, p0)}"
         )
     if key is not None and len(_CHECKED) < 4096:
         _CHECKED[key] = True
+
+
+def _call_shapes(y0b, p0) -> str:
+    """What ``f`` was called with, for error messages: the usual mistakes (odeint's
+    ``f(y, t)`` order, parameters without the ensemble axis, an ensemble of parameters
+    with a single ``y0``) all show up as unexpected shapes here."""
+    leaves = jax.tree_util.tree_leaves_with_path(p0)
+    shown = ", ".join(f"params{jax.tree_util.keystr(k)}: {tuple(x.shape)}" for k, x in leaves[:8])
+    more = ", ..." if len(leaves) > 8 else ""
+    return (
+        f"It was called as f(t, y, params) with scalar t, y of shape {tuple(y0b.shape[1:])} and "
+        f"params {{{shown}{more}}}. With y0 of shape (n, d) every params leaf gives up its "
+        "leading axis n; with y0 of shape (d,) params is passed whole."
+    )
 
 
 _SPLIT: dict = {}  # (f, static part of params) -> the vector field that recombines them

@@ -111,3 +111,37 @@ def initial_step(f, t0, y0, params, error_order: int, rtol, atol):
     )
     h = jnp.minimum(100 * h0, h1)
     return jnp.where(jnp.isfinite(h), h, 1e-6)
+
+
+def check_controller(controller, where: str) -> PIDController:
+    """``controller`` as a `PIDController` (``None``: the default), or a ``ValueError``.
+
+    A Diffrax controller is refused rather than half-used: gradsolve takes the tolerances as
+    ``rtol=``/``atol=`` arguments (they also scale `Solution.error_ratio` and the replay's
+    re-record test), and the mesh is always adaptive. The message gives the translation.
+    """
+    if controller is None:
+        return PIDController()
+    if isinstance(controller, PIDController):
+        return controller
+    name = type(controller).__name__
+    if name == "PIDController" and hasattr(controller, "rtol"):
+        coeffs = ", ".join(
+            f"{k}={getattr(controller, k)}" for k in ("pcoeff", "icoeff") if hasattr(controller, k)
+        )
+        hint = (
+            f" Translate diffrax.PIDController(rtol={controller.rtol}, atol={controller.atol}, "
+            f"...) to rtol={controller.rtol}, atol={controller.atol}, "
+            f"controller=gs.PIDController({coeffs})."
+        )
+        if getattr(controller, "dcoeff", 0) not in (0, 0.0):
+            hint += " (The derivative coefficient `dcoeff` is not supported.)"
+    elif name == "ConstantStepSize":
+        hint = (" gradsolve always records an adaptive mesh; for fixed steps call "
+                "diffrax.diffeqsolve directly.")
+    else:
+        hint = ""
+    shown = f"{type(controller).__module__.split('.')[0]}.{name}"
+    raise ValueError(
+        f"{where}: `controller` must be a gs.PIDController or None, got {shown}.{hint}"
+    )

@@ -20,6 +20,22 @@ _FIX = (
     "Fixes: a stiff solver such as gs.Rodas5P(), a looser `rtol`/`atol`, or a larger "
     "`max_steps`."
 )
+_FIX_AFTER_STIFF = "Other fixes: a looser `rtol`/`atol`, or a larger `max_steps`."
+_FIX_INPUTS = "Fix: pass finite `y0` and `params` (NaN/inf in the inputs)."
+
+
+def _count(k: int) -> str:
+    return f"{k} trajectory" if k == 1 else f"{k} trajectories"
+
+
+def _nonfinite_inputs(mesh: Mesh, idx: int) -> bool:
+    """Whether trajectory ``idx`` (batched mesh) failed before its first step on non-finite
+    ``y0``/``params``, rather than on a state that became non-finite along the way."""
+    if int(mesh.n_steps[idx]) != 0:
+        return False
+    leaves = [mesh.y_last[idx]] + [x[idx] for x in jax.tree_util.tree_leaves(mesh.params)
+                                   if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return not all(np.all(np.isfinite(np.asarray(x))) for x in leaves)
 
 
 def stiffness_estimate(f, t, y, params, h) -> float:
@@ -67,7 +83,7 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
     names = {
         Status.MAX_STEPS: f"reached max_steps={bm.capacity}",
         Status.NONFINITE: "met a non-finite state (NaN/inf in f or y)",
-        Status.STEP_UNDERFLOW: "had its step size underflow",
+        Status.STEP_UNDERFLOW: "had the step size underflow",
         Status.INVALID_INPUT: "had invalid inputs (ts, t0/t1, rtol/atol or dt0; see "
                               "gs.Status.INVALID_INPUT)",
     }
@@ -75,6 +91,12 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
         t_stop = float(np.asarray(bm.times)[i, min(int(bm.n_steps[i]), bm.capacity)])
         return f"; trajectory {i} stopped at t={t_stop:.6g} of t1={float(bm.t1):.6g}"
 
+    inputs = [i for i in bad if status[i] == Status.NONFINITE and _nonfinite_inputs(bm, int(i))]
+    if inputs:
+        status = status.copy()
+        status[inputs] = -1  # reported on their own line, with their own fix
+        names = {-1: "had non-finite `y0` or `params` (NaN/inf before the first step)",
+                 **names}
     lines = _failure_lines(status, bad, names, stopped)
     stiff_msg = ""
     for i in bad[:3]:
@@ -83,10 +105,13 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
             if stiff:
                 stiff_msg = f"Trajectory {i}: {msg} "
                 break
-    n = status.size
+    if len(inputs) == bad.size:
+        fix = _FIX_INPUTS
+    else:
+        fix = _FIX_AFTER_STIFF if stiff_msg else _FIX
     raise RuntimeError(
-        f"{where}: {bad.size} of {n} trajectories failed. " + " ".join(lines) + " "
-        + stiff_msg + _FIX + " Inside jax.jit no exception is raised: check "
+        f"{where}: {bad.size} of {_count(status.size)} failed. " + " ".join(lines) + " "
+        + stiff_msg + fix + " Inside jax.jit no exception is raised: check "
         "`mesh.status` (failed trajectories give NaN outputs); pass throw=False to get that "
         "behaviour here too."
     )
@@ -104,12 +129,12 @@ def raise_if_fallback_failed(status, where: str, dt0, max_steps: int) -> None:
                           "(t1 - t0) / dt0 of them; pass a larger `max_steps` or `dt0`)",
         Status.NONFINITE: "met a non-finite state or a failed implicit solve (a smaller `dt0`, "
                           "or an adaptive solver: gs.Tsit5(), or gs.Rodas5P() if stiff)",
-        Status.STEP_UNDERFLOW: "had its step size underflow",
+        Status.STEP_UNDERFLOW: "had the step size underflow",
         Status.INVALID_INPUT: "had invalid inputs (ts, t0/t1 or dt0)",
     }
     lines = _failure_lines(status, bad, names)
     raise RuntimeError(
-        f"{where}: {bad.size} of {status.size} trajectories failed on the diffrax.diffeqsolve "
+        f"{where}: {bad.size} of {_count(status.size)} failed on the diffrax.diffeqsolve "
         "fallback route. " + " ".join(lines) + " Inside jax.jit no exception is raised: check "
         "`sol.stats['status']` (failed trajectories give NaN outputs); pass throw=False to "
         "get that behaviour here too."
@@ -125,7 +150,7 @@ def _failure_lines(status, bad, names: dict, detail=None) -> list[str]:
         if ids.size:
             shown = ", ".join(str(i) for i in ids[:10]) + (" ..." if ids.size > 10 else "")
             extra = detail(int(ids[0])) if detail is not None else ""
-            lines.append(f"{ids.size} trajectories {what} (indices: {shown}{extra}).")
+            lines.append(f"{_count(ids.size)} {what} (indices: {shown}{extra}).")
     return lines
 
 

@@ -35,7 +35,7 @@ from ._checks import (
     is_concrete, split_static,
 )
 from ._config import kernel_enabled
-from ._controller import PIDController, error_norm, initial_step
+from ._controller import PIDController, check_controller, error_norm, initial_step
 from ._kernel import kernel_record
 from ._errors import error_if_failed, raise_if_failed
 from ._misc import tree_where
@@ -261,8 +261,9 @@ def record(
             raises, naming the input).
 
     Returns:
-        A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest
-        trajectory; inside ``jit`` it has ``max_steps + 1`` slots, those past ``n_steps``
+        A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest trajectory's
+        step count rounded up to a power of two (`Mesh.trim`: meshes of similar length
+        then share one compiled replay); inside ``jit`` it has ``max_steps + 1`` slots, those past ``n_steps``
         unspecified (`Mesh.padded` fills them). Not differentiable
         (step sizes carry no gradient, as in Diffrax's default).
 
@@ -288,7 +289,7 @@ def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller
     """Validate the arguments shared by record and solve; returns ``(f, solver, controller,
     batched)``. Non-array leaves of ``params`` move into ``f`` (`split_static`)."""
     solver = as_solver(Tsit5() if solver is None else solver, where)
-    controller = PIDController() if controller is None else controller
+    controller = check_controller(controller, where)
     check_interval(t0, t1, where)
     check_tolerances(rtol, atol, max_steps, where)
     check_dt0(dt0, where)

@@ -65,6 +65,7 @@ from ._mesh import Mesh, Status, _as_batched
 from ._solution import Solution
 from ._kernel import kernel_replay, kernel_target
 from ._lanes import lane_field, lanes_replay
+from ._solver.diffrax_adapter import DiffraxSolver
 
 _sg = jax.lax.stop_gradient
 
@@ -286,8 +287,11 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_siz
     if b.single:
         ys, y1, err, out_ts = ys[0], y1[0], err[0], out_ts[0]
         stats["status"] = status[0]
+    route = "gradsolve-kernel" if use_kernel else "gradsolve-replay"
+    if isinstance(mesh.solver, DiffraxSolver):
+        route += f"/diffrax.{type(mesh.solver.solver).__name__}"
     return Solution(ys=ys, y1=y1, ts=out_ts, mesh=mesh, stats=stats, error_ratio=err,
-                    route="gradsolve-kernel" if use_kernel else "gradsolve-replay")
+                    route=route)
 
 
 def _check_moved_ts(bm: Mesh, ts) -> None:

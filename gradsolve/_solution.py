@@ -13,20 +13,25 @@ class Solution(eqx.Module):
 
     Attributes:
         ys: ``(n, k, d)`` states at the save times (``(k, d)`` for one trajectory).
-        y1: ``(n, d)`` state at ``t1``.
-        ts: ``(n, k)`` or ``(k,)`` the save times.
+        y1: ``(n, d)`` state at ``t1`` (``(d,)`` for one trajectory).
+        ts: ``(n, k)`` the save times of each trajectory, also when ``ts`` was given as
+            ``(k,)``; ``(k,)`` for one trajectory.
         mesh: the `Mesh` that was replayed.
         stats: dict of arrays: ``num_accepted_steps`` and ``num_rejected_steps`` per
-            trajectory (Diffrax's keys), ``num_replayed_steps`` (the static loop length of
-            the replay, padding included) and ``status``.
-        error_ratio: ``(n,)`` largest embedded-error norm met along the replay, scaled so
+            trajectory (Diffrax's keys), ``num_replayed_steps`` (the mesh capacity, the
+            static bound of the replay loops), ``replay_work`` (trajectory-steps the replay
+            actually ran, padding of length-sorted groups included; compare with the sum
+            of ``num_accepted_steps``) and ``status`` (`Status` per trajectory).
+        error_ratio: ``(n,)`` (``()`` for one trajectory) largest embedded-error norm met along the replay, scaled so
             that ``<= 1`` means the controller would still accept every step of the mesh at
             these ``y0``/``params``; re-record when it exceeds 1. Not differentiated. In
             float32 the estimate carries rounding noise of about ``eps / rtol`` (~1 % at
             ``rtol=1e-5``), so a mesh replayed where it was recorded can read slightly
             above 1; `inference` records at a fraction of the tolerance for that reason.
         route: what ran: ``"gradsolve-kernel"`` (the compiled CPU replay kernel),
-            ``"gradsolve-replay"`` (the XLA replay) or ``"diffrax-diffeqsolve"``.
+            ``"gradsolve-replay"`` (the XLA replay), ``"gradsolve-replay/diffrax.Kvaerno5"``
+            (the XLA replay driving that Diffrax solver's own ``step``) or
+            ``"diffrax-diffeqsolve"`` (the fallback for solvers without an error estimate).
 
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))

@@ -46,6 +46,6 @@ def diffrax_numpyro_model(model, data, *, rtol: float = 1e-6, atol: float = 1e-8
         pred = sol.ys[:, observed]
         ok = jnp.all(jnp.isfinite(pred))  # a failed solve: -inf, as users of Diffrax do
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
-        numpyro.sample("obs", model.noise(p, jnp.where(ok, pred, 1.0)), obs=ys)
+        numpyro.sample("obs", model.observations(p, jnp.where(ok, pred, 1.0)), obs=ys)
 
     return program

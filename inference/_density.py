@@ -16,6 +16,8 @@ likelihood gives ``-inf`` log density with a zero (not NaN) gradient.
 
 from __future__ import annotations
 
+import functools
+
 import hashlib
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -41,6 +43,7 @@ class _Entry(NamedTuple):
     size: int
     offset: int
     transform: Any
+    support: Any
 
 
 class ParamSpace:
@@ -68,7 +71,7 @@ class ParamSpace:
         for name, d in priors.items():
             shape = tuple(d.batch_shape) + tuple(d.event_shape)
             size = int(np.prod(shape)) if shape else 1
-            entries.append(_Entry(name, shape, size, off, biject_to(d.support)))
+            entries.append(_Entry(name, shape, size, off, biject_to(d.support), d.support))
             off += size
         self.entries = tuple(entries)
         self.dim = off
@@ -105,6 +108,18 @@ class ParamSpace:
             parts.append(jnp.reshape(u, batch + (e.size,)))
         return jnp.concatenate(parts, axis=-1)
 
+    def outside(self, params: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """Per parameter name, a bool of the batch shape (``()`` or ``(n,)``): True where
+        the value lies outside its prior's support (where the log density is ``-inf``)."""
+        batch = self._batch(params)
+        out = {}
+        for e in self.entries:
+            x = jnp.broadcast_to(jnp.asarray(params[e.name]), batch + e.shape)
+            ok = jnp.asarray(e.support(x))
+            ok = jnp.reshape(jnp.broadcast_to(ok, ok.shape), batch + (-1,))
+            out[e.name] = ~jnp.all(ok, axis=-1)
+        return out
+
     def split(self, u: jax.Array) -> dict[str, jax.Array]:
         """Flat ``(..., D)`` -> unconstrained pieces, shaped like the parameters."""
         batch = jnp.shape(u)[:-1]
@@ -132,6 +147,18 @@ class ParamSpace:
 
     def constrained_and_ldj(self, u: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
         return self.from_unconstrained(u), self.log_abs_det_jacobian(u)
+
+
+def check_support(space: ParamSpace, params: Mapping[str, Any], argname: str) -> None:
+    """``ValueError`` naming the entries of a concrete parameter dict that lie outside their
+    prior's support (their log density is -inf, their unconstrained value NaN)."""
+    bad = [k for k, out in space.outside(params).items() if bool(np.any(np.asarray(out)))]
+    if bad:
+        shown = ", ".join(f"{k}={np.asarray(params[k]).tolist()}" for k in bad)
+        raise ValueError(
+            f"`{argname}` lies outside the priors' support (log density -inf): {shown}; "
+            f"every value must be one the prior can draw (e.g. a positive scale)."
+        )
 
 
 # ----------------------------------------------------------------------------- solving
@@ -182,6 +209,12 @@ class _Problem:
             raise ValueError(
                 f"`data` must be a models.Dataset (with .ts and .ys), got {type(data).__name__}"
             ) from None
+        if isinstance(ts_np, jax.core.Tracer):
+            raise ValueError(
+                "`data.ts` is traced (the Dataset was passed through jax.jit/vmap): the "
+                "observation times fix the solve's mesh points and must be concrete; close "
+                "over the Dataset instead (its `ys` may be traced)"
+            )
         ts_np = np.asarray(ts_np, dtype=float)
         m_obs = len(model.observed)
         if np.ndim(ys) != 2 or np.shape(ys) != (ts_np.shape[0], m_obs):
@@ -273,8 +306,17 @@ class _Problem:
         return gs.replay(self.f, mesh, self.y0(params, n), params)
 
     def log_density_solve(self, params: dict, n: int | None, **kw) -> jax.Array:
-        sol = self.solve(params, n, **kw)
-        return self.log_prior(params) + self.log_lik_from_states(params, sol.ys, n)
+        # Outside the priors' support the density is -inf; the solve and the noise model
+        # run at the defaults there, so no NaN (nor NumPyro's argument check) escapes.
+        outside = self.space.outside(params)
+        bad = functools.reduce(jnp.logical_or, outside.values())
+        safe = {k: jnp.where(jnp.reshape(bad, jnp.shape(bad) + (1,) * (v.ndim - bad.ndim)),
+                             jnp.broadcast_to(jnp.asarray(self.model.defaults[k], v.dtype),
+                                              v.shape), v)
+                for k, v in params.items()}
+        sol = self.solve(safe, n, **kw)
+        lp = self.log_prior(safe) + self.log_lik_from_states(safe, sol.ys, n)
+        return jnp.where(bad, -jnp.inf, lp)
 
 
 def observe(model, ys: jax.Array) -> jax.Array:
@@ -313,8 +355,8 @@ def log_density(
             the model's, ``gs.Tsit5()`` or ``gs.Rodas5P()``).
 
     Returns:
-        A scalar (or ``(n,)``). ``-inf`` where the solve fails or the likelihood is not
-        finite. Jittable and differentiable (the gradient is the discrete adjoint of the
+        A scalar (or ``(n,)``). ``-inf`` where a parameter lies outside its prior's
+        support, where the solve fails or where the likelihood is not finite. Jittable and differentiable (the gradient is the discrete adjoint of the
         adaptive solve's accepted steps, as Diffrax's default).
 
     Example:
@@ -339,7 +381,8 @@ def numpyro_model(
 
     Returns a function ``program(ts=data.ts, ys=data.ys)`` that samples each parameter from
     its prior (``numpyro.sample(name, prior)``), solves with ``gs.solve`` and observes
-    ``numpyro.sample("obs", model.noise(params, y_pred), obs=ys)``. Pass ``ys=None`` for
+    ``numpyro.sample("obs", model.observations(params, y_pred), obs=ys)`` (the model's
+    ``noise``, skipping missing observations: NaN in ``ys``). Pass ``ys=None`` for
     predictive simulation. A failed solve adds ``numpyro.factor("solver_failure", -inf)``.
     ``numpyro.infer.util.log_density`` of it equals `log_density`.
 
@@ -380,7 +423,7 @@ def numpyro_model(
         y_safe = jnp.where(ok, y_pred, 1.0)
         numpyro.deterministic("y_pred", y_pred)
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
-        numpyro.sample("obs", model.noise(params, y_safe), obs=ys)
+        numpyro.sample("obs", model.observations(params, y_safe), obs=ys)
 
     program.__doc__ = f"NumPyro program of model {model.name!r} (gradsolve ODE solve)."
     return program

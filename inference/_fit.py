@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._density import ParamSpace, SolveOptions, _Problem, digest, observe
+from ._density import ParamSpace, SolveOptions, _Problem, check_support, digest, observe
 
 __all__ = ["fit", "fit_least_squares", "FitResult"]
 
@@ -334,6 +334,7 @@ def _initial_u(model, space: ParamSpace, init, n_starts: int, key) -> tuple[np.n
         raise ValueError(f"`init` must be None or a parameter dict, got {type(init).__name__}")
     n_init = model.check_params(init)
     init = {k: jnp.asarray(init[k], dtype=jnp.result_type(float)) for k in model.priors}
+    check_support(space, init, "init")
     if n_init is None:
         u0 = np.asarray(space.to_unconstrained(init))[None]
         if n_starts > 1:
@@ -508,11 +509,17 @@ def fit(
         if not alive.any():
             tried = (f"after {max_redraws} rounds of re-drawing from the priors" if can_redraw
                      else "(a single given `init` is not re-drawn)")
-            raise RuntimeError(
-                "inference.fit: every start failed to solve (or has a non-finite loss) "
-                f"{tried}; check the priors or `init`, try a stiff solver such "
-                "as gs.Rodas5P(), a looser rtol or a larger max_steps."
-            )
+            unsolved = int(np.sum(mesh_h.status != 0))
+            if unsolved == n:
+                why = (f"every start failed to solve {tried}; check the priors or `init`, try "
+                       "a stiff solver such as gs.Rodas5P(), a looser rtol or a larger "
+                       "max_steps.")
+            else:
+                why = (f"every start has a non-finite loss {tried}, though {n - unsolved} of "
+                       f"{n} solved: the likelihood is -inf or NaN there. Check the data "
+                       "against the noise model (e.g. LogNormal noise needs positive data "
+                       "and predictions; a missing observation is NaN) and `init`.")
+            raise RuntimeError(f"inference.fit: {why}")
         opt_state = eng._init_opt(jnp.asarray(u))
         u_rec = u.copy()
         step_i = 0
@@ -739,6 +746,7 @@ def fit_least_squares(
     u_def = space.to_unconstrained(defaults)
     log_res = _is_lognormal(model, defaults)
     obs = prob.ys_obs
+    missing = jnp.isnan(obs)  # missing observations carry no residual
     obs_t = jnp.log(obs) if log_res else obs
 
     def predict_u(u, mesh=None):
@@ -760,7 +768,14 @@ def fit_least_squares(
         if n_starts == 1:
             starts = u_def[None]
     else:
-        u0 = space.to_unconstrained({k: jnp.asarray(init[k]) for k in model.priors})
+        if not isinstance(init, Mapping):
+            raise ValueError(f"`init` must be None or a parameter dict, got {type(init).__name__}")
+        if model.check_params(init) is not None:
+            raise ValueError("`init` of fit_least_squares is one parameter dict (no ensemble "
+                             "axis); use `n_starts` for more starts")
+        init = {k: jnp.asarray(init[k]) for k in model.priors}
+        check_support(space, init, "init")
+        u0 = space.to_unconstrained(init)
         starts = space.to_unconstrained(model.sample_prior(key, max(n_starts, 1)))
         starts = starts.at[0].set(u0)
     fixed_base = u_def
@@ -772,7 +787,8 @@ def fit_least_squares(
         mesh, base = args
         yp, _ = predict_u(full_u(v, base), mesh)
         yt = jnp.log(yp) if log_res else yp
-        r = jnp.reshape(obs_t - yt, (-1,))
+        r = jnp.where(missing, 0.0, obs_t - yt)
+        r = jnp.reshape(r, (-1,))
         return jnp.where(jnp.isfinite(r), r, 1e6)
 
     lm = optx.LevenbergMarquardt(rtol=lm_rtol, atol=lm_atol)
@@ -826,7 +842,8 @@ def fit_least_squares(
         if int(mesh.status) == 0:
             yp, _ = predict_u(u_fin, mesh)
             yt = jnp.log(yp) if log_res else yp
-            rr = np.asarray(obs_t - yt)
+            seen = ~np.asarray(missing)
+            rr = np.where(seen, np.asarray(obs_t - yt), 0.0)
             loss = 0.5 * float(np.sum(rr**2))
             if not np.isfinite(loss):
                 st = _FAILED
@@ -837,9 +854,9 @@ def fit_least_squares(
                 shp = space.shapes["sigma"]
                 m = len(model.observed)
                 if shp == ():
-                    sig = np.sqrt(np.mean(rr**2))
+                    sig = np.sqrt(np.sum(rr**2) / np.sum(seen))
                 elif shp == (m,):
-                    sig = np.sqrt(np.mean(rr**2, axis=0))
+                    sig = np.sqrt(np.sum(rr**2, axis=0) / np.maximum(np.sum(seen, axis=0), 1))
                 else:
                     sig = None
                 if sig is not None:

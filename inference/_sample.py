@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import equinox as eqx
 
-from ._density import SolveOptions, _Problem, digest
+from ._density import SolveOptions, _Problem, check_support, digest
 from ._fit import (
     _PER_TRAJ,
     _load_checkpoint,
@@ -224,6 +224,11 @@ def sample(
         lo = 0 if name == "num_warmup" else 1
         if not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
+    if num_warmup == 0:
+        warnings.warn(
+            "inference.sample: num_warmup=0 adapts neither the step size nor the mass matrix "
+            "(the step size stays at 1.0): expect divergences and few distinct draws unless "
+            "the posterior is already standardised", stacklevel=2)
     if not 0 < frozen_tol_factor <= 1:
         raise ValueError(f"`frozen_tol_factor` must lie in (0, 1], got {frozen_tol_factor}")
     if not (isinstance(target_accept, (int, float, np.number)) and 0 < target_accept < 1):
@@ -681,6 +686,7 @@ def _initial_points(model, data, space, init, C, key, jitter, seed, rtol, atol, 
         desc = "independent prior draws"
     elif isinstance(init, Mapping):
         n = model.check_params(init)
+        check_support(space, {k: jnp.asarray(init[k]) for k in model.priors}, "init")
         u = np.asarray(space.to_unconstrained({k: jnp.asarray(init[k]) for k in model.priors}))
         if n is None:
             u0 = u[None] + jitter * np.asarray(jax.random.normal(k_jit, (C, space.dim)))

@@ -42,7 +42,8 @@ class Dataset(eqx.Module):
     Arguments:
         ts: observation times, shape ``(k,)``, sorted (non-decreasing).
         ys: observations, shape ``(k, m)``; column ``j`` is the ``j``-th observed state
-            of the model (``ODEModel.observed[j]``).
+            of the model (``ODEModel.observed[j]``). NaN marks a missing observation: the
+            likelihood (``ODEModel.observations``) and the fits skip it.
         names: optional names of the ``m`` columns.
         units: optional units, one string for all columns or one per column.
         source: optional free text: where the numbers come from.
@@ -95,6 +96,12 @@ class Dataset(eqx.Module):
             ys_np = np.asarray(ys)
             if not np.issubdtype(ys_np.dtype, np.number):
                 raise ValueError(f"`ys` must be numeric, got dtype {ys_np.dtype}")
+            if np.any(np.isinf(ys_np)):
+                raise ValueError(
+                    "`ys` contains inf; mark a missing observation with NaN instead"
+                )
+            if np.all(np.isnan(ys_np)):
+                raise ValueError("`ys` is all NaN (missing): there is nothing to fit")
         if source is not None and not isinstance(source, str):
             raise ValueError(f"`source` must be a string or None, got {type(source).__name__}")
         m = ys_shape[1]

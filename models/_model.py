@@ -96,6 +96,69 @@ class LogLikelihoodDistribution(dist.Distribution):
         )
 
 
+class MissingObservations(dist.Distribution):
+    """A noise distribution whose ``log_prob`` skips missing observations (NaN entries).
+
+    Real data sets have gaps: a species not counted one year, a sample lost. NaN in
+    ``Dataset.ys`` marks them, and the likelihood is the product over the observed entries
+    only. ``log_prob(value)`` strips the ``Independent`` wrappers of ``noise`` to reach the
+    elementwise distribution, fills the gaps with the prediction ``fill`` (inside the
+    support, so the masked terms and their gradients stay finite: the double-``where``
+    rule) and sums the log densities of the observed entries. Where the base distribution
+    has its own event shape (e.g. a ``MultivariateNormal`` over the ``m`` states at one
+    time), a time with a gap is skipped whole; a partly observed such row is an error
+    (outside ``jit``), since its marginal is not this distribution's to take. Sampling
+    draws from ``noise`` (no gaps).
+
+    Args:
+        noise: the observation distribution of ONE trajectory, event shape ``(k, m)``.
+        fill: ``(k, m)`` values in the support, used at the gaps (the prediction).
+    """
+
+    arg_constraints = {}
+
+    def __init__(self, noise: dist.Distribution, fill: jax.Array):
+        self.noise, self.fill = noise, fill
+        super().__init__(batch_shape=noise.batch_shape, event_shape=noise.event_shape)
+
+    @property
+    def support(self):
+        return self.noise.support
+
+    def sample(self, key, sample_shape=()):
+        return self.noise.sample(key, sample_shape)
+
+    def log_prob(self, value):
+        miss = jnp.isnan(value)
+        if not isinstance(miss, jax.core.Tracer) and not bool(np.any(np.asarray(miss))):
+            return self.noise.log_prob(value)
+        base, n_ind = self.noise, 0
+        while isinstance(base, dist.Independent):
+            n_ind += base.reinterpreted_batch_ndims
+            base = base.base_dist
+        filled = jnp.where(miss, jnp.broadcast_to(self.fill, jnp.shape(value)), value)
+        lp = base.log_prob(filled)
+        n_ev = len(base.event_shape)
+        if n_ev:
+            axes = tuple(range(-n_ev, 0))
+            partial = jnp.any(miss, axis=axes) & ~jnp.all(miss, axis=axes)
+            if not isinstance(partial, jax.core.Tracer) and bool(np.any(np.asarray(partial))):
+                raise ValueError(
+                    f"`ys` has partly missing (NaN) rows, but the noise model's "
+                    f"{type(base).__name__} couples the entries of a row; mark whole rows "
+                    "missing or use an elementwise noise model"
+                )
+            miss = jnp.any(miss, axis=axes)
+        if jnp.shape(lp) != jnp.shape(miss):
+            raise ValueError(
+                f"missing observations (NaN in `ys`) need an elementwise noise model; "
+                f"{type(base).__name__} gives log densities of shape {jnp.shape(lp)} for "
+                f"observations of shape {jnp.shape(value)}"
+            )
+        lp = jnp.where(miss, 0.0, lp)
+        return jnp.sum(lp, axis=tuple(range(-n_ind, 0))) if n_ind else lp
+
+
 def _wrap_log_likelihood(fn):
     def noise(params, y_pred):
         return LogLikelihoodDistribution(fn, params, y_pred)
@@ -293,6 +356,11 @@ class ODEModel(eqx.Module):
                 ) from None
             if not observed or any(i < 0 or i >= d for i in observed):
                 raise ValueError(f"`observed` must hold state indices in [0, {d}), got {observed}")
+            if len(set(observed)) != len(observed):
+                raise ValueError(
+                    f"`observed` lists a state twice: {observed}; each data column is one state "
+                    "(for repeated measurements, add rows to the Dataset)"
+                )
         if state_names is None:
             state_names = tuple(f"y{i}" for i in range(d))
         else:
@@ -552,11 +620,21 @@ class ODEModel(eqx.Module):
         params = self._as_arrays(params)
 
         def one(p, yp):
-            return jnp.sum(self.noise(p, yp).log_prob(ys))
+            return jnp.sum(self.observations(p, yp).log_prob(ys))
 
         if n is None:
             return one(params, y_pred)
         return jax.vmap(one)(params, y_pred)
+
+    def observations(self, params: Mapping[str, Any], y_pred: jax.Array) -> dist.Distribution:
+        """The distribution of ONE trajectory's observations given predictions ``y_pred``
+        ``(k, m)``: ``noise(params, y_pred)``, whose ``log_prob`` skips missing observations
+        (NaN in ``ys``; see `MissingObservations`). A model built with ``log_likelihood=``
+        gets its ``ys`` as they are, NaN included."""
+        d = self.noise(params, y_pred)
+        if isinstance(d, LogLikelihoodDistribution):
+            return d
+        return MissingObservations(d, y_pred)
 
     def log_likelihood(
         self, params: Mapping[str, Any], data: Dataset, **solve_kwargs: Any

@@ -78,7 +78,7 @@ def lotka_volterra() -> ODEModel:
     $$
 
     States: ``x`` prey, ``y`` predator (dimensionless population sizes), ``y0 = (1, 1)`` at
-    ``t0 = 0``; time dimensionless (one period is about 3.5 at the defaults).
+    ``t0 = 0``; time dimensionless (one period is about 3.3 at the defaults).
 
     Parameters (rates, per unit time), defaults and priors:
 

@@ -26,3 +26,17 @@ def test_demo_quick_writes_outputs(tmp_path):
                     "--out", str(tmp_path)], check=True, timeout=900)
     for name in ("summary.csv", "lynx_hare.nc", "trace.png", "posterior_predictive.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["demo", "--n", "0"], "--n"),
+        (["bench", "--problems", "foo"], "--problems"),
+        (["bench", "--sizes", "abc"], "--sizes"),
+    ],
+)
+def test_bad_cli_values_are_argparse_errors(argv, needle):
+    proc = subprocess.run([sys.executable, "-m", "gradsolve_cli", *argv], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr

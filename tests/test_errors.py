@@ -36,6 +36,7 @@ Y0 = jnp.array([1.0, 1.0])
         (dict(dt0=float("inf")), "`dt0`"),
         (dict(y0=jnp.ones((0, 2)), params=jnp.ones((0, 4))), "`y0`"),
         (dict(y0=jnp.ones(2, jnp.complex128)), "`y0`"),
+        (dict(controller="pid"), "`controller`"),
     ],
 )
 @pytest.mark.parametrize("fn", ["record", "solve"])
@@ -297,3 +298,51 @@ def test_long_horizon_is_not_a_step_underflow(solver, kernel):
                        atol=1e-14)
     assert int(sol.mesh.status) == gs.Status.OK
     np.testing.assert_allclose(sol.ys[:, 0], 2.0 * c / (np.asarray(ts) + c), rtol=1e-6, atol=1e-15)
+
+
+def test_diffrax_controller_is_refused_with_its_translation():
+    """A Diffrax controller is refused, not half-used (its rtol/atol would be ignored); the
+    message says how to write the same thing in gradsolve."""
+    import diffrax
+
+    ctrl = diffrax.PIDController(rtol=1e-3, atol=1e-5, pcoeff=0.3, icoeff=0.4)
+    with pytest.raises(ValueError, match="`controller`") as info:
+        gs.solve(lotka_volterra, 0.0, 1.0, Y0, P, controller=ctrl)
+    msg = str(info.value)
+    assert "rtol=0.001, atol=1e-05" in msg and "gs.PIDController(pcoeff=0.3, icoeff=0.4)" in msg
+    with pytest.raises(ValueError, match="adaptive"):
+        gs.record(lotka_volterra, 0.0, 1.0, Y0, P, controller=diffrax.ConstantStepSize())
+    # the translation it proposes runs and gives the closed-form decay
+    sol = gs.solve(decay, 0.0, 1.0, jnp.ones(1), {"k": jnp.asarray(1.0)}, rtol=1e-3, atol=1e-5,
+                   controller=gs.PIDController(pcoeff=0.3, icoeff=0.4))
+    np.testing.assert_allclose(sol.y1, np.exp(-1.0), rtol=1e-3)
+
+
+def test_saveat_as_ts_gets_a_clear_error():
+    import diffrax
+
+    with pytest.raises(ValueError, match="`ts` must be an array.*saveat.subs.ts"):
+        gs.solve(lotka_volterra, 0.0, 1.0, Y0, P, ts=diffrax.SaveAt(ts=jnp.linspace(0, 1, 3)))
+
+
+@pytest.mark.parametrize(
+    "f, y0, p, shown",
+    [
+        (lotka_volterra, jnp.ones((4, 2)), jnp.ones(4), "params {params: ()}"),  # no (n, q) axis
+        (lambda y, t, p: -p * y, Y0, jnp.asarray(1.0), "scalar t"),          # odeint's order
+        (lotka_volterra, Y0, jnp.ones((3, 4)), "params {params: (3, 4)}"),   # ensemble params
+    ],
+)
+def test_vector_field_errors_show_what_f_received(f, y0, p, shown):
+    with pytest.raises(ValueError, match="`f") as info:
+        gs.solve(f, 0.0, 1.0, y0, p)
+    assert shown in str(info.value) and "f(t, y, params)" in str(info.value)
+
+
+def test_non_finite_inputs_are_named_as_such():
+    y0 = jnp.array([[1.0, 1.0], [jnp.nan, 1.0], [1.0, 1.0]])
+    with pytest.raises(RuntimeError) as info:
+        gs.record(lotka_volterra, 0.0, 1.0, y0, jnp.tile(P, (3, 1)))
+    msg = str(info.value)
+    assert "1 of 3 trajectories failed" in msg and "1 trajectory had non-finite `y0`" in msg
+    assert "indices: 1" in msg and "Rodas5P" not in msg  # not a stiffness problem

@@ -69,7 +69,8 @@ def _scipy_log_density(params, data):
     lp += np.sum(stats.truncnorm.logpdf(th, (0 - loc) / scale, np.inf, loc=loc, scale=scale))
     lp += np.sum(stats.lognorm.logpdf(z0, s=1.0, scale=10.0))
     lp += np.sum(stats.lognorm.logpdf(sig, s=1.0, scale=np.exp(-1.0)))
-    ll = np.sum(stats.lognorm.logpdf(np.asarray(data.ys), s=sig[None], scale=z))
+    # nansum: a NaN in ys (a missing observation) contributes nothing
+    ll = np.nansum(stats.lognorm.logpdf(np.asarray(data.ys), s=sig[None], scale=z))
     return lp, ll
 
 
@@ -89,6 +90,92 @@ def test_log_density_matches_scipy(lynx, which):
     # default tolerances: within the solver's accuracy (§7: ~4e-5 between rtol 1e-6, 1e-12)
     got6 = float(jax.jit(lambda q: inference.log_density(m, data, q))(p))
     assert abs(got6 - (lp_ref + ll_ref)) < 1e-3
+
+
+def _with_gaps(data):
+    """Three single missing entries and one missing row (t = 15) as NaN."""
+    ys = np.array(data.ys, copy=True)
+    ys[3, 0] = ys[8, 1] = ys[12, 0] = np.nan
+    ys[15] = np.nan
+    return models.Dataset(ts=data.ts, ys=ys)
+
+
+def test_missing_observations_are_skipped(lynx):
+    """NaN in ``Dataset.ys`` is a missing observation: the log density is SciPy's over the
+    observed entries; a missing row equals dropping that row; the gradient is finite and
+    matches central differences; the NumPyro program agrees."""
+    from numpyro.infer.util import log_density as np_log_density
+
+    m, data = lynx
+    gaps = _with_gaps(data)
+    p = {k: jnp.asarray(v) for k, v in m.defaults.items()}
+    lp_ref, ll_ref = _scipy_log_density(p, gaps)
+    f = jax.jit(lambda q: inference.log_density(m, gaps, q, rtol=1e-10, atol=1e-12))
+    assert abs(float(f(p)) - (lp_ref + ll_ref)) < 1e-6 * abs(lp_ref + ll_ref)
+    prog = inference.numpyro_model(m, gaps, rtol=1e-10, atol=1e-12)
+    assert abs(float(np_log_density(prog, (), {}, p)[0]) - float(f(p))) < 1e-8
+
+    keep = np.arange(data.ts.shape[0]) != 15
+    ys_rest = np.array(gaps.ys)[keep]
+    dropped = models.Dataset(ts=np.asarray(data.ts)[keep], ys=ys_rest)
+    ld_drop = inference.log_density(m, dropped, p, rtol=1e-10, atol=1e-12)
+    assert abs(float(ld_drop) - float(f(p))) < 1e-6
+
+    g = jax.grad(f)(p)
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in g.values())
+    h = 1e-6
+    for i in range(4):
+        e = jnp.zeros(4).at[i].set(h * p["theta"][i])
+        fd = (f(dict(p, theta=p["theta"] + e)) - f(dict(p, theta=p["theta"] - e))) / (2 * e[i])
+        assert abs(float(g["theta"][i]) - float(fd)) < 1e-4 * max(1.0, abs(float(fd)))
+
+
+def test_fits_skip_missing_observations(lynx):
+    """MAP and Levenberg–Marquardt fits with a missing row equal the fits without that row
+    (to solver tolerance)."""
+    m, data = lynx
+    gaps = _with_gaps(data)
+    keep = np.arange(data.ts.shape[0]) != 15
+    dropped = models.Dataset(ts=np.asarray(data.ts)[keep], ys=np.array(gaps.ys)[keep])
+    init = {k: jnp.asarray(v) for k, v in m.defaults.items()}
+    a = inference.fit_least_squares(m, gaps, init=init)
+    b = inference.fit_least_squares(m, dropped, init=init)
+    for k in ("theta", "z_init", "sigma"):
+        np.testing.assert_allclose(a.params[k], b.params[k], rtol=1e-4)
+    assert abs(float(a.loss) - float(b.loss)) < 1e-5 * float(b.loss)
+    kw = dict(init=init, steps=300, optimizer=optax.adam(0.02), progress=False)
+    fa, fb = inference.fit(m, gaps, **kw), inference.fit(m, dropped, **kw)
+    assert np.isfinite(fa.loss) and abs(float(fa.loss) - float(fb.loss)) < 1e-4 * abs(float(fb.loss))
+
+
+def test_log_density_is_minus_inf_outside_the_prior_support(lynx):
+    """Outside the support (a negative scale) the log density is -inf, eagerly as under jit,
+    with a finite (zero) gradient; fits refuse such an ``init`` by name."""
+    m, data = lynx
+    p = {k: jnp.asarray(v) for k, v in m.defaults.items()}
+    bad = dict(p, sigma=jnp.array([-0.1, 0.2]))
+    assert float(inference.log_density(m, data, bad)) == -np.inf
+    f = jax.jit(lambda q: inference.log_density(m, data, q))
+    assert float(f(bad)) == -np.inf and np.isfinite(float(f(p)))
+    g = jax.grad(f)(bad)
+    assert all(np.all(np.asarray(v) == 0) for v in g.values())
+    ens = {k: jnp.stack([p[k], bad[k]]) for k in p}
+    out = np.asarray(jax.jit(lambda q: inference.log_density(m, data, q))(ens))
+    assert np.isfinite(out[0]) and out[1] == -np.inf
+    for fn in (inference.fit, inference.fit_least_squares):
+        with pytest.raises(ValueError, match="`init` lies outside.*sigma"):
+            fn(m, data, init=bad)
+
+
+def test_log_density_wants_concrete_observation_times(lynx):
+    m, data = lynx
+    p = {k: jnp.asarray(v) for k, v in m.defaults.items()}
+    with pytest.raises(ValueError, match="`data.ts` is traced"):
+        jax.jit(lambda d, q: inference.log_density(m, d, q))(data, p)
+    # traced observations are fine (vmap over data sets with the same times)
+    ys = jnp.stack([data.ys, data.ys * 1.1])
+    lp = jax.vmap(lambda y: inference.log_density(m, models.Dataset(ts=data.ts, ys=y), p))(ys)
+    assert lp.shape == (2,) and np.all(np.isfinite(np.asarray(lp)))
 
 
 def test_log_density_ensemble_grad_and_numpyro_program(lynx):
@@ -299,6 +386,22 @@ def test_fit_rejects_bad_arguments(lynx):
         inference.fit(m, data, max_redraws=-1, steps=1)
     with pytest.raises(RuntimeError, match="single given `init` is not re-drawn"):
         inference.fit(m, data, init=m.defaults, max_steps=25, steps=1)
+    with pytest.raises(ValueError, match="missing parameters"):
+        inference.fit_least_squares(m, data, init={"thetaa": 1.0})
+    with pytest.raises(ValueError, match="theta"):
+        inference.fit_least_squares(m, data, init=dict(m.defaults, theta=jnp.ones(3)))
+
+
+def test_fit_tells_a_non_finite_likelihood_from_a_failed_solve(lynx):
+    """Negative data under LogNormal noise: the solves succeed, the likelihood is -inf; the
+    error says so instead of suggesting a stiff solver."""
+    m, data = lynx
+    ys = np.array(data.ys, copy=True)
+    ys[3, 0] = -1.0
+    bad = models.Dataset(ts=data.ts, ys=ys)
+    with pytest.raises(RuntimeError, match="non-finite loss") as info:
+        inference.fit(m, bad, n_starts=2, steps=1, max_redraws=1, progress=False)
+    assert "Rodas5P" not in str(info.value)
 
 
 def test_fit_with_a_plain_log_likelihood():

@@ -637,6 +637,8 @@ def test_odemodel_construction_errors():
         models.ODEModel(**good, defaults={"kk": 1.0})
     with pytest.raises(ValueError, match="observed"):
         models.ODEModel(**good, observed=(2,))
+    with pytest.raises(ValueError, match="`observed` lists a state twice"):
+        models.ODEModel(**good, observed=(0, 0))
     with pytest.raises(ValueError, match="y0"):
         models.ODEModel(**dict(good, y0=jnp.ones((2, 2))))
     with pytest.raises(ValueError, match="vector_field"):
@@ -720,6 +722,11 @@ def test_dataset_validation_errors():
         models.Dataset(ts=np.arange(3.0), ys=np.zeros((3, 2)), names=["a"])
     with pytest.raises(ValueError, match="`units`"):
         models.Dataset(ts=np.arange(3.0), ys=np.zeros((3, 2)), units=["a", "b", "c"])
+    with pytest.raises(ValueError, match="inf.*NaN"):
+        models.Dataset(ts=np.arange(3.0), ys=np.array([[1.0], [np.inf], [2.0]]))
+    with pytest.raises(ValueError, match="all NaN"):
+        models.Dataset(ts=np.arange(2.0), ys=np.full((2, 1), np.nan))
+    models.Dataset(ts=np.arange(3.0), ys=np.array([[1.0], [np.nan], [2.0]]))  # missing: fine
     d = models.Dataset(ts=[0, 1, 2], ys=[[1, 2], [3, 4], [5, 6]], names=["a", "b"], units="kg")
     assert d.ts.dtype == jnp.float64 and d.ys.shape == (3, 2)
     assert d.units == ("kg", "kg") and d.names == ("a", "b") and d.source is None

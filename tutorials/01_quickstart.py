@@ -144,7 +144,7 @@ print(f"time: replay grad {1e3 * best_time(grad_replay, p):.1f} ms (no adaptive 
 scales = np.array([1.0, 1.001, 1.003, 1.01, 1.03, 1.1])
 ratios = [float(jnp.max(gs.replay(lv, mesh, y0, s * p).error_ratio)) for s in scales]
 for s, r in zip(scales, ratios):
-    print(f"params x {s:4.2f}: max error_ratio {r:7.3f}  {'re-record' if r > 1 else 'mesh ok'}")
+    print(f"params x {s:5.3f}: max error_ratio {r:7.3f}  {'re-record' if r > 1 else 'mesh ok'}")
 
 fig, ax = plt.subplots(figsize=(5, 3))
 ax.semilogy(scales, ratios, "o-"); ax.axhline(1.0, color="k", ls="--")

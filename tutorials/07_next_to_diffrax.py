@@ -176,7 +176,7 @@ tv = jnp.linspace(0.0, 1000.0 if not QUICK else 200.0, 6)
 for solver in (diffrax.Kvaerno5(), gs.Rodas5P()):
     t = time.perf_counter()
     sol = gs.solve(vdp, 0.0, float(tv[-1]), yv0, mus, ts=tv, solver=solver, rtol=1e-6, atol=1e-8)
-    print(f"{type(solver).__name__:10s} route={sol.route:18s} accepted steps={np.asarray(sol.stats['num_accepted_steps'])} "
+    print(f"{type(solver).__name__:10s} route={sol.route:34s} accepted steps={np.asarray(sol.stats['num_accepted_steps'])} "
           f"y(t1)[0]={np.asarray(sol.ys[:, -1, 0]).round(5)}  ({time.perf_counter() - t:.1f} s, compile included)")
 
 sol_euler = gs.solve(lv, 0.0, 10.0, y0[:2], params[:2], ts=ts, solver=diffrax.Euler(), dt0=1e-3)
