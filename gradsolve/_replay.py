@@ -255,7 +255,10 @@ def replay(
             f"{tuple(jnp.shape(ts))}. Save times are mesh points: re-record for other times."
         )
     if ts is not None and is_concrete(b.ts, bm.times):
-        _check_moved_ts(bm, b.ts)
+        # Concrete inputs may still sit inside a jit/vmap trace (a mesh and ts closed
+        # over): evaluate the check now, on the host, rather than staging it out.
+        with jax.ensure_compile_time_eval():
+            _check_moved_ts(bm, b.ts)
     return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size)
 
 
@@ -295,7 +298,8 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int, chunk_siz
 
 
 def _check_moved_ts(bm: Mesh, ts) -> None:
-    """Outside ``jit``: `_replay_core`'s on-device checks of moved save times, as errors."""
+    """On concrete save times: `_replay_core`'s on-device checks of moved save times, as
+    errors (under ``jit`` with traced ``ts`` the replay flags them per trajectory instead)."""
     idx = np.asarray(bm.save_index)
     ts = np.asarray(ts)
     shared = idx[:, 1:] == idx[:, :-1]

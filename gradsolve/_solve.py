@@ -55,7 +55,10 @@ def solve(
             ``[t0, t1]``; default ``None`` saves at ``t1`` only.
         solver: a gradsolve solver (default `Tsit5`) or any ``diffrax`` solver.
         rtol, atol: tolerances of the error test ``|err| <= atol + rtol |y|`` (RMS).
-        dt0: initial step, positive; ``None`` picks it per trajectory.
+        dt0: initial step, positive; ``None`` picks it per trajectory. Every solver with
+            an error estimate (Diffrax's ``Heun`` and ``Midpoint`` included) records
+            adaptively, so ``dt0`` only seeds the first step; only a Diffrax solver without
+            one (e.g. ``diffrax.Euler()``) takes constant steps of ``dt0``.
         max_steps: capacity of the recorded mesh (accepted steps; each save time is one).
         controller: `PIDController` (default: I-controller, as Diffrax).
         throw: failure policy, as in `gradsolve.record`.

@@ -414,3 +414,25 @@ def test_moved_check_sees_moved_neighbours_past_equal_save_times():
     assert int(jitted.stats["status"]) == 0
     np.testing.assert_allclose(np.asarray(jitted.ys), np.asarray(eager.ys), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(eager.ys[:, 0]), np.exp(-0.5 * np.asarray(moved)), rtol=1e-8)
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_replay_with_closed_over_per_trajectory_ts_under_jit_and_vmap(kernel):
+    """A mesh and concrete ``(n, k)`` save times closed over by a jitted or vmapped function
+    (only the parameters traced): values and gradients are the closed form, and an invalid
+    ``ts`` is still refused when the function is traced."""
+    f = lambda t, y, p: -p * y
+    y0, p = jnp.ones((2, 1)), jnp.array([1.0, 2.0])
+    ts = jnp.array([[0.5, 1.0], [0.25, 0.75]])
+    exact = lambda q: np.exp(-np.asarray(q)[:, None] * np.asarray(ts))
+    with gs.use_compiled_kernel(kernel):
+        mesh = gs.record(f, 0.0, 1.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12)
+        loss = lambda q: jnp.sum(gs.replay(f, mesh, y0, q, ts=ts).ys)
+        np.testing.assert_allclose(float(jax.jit(loss)(p)), exact(p).sum(), rtol=1e-8)
+        g = jax.jit(jax.grad(loss))(p)
+        ys = jax.vmap(lambda s: gs.replay(f, mesh, y0, p * s, ts=ts).ys)(jnp.array([1.0, 1.01]))
+        bad = ts.at[0, 0].set(0.95)  # 0.5 -> 0.95: past the mesh nodes between 0.5 and 1
+        with pytest.raises(ValueError, match="moved past"):
+            jax.jit(lambda q: gs.replay(f, mesh, y0, q, ts=bad).ys)(p)
+    np.testing.assert_allclose(np.asarray(g), (-np.asarray(ts) * exact(p)).sum(axis=1), rtol=1e-7)
+    np.testing.assert_allclose(np.asarray(ys[1, :, :, 0]), exact(1.01 * p), rtol=1e-8)
