@@ -243,9 +243,10 @@ def test_stiff_and_diffrax_solvers_use_the_xla_replay():
     y0 = jnp.ones((2, 1))
     p = jnp.array([[1.0], [2.0]])
     f = lambda t, y, p: -p * y
-    for solver in (gs.Rodas5P(), diffrax.Tsit5()):
+    for solver, route in ((gs.Rodas5P(), "gradsolve-replay"),
+                          (diffrax.Tsit5(), "gradsolve-replay/diffrax.Tsit5")):
         mesh = gs.record(f, 0.0, 1.0, y0, p, solver=solver)
-        assert gs.replay(f, mesh, y0, p).route == "gradsolve-replay"
+        assert gs.replay(f, mesh, y0, p).route == route
 
 
 @requires_compiler
