@@ -181,6 +181,23 @@ class LaneField:
 
 _fields: dict = {}
 
+# Where the lanes replay pays (XLA:CPU, kernel off, Tsit5 gradient, n = 1,000, against the
+# batched replay; /tmp script, session 7): Lotka–Volterra (d = 2, 9 lane ops per field
+# evaluation) 1.7x faster, Lorenz-96 at d = 8 (32 ops) 3.8x and d = 20 (80 ops) 3.2x; but
+# Lorenz-96 at d = 30 5x slower and at d = 40 50x slower (XLA fuses each of the reverse
+# step's d + P outputs separately, each with the whole step in it: quadratic in d, and
+# past d ~ 20-30 its fusion gives up), and a dense field tanh(A y) at d = 4 (56 ops) 1.8x
+# slower, at d = 12 (~500 ops) 10x slower with a 215 s compile. The rule keeps the first
+# group and leaves the rest to the batched replay.
+_LANES_MAX_STATES = 16
+_LANES_MAX_OPS_PER_STATE = 8
+
+
+def lanes_pays(d: int, ops: int) -> bool:
+    """Whether a field of ``d`` states costing ``ops`` lane operations per evaluation runs
+    the lanes replay: few states, each with a short expression (not dense coupling)."""
+    return d <= _LANES_MAX_STATES and ops <= _LANES_MAX_OPS_PER_STATE * d
+
 
 def lane_field(f, solver, y0, params) -> LaneField | None:
     """The lanes form of ``f`` for batched ``y0 (n, d)``, ``params``, or ``None`` where the
@@ -209,8 +226,10 @@ def lane_field(f, solver, y0, params) -> LaneField | None:
                                         jnp.zeros((p_size,), dtype))
         field = LaneField(closed, d, dtype)
         probe = Lanes([jnp.zeros((1,), dtype)] * d)
-        jax.eval_shape(field, jnp.zeros((1,), dtype), probe,
-                       Lanes([jnp.zeros((1,), dtype)] * p_size))
+        lanes_jaxpr = jax.make_jaxpr(field)(jnp.zeros((1,), dtype), probe,
+                                            Lanes([jnp.zeros((1,), dtype)] * p_size))
+        if not lanes_pays(d, len(lanes_jaxpr.jaxpr.eqns)):
+            field = None
     except Exception:  # noqa: BLE001 - Unsupported, or anything untranslatable: batched replay
         field = None
     if key is not None:

@@ -182,8 +182,27 @@ def test_lanes_groups_follow_the_backend(kernel_off, monkeypatch):
     np.testing.assert_array_equal(np.asarray(gpu.ys), np.asarray(cpu.ys))
 
 
+def test_lanes_only_where_they_pay():
+    """Few states with short expressions run the lanes replay; dense coupling or many
+    states (where the lanes step compiles slowly and runs slower) the batched one."""
+    def l96(t, y, p):
+        return (jnp.roll(y, -1) - jnp.roll(y, 2)) * jnp.roll(y, 1) - y + p
+
+    def dense(t, y, p):
+        return jnp.tanh(p["A"] @ y) - 0.5 * y
+
+    n = 3
+    assert _lanes.lane_field(l96, gs.Tsit5(), jnp.ones((n, 8)), jnp.ones(n)) is not None
+    assert _lanes.lane_field(l96, gs.Tsit5(), jnp.ones((n, 20)), jnp.ones(n)) is None
+    p = {"A": jnp.ones((n, 4, 4))}
+    assert _lanes.lane_field(dense, gs.Tsit5(), jnp.ones((n, 4)), p) is None
+
+
 def test_lanes_matrix_parameters(kernel_off, monkeypatch):
-    """``dot_general`` and reductions in the vector field (a linear layer)."""
+    """``dot_general`` and reductions in the vector field (a linear layer) translate
+    correctly (such dense fields are left to the batched replay for speed, `lanes_pays`;
+    forced on here)."""
+    monkeypatch.setattr(_lanes, "lanes_pays", lambda d, ops: True)
     rng = np.random.default_rng(5)
     n, d = 6, 3
     p = {"A": jnp.asarray(rng.normal(size=(n, d, d)) * 0.5), "b": jnp.asarray(rng.normal(size=(n, d)))}
