@@ -115,8 +115,7 @@ class ParamSpace:
         out = {}
         for e in self.entries:
             x = jnp.broadcast_to(jnp.asarray(params[e.name]), batch + e.shape)
-            ok = jnp.asarray(e.support(x))
-            ok = jnp.reshape(jnp.broadcast_to(ok, ok.shape), batch + (-1,))
+            ok = jnp.reshape(jnp.asarray(e.support(x)), batch + (-1,))
             out[e.name] = ~jnp.all(ok, axis=-1)
         return out
 
@@ -147,6 +146,17 @@ class ParamSpace:
 
     def constrained_and_ldj(self, u: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
         return self.from_unconstrained(u), self.log_abs_det_jacobian(u)
+
+
+def checked_init(model, space: "ParamSpace", init) -> tuple[dict[str, jax.Array], int | None]:
+    """A user's ``init`` parameter dict, validated (names, shapes, the priors' support) and
+    as float arrays, with its ensemble size (``None`` for one point)."""
+    if not isinstance(init, Mapping):
+        raise ValueError(f"`init` must be None or a parameter dict, got {type(init).__name__}")
+    n = model.check_params(init)
+    init = {k: jnp.asarray(init[k], dtype=jnp.result_type(float)) for k in model.priors}
+    check_support(space, init, "init")
+    return init, n
 
 
 def check_support(space: ParamSpace, params: Mapping[str, Any], argname: str) -> None:
@@ -310,9 +320,8 @@ class _Problem:
         # run at the defaults there, so no NaN (nor NumPyro's argument check) escapes.
         outside = self.space.outside(params)
         bad = functools.reduce(jnp.logical_or, outside.values())
-        safe = {k: jnp.where(jnp.reshape(bad, jnp.shape(bad) + (1,) * (v.ndim - bad.ndim)),
-                             jnp.broadcast_to(jnp.asarray(self.model.defaults[k], v.dtype),
-                                              v.shape), v)
+        safe = {k: jnp.where(jnp.reshape(bad, bad.shape + (1,) * (v.ndim - bad.ndim)),
+                             jnp.asarray(self.model.defaults[k], v.dtype), v)
                 for k, v in params.items()}
         sol = self.solve(safe, n, **kw)
         lp = self.log_prior(safe) + self.log_lik_from_states(safe, sol.ys, n)

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._density import ParamSpace, SolveOptions, _Problem, check_support, digest, observe
+from ._density import ParamSpace, SolveOptions, _Problem, checked_init, digest, observe
 
 __all__ = ["fit", "fit_least_squares", "FitResult"]
 
@@ -330,11 +330,7 @@ def _initial_u(model, space: ParamSpace, init, n_starts: int, key) -> tuple[np.n
     if init is None:
         draws = model.sample_prior(key, n_starts)
         return np.asarray(space.to_unconstrained(draws)), n_starts
-    if not isinstance(init, Mapping):
-        raise ValueError(f"`init` must be None or a parameter dict, got {type(init).__name__}")
-    n_init = model.check_params(init)
-    init = {k: jnp.asarray(init[k], dtype=jnp.result_type(float)) for k in model.priors}
-    check_support(space, init, "init")
+    init, n_init = checked_init(model, space, init)
     if n_init is None:
         u0 = np.asarray(space.to_unconstrained(init))[None]
         if n_starts > 1:
@@ -768,13 +764,10 @@ def fit_least_squares(
         if n_starts == 1:
             starts = u_def[None]
     else:
-        if not isinstance(init, Mapping):
-            raise ValueError(f"`init` must be None or a parameter dict, got {type(init).__name__}")
-        if model.check_params(init) is not None:
+        init, n_init = checked_init(model, space, init)
+        if n_init is not None:
             raise ValueError("`init` of fit_least_squares is one parameter dict (no ensemble "
                              "axis); use `n_starts` for more starts")
-        init = {k: jnp.asarray(init[k]) for k in model.priors}
-        check_support(space, init, "init")
         u0 = space.to_unconstrained(init)
         starts = space.to_unconstrained(model.sample_prior(key, max(n_starts, 1)))
         starts = starts.at[0].set(u0)

@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 import equinox as eqx
 
-from ._density import SolveOptions, _Problem, check_support, digest
+from ._density import SolveOptions, _Problem, checked_init, digest
 from ._fit import (
     _PER_TRAJ,
     _load_checkpoint,
@@ -685,9 +685,8 @@ def _initial_points(model, data, space, init, C, key, jitter, seed, rtol, atol, 
         u0 = np.asarray(space.to_unconstrained(model.sample_prior(k_jit, C)))
         desc = "independent prior draws"
     elif isinstance(init, Mapping):
-        n = model.check_params(init)
-        check_support(space, {k: jnp.asarray(init[k]) for k in model.priors}, "init")
-        u = np.asarray(space.to_unconstrained({k: jnp.asarray(init[k]) for k in model.priors}))
+        init, n = checked_init(model, space, init)
+        u = np.asarray(space.to_unconstrained(init))
         if n is None:
             u0 = u[None] + jitter * np.asarray(jax.random.normal(k_jit, (C, space.dim)))
             desc = f"given point plus N(0, {jitter}^2) jitter in unconstrained space"
