@@ -184,7 +184,10 @@ def test_chains_under_vmap_equal_per_row_replays(rec):
 
 def test_union_contains_all_nodes_and_matches_closed_form(rec):
     mesh, _, host = rec
-    failed = dataclasses.replace(host.row(1).repeat(1), status=np.array([1], np.int32))
+    # a failed record (its own nodes, status MAX_STEPS) must add nothing to the union
+    row = host.row(1).repeat(1)
+    failed = dataclasses.replace(row, times=row.times * (1 - 1e-3 * (row.times < T1)),
+                                 status=np.array([gs.Status.MAX_STEPS], np.int32))
     parts = [mesh.row(0), mesh.select([1, 2, 3]), failed]
     u = gs.Mesh.union(parts)
     assert not u.is_ensemble and int(u.status) == gs.Status.OK
