@@ -239,7 +239,8 @@ class Mesh(eqx.Module):
                 return None
             return np.asarray(x)[None] if _is_host(x) else jnp.asarray(x)[None]
 
-        return dataclasses.replace(self, **{k: add(getattr(self, k)) for k in self.PER_TRAJECTORY})
+        changes = {k: add(getattr(self, k)) for k in self.PER_TRAJECTORY}
+        return dataclasses.replace(self, **changes)
 
     def unbatch(self) -> "Mesh":
         """An ensemble of one trajectory as a single mesh (``params`` included); a single
@@ -342,8 +343,9 @@ class Mesh(eqx.Module):
     # ------------------------------------------------------------------ host and device
 
     def to_host(self) -> "Mesh":
-        """A NumPy copy of the mesh (every array leaf, ``params``, solver and controller
-        included), its padding slots filled (`padded`).
+        """The mesh on the host: every array leaf (``params``, solver and controller
+        included) as a NumPy array, its padding slots filled (`padded`). Leaves may be
+        read-only views of JAX's buffers; the row algebra never writes into them.
 
         The row algebra then runs in NumPy: a mesh recorded under ``jit`` leaves its padding
         slots unspecified, and eager JAX ops on changing shapes would each compile a

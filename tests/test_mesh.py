@@ -9,6 +9,7 @@ Exponential decay (a closed form) with rates spread over 40x gives a ragged ense
 
 import dataclasses
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,7 +33,7 @@ def _record(y0, k):
 
 
 def _array_leaves(mesh):
-    return [x for x in jax.tree_util.tree_leaves(mesh) if hasattr(x, "shape")]
+    return [x for x in jax.tree_util.tree_leaves(mesh) if eqx.is_array(x)]
 
 
 def _assert_same_rows(a, b):
