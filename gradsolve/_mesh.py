@@ -293,7 +293,8 @@ class Mesh(eqx.Module):
 
         Example:
             >>> ens = single.repeat(4)           # ens.n == 4, ens.times.shape == (4, S + 1)
-            >>> gs.replay(f, ens, jnp.tile(y0, (4, 1)), jax.tree.map(lambda x: jnp.stack([x] * 4), p))
+            >>> p4 = jax.tree.map(lambda x: jnp.stack([x] * 4), p)
+            >>> gs.replay(f, ens, jnp.tile(y0, (4, 1)), p4)
         """
         if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
             raise ValueError(f"Mesh.repeat: `count` must be a positive int, got {count!r}.")
@@ -416,7 +417,9 @@ class Mesh(eqx.Module):
             raise ValueError(
                 f"Mesh.scatter: `rows` names {len(idx)} rows but `other` has {other.n}."
             )
-        if not isinstance(idx, jax.core.Tracer) and len(np.unique(idx % max(self.n, 1))) != len(idx):
+        traced = isinstance(idx, jax.core.Tracer)
+        distinct = traced or len(np.unique(idx % max(self.n, 1))) == len(idx)
+        if not distinct:
             raise ValueError("Mesh.scatter: `rows` repeats a row; each row can be replaced once.")
         self._check_compatible(other, "Mesh.scatter", "other")
         host = self._host
