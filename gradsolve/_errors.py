@@ -77,9 +77,8 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
     bad = np.flatnonzero(status != Status.OK)
     if bad.size == 0:
         return
-    from ._mesh import _as_batched
 
-    bm = _as_batched(mesh)
+    bm = mesh.batch()
     names = {
         Status.MAX_STEPS: f"reached max_steps={bm.capacity}",
         Status.NONFINITE: "met a non-finite state (NaN/inf in f or y)",
