@@ -118,6 +118,24 @@ def _mesh(problem, solver):
     return mesh
 
 
+@functools.cache
+def _save_times(problem, solver):
+    """``None`` without ``ts``; else ``(n, k)`` save times for the replays: the recorded ones
+    with each interior one moved by a quarter of the gap to its nearer neighbouring node (so
+    its node moves, crossing none); the ends stay pinned."""
+    if _problem(problem)[4] is None:
+        return None
+    mesh = _mesh(problem, solver)
+    times, idx = np.asarray(mesh.times), np.asarray(mesh.save_index)
+    rows = np.arange(times.shape[0])[:, None]
+    inner = idx[:, 1:-1]
+    gap = np.minimum(times[rows, inner] - times[rows, inner - 1],
+                     times[rows, inner + 1] - times[rows, inner])
+    moved = np.asarray(mesh.ts).copy()
+    moved[:, 1:-1] += 0.25 * gap * np.where(np.arange(inner.shape[1]) % 2, -1.0, 1.0)
+    return jnp.asarray(moved)
+
+
 def _loss(sol):
     return jnp.sum(sol.ys ** 2) + jnp.sum(sol.y1)
 
@@ -125,8 +143,8 @@ def _loss(sol):
 @functools.cache
 def _replayed(problem, solver, driver):
     """Values, error ratio and gradients of ``_loss`` of one driver's replay of the mesh:
-    a dict. With ``ts``, the replay is given the recorded save times (interior ones move
-    their node, differentiably); Diffrax's ``ts`` gradient is not part of its contract."""
+    a dict. With ``ts``, the replay is given `_save_times` (interior ones move their node,
+    differentiably); Diffrax's ``ts`` gradient is not part of its contract."""
     f, _, y0, p, ts = _problem(problem)
     mesh = _mesh(problem, solver)
     drv = DRIVERS[driver]()
@@ -137,13 +155,20 @@ def _replayed(problem, solver, driver):
         routes.append(sol.route)
         return _loss(sol), (sol.ys, sol.y1, sol.error_ratio)
 
-    tt = None if ts is None else mesh.ts
+    tt = _save_times(problem, solver)
     argnums = (0, 1) if tt is None or driver == "Diffrax" else (0, 1, 2)
     (_, (ys, y1, err)), grads = jax.value_and_grad(loss, argnums=argnums, has_aux=True)(y0, p, tt)
     out = {"ys": ys, "y1": y1, "error_ratio": err, "g_y0": grads[0], "g_p": grads[1],
            "g_ts": grads[2] if len(grads) == 3 else None}
     assert set(routes) == {ROUTES[driver]}, routes
     return out
+
+
+@functools.cache
+def _plain_ys(problem, solver):
+    """The batched replay's states at the recorded save times (``ts`` not given)."""
+    f, _, y0, p, _ = _problem(problem)
+    return gs.replay(f, _mesh(problem, solver), y0, p, driver=gs.drivers.Batched()).ys
 
 
 def _agree(got, want, rtol=RTOL, what=""):
@@ -189,7 +214,8 @@ def test_replay_drivers_agree_with_batched(problem, solver, driver):
     else:
         # The error estimate is a difference of close solutions: rounding shows sooner.
         np.testing.assert_allclose(err, ref["error_ratio"], rtol=1e-6)
-        assert np.all(err <= 1.0 + 1e-6)  # replayed where it was recorded
+        if ts is None:  # replayed where it was recorded (moved save times change steps)
+            assert np.all(err <= 1.0 + 1e-6)
 
 
 # --- 1b. the batched driver against independent references, once per problem ---------------
@@ -215,14 +241,20 @@ def test_batched_replay_against_an_independent_reference(problem):
     f, _, y0, p, ts = _problem(problem)
     mesh = _mesh(problem, solver)
     ref = _replayed(problem, solver, "Batched")
+    tsave = _save_times(problem, solver)
     i = 3  # one member of the ensemble
     pi = jax.tree_util.tree_map(lambda x: x[i], p)
+    ti = None if ts is None else tsave[i]
     if REFERENCE[problem] == "stepto":
-        # Diffrax with StepTo on trajectory i's recorded nodes: values and gradients.
-        times = jnp.asarray(np.asarray(mesh.times[i, : int(mesh.n_steps[i]) + 1]))
+        # Diffrax with StepTo on trajectory i's nodes (the save nodes moved to ``tsave``):
+        # values and gradients.
+        times = np.array(mesh.times[i, : int(mesh.n_steps[i]) + 1])
+        if ts is not None:
+            times[np.asarray(mesh.save_index[i])] = np.asarray(ti)
+        times = jnp.asarray(times)
 
         def one(y, q):
-            ys = _diffrax_stepto(f, TWINS[solver](), times, y, q, ts)
+            ys = _diffrax_stepto(f, TWINS[solver](), times, y, q, ti)
             body = ys[:-1] if ts is not None else ys[-1:]
             return jnp.sum(body ** 2) + jnp.sum(ys[-1]), ys
 
@@ -235,7 +267,7 @@ def test_batched_replay_against_an_independent_reference(problem):
         # Central differences of the batched replay on the same mesh: one entry of each
         # params leaf and of y0 of trajectory i.
         def loss(y, q):
-            return float(_loss(gs.replay(f, mesh, y, q, driver=gs.drivers.Batched())))
+            return float(_loss(gs.replay(f, mesh, y, q, ts=tsave, driver=gs.drivers.Batched())))
 
         eps = 1e-5
         leaves, treedef = jax.tree_util.tree_flatten(p)
@@ -256,7 +288,7 @@ def test_batched_replay_against_an_independent_reference(problem):
         # A save time is a mesh node: d y(t_j) / d t_j = f(t_j, y_j) to the solver's
         # accuracy, so d loss / d t_j = 2 y_j . f(t_j, y_j) (pinned ends included).
         yj = np.asarray(ref["ys"][i])
-        fj = np.stack([np.asarray(f(ts[j], ref["ys"][i, j], pi)) for j in range(len(ts))])
+        fj = np.stack([np.asarray(f(ti[j], ref["ys"][i, j], pi)) for j in range(len(ti))])
         expected = 2 * np.sum(yj * fj, axis=1)
         np.testing.assert_allclose(np.asarray(ref["g_ts"])[i], expected, rtol=1e-4,
                                    atol=1e-5 * np.abs(expected).max())
@@ -280,7 +312,7 @@ def test_auto_route_names_the_driver_that_ran():
         kw = {} if drv is None else {"driver": drv}
         sol = gs.replay(f, mesh, y0, p, **kw)
         assert sol.route == ROUTES[first]
-        _agree(sol.ys, _replayed("lv", "Tsit5", "Batched")["ys"])
+        _agree(sol.ys, _plain_ys("lv", "Tsit5"))
     # A stiff solver: only the batched driver replays it.
     fd, yd, kd = _decay_ensemble()
     sol = gs.replay(fd, _stiff_mesh("Rodas5P"), yd, kd)
@@ -371,9 +403,6 @@ def test_reasons_are_none_where_a_driver_applies():
     assert gs.drivers.Lanes().record_reason(f, tsit, y0, p) is None  # the XLA record loop
     assert gs.drivers.Diffrax().replay_reason(f, tsit, y0, p) is None
     assert gs.drivers.Diffrax().replay_reason(f, gs.Dopri5(), y0, p) is None
-    # Diffrax solvers, as a user passes them (the contract: "applies to ... Diffrax solvers")
-    assert gs.drivers.Diffrax().replay_reason(f, diffrax.Bosh3(), y0, p) is None
-    assert gs.drivers.Batched().replay_reason(f, diffrax.Bosh3(), y0, p) is None
     for drv in DRIVERS.values():
         assert isinstance(drv.name, str) and drv.name == drv().name
     assert [DRIVERS[d].name for d in DRIVERS] == [ROUTES[d] for d in DRIVERS]
@@ -383,6 +412,18 @@ def test_reasons_are_none_where_a_driver_applies():
         reason = drv.replay_reason(looped, tsit, y0, p)
         assert isinstance(reason, str) and reason.strip()
     assert gs.drivers.Batched().replay_reason(looped, tsit, y0, p) is None
+
+
+def test_diffrax_driver_reason_accepts_diffrax_solvers():
+    """The Diffrax driver applies to Diffrax solvers, passed as a user passes them to
+    ``gs.record``/``gs.solve`` (``solver=diffrax.Bosh3()``); the kernel and the lanes
+    replay (gradsolve's explicit solvers only) do not."""
+    f, _, y0, p, _ = _problem("lv")
+    assert gs.drivers.Batched().replay_reason(f, diffrax.Bosh3(), y0, p) is None
+    assert gs.drivers.Diffrax().replay_reason(f, diffrax.Bosh3(), y0, p) is None
+    for drv in (gs.drivers.Kernel(), gs.drivers.Lanes()):
+        reason = drv.replay_reason(f, diffrax.Bosh3(), y0, p)
+        assert isinstance(reason, str) and reason.strip()
 
 
 # --- 4. the Diffrax driver's adaptive solve ----------------------------------------------------
@@ -449,10 +490,10 @@ def test_replay_under_jit_equals_eager(driver):
 
     if driver in ("Kernel", "Lanes"):
         fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
-        (_, (ys, y1)), grads = fn(y0, p, mesh.ts)
+        (_, (ys, y1)), grads = fn(y0, p, _save_times(problem, solver))
         _agree([ys, y1, *grads], [eager[k] for k in ("ys", "y1", "g_y0", "g_p", "g_ts")])
     else:  # compiling these gradients again costs seconds: values only
-        ys, y1 = jax.jit(lambda a, b: loss(a, b, mesh.ts)[1])(y0, p)
+        ys, y1 = jax.jit(lambda a, b: loss(a, b, _save_times(problem, solver))[1])(y0, p)
         _agree([ys, y1], [eager["ys"], eager["y1"]])
 
 
@@ -466,7 +507,7 @@ def test_driver_as_a_static_argument_of_jit():
 
     for name in ("Kernel", "Lanes"):
         if DRIVERS[name]().replay_reason(f, gs.Tsit5(), y0, p) is None:
-            _agree(ys(p, driver=DRIVERS[name]()), _replayed("lv", "Tsit5", "Batched")["ys"])
+            _agree(ys(p, driver=DRIVERS[name]()), _plain_ys("lv", "Tsit5"))
     # a record and replay under jit with an explicit driver: a mesh of max_steps slots
     name = "Kernel" if KERNEL else "Batched"
     solve = jax.jit(lambda q: gs.solve(f, 0.0, t1, y0, q, ts=ts, max_steps=256,
@@ -476,7 +517,7 @@ def test_driver_as_a_static_argument_of_jit():
     np.testing.assert_array_equal(sol.mesh.n_steps, _mesh("lv", "Tsit5").n_steps)
     # nodes move by rounding between the jitted and the eager record (step sizes come from
     # error estimates), so the values agree to far below the tolerance, not to the last bit
-    _agree(sol.ys, _replayed("lv", "Tsit5", "Batched")["ys"], rtol=1e-9)
+    _agree(sol.ys, _plain_ys("lv", "Tsit5"), rtol=1e-9)
 
 
 # --- 6. clear_caches -------------------------------------------------------------------------
