@@ -1,4 +1,4 @@
-"""Failure messages for records that did not reach ``t1`` (SPEC §2.6).
+"""Failure messages for records that did not reach ``t1``.
 
 Outside ``jit`` a failed record raises a ``RuntimeError`` that names the trajectories, says
 what happened and suggests the fix. For explicit solvers the message also estimates
