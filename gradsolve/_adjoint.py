@@ -97,7 +97,8 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
 
     ``fwd``/``bwd`` as in the module docstring; forward-mode and second derivatives are the
     batched driver's on the same ``f``, ``solver`` and ``layout``; ``before_bwd()`` runs
-    when the backward pass is traced (e.g. to build it).
+    when the backward pass is traced (e.g. to build it) and returns whether ``bwd`` can
+    run; if not, reverse mode is the batched driver's too.
     """
     from .drivers.batched import replay_nodes  # the tangent rule: same steps, JAX's AD
 
@@ -125,23 +126,24 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
         times, n_eff, save, tol, subst = aux
         return fwd(times, n_eff, y, pf, save, tol, tm, subst)
 
+    def vjp_xla(tm, y, pf, ct_ys, ct_y1, aux):
+        _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
+        return back((ct_ys, ct_y1))
+
     @jax.custom_jvp
     def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
         times, n_eff, save, _, subst = aux
-        if before_bwd is not None:
-            before_bwd()
+        if before_bwd is not None and not before_bwd():
+            # The hand-written adjoint could not be built: the batched one, same values.
+            return vjp_xla(tm, y, pf, ct_ys, ct_y1, aux)
         return bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst)
 
     def backward_jvp(primals, tangents):
         tm, y, pf, states, ct_ys, ct_y1, aux = primals
         dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
         out = backward(*primals)
-
-        def vjp_xla(tm, y, pf, ct_ys, ct_y1):
-            _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
-            return back((ct_ys, ct_y1))
-
-        _, dout = jax.jvp(vjp_xla, (tm, y, pf, ct_ys, ct_y1), (dtm, dy, dpf, dct_ys, dct_y1))
+        _, dout = jax.jvp(lambda *a: vjp_xla(*a, aux), (tm, y, pf, ct_ys, ct_y1),
+                          (dtm, dy, dpf, dct_ys, dct_y1))
         return out, dout
 
     backward.defjvp(backward_jvp)

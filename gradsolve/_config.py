@@ -39,12 +39,19 @@ class Settings(NamedTuple):
         kernel_cache_mb: ``GRADSOLVE_KERNEL_CACHE_MB`` (default 1024): the size above which
             the least recently used kernels are deleted.
         cxx: ``CXX``: the C++ compiler to try first (then ``g++``, ``c++``, ``clang++``).
+        kernel_build_timeout: ``GRADSOLVE_KERNEL_BUILD_TIMEOUT`` (default 300): seconds a
+            compiler process may run before the build is abandoned for the XLA drivers.
+        kernel_max_source_mb: ``GRADSOLVE_KERNEL_MAX_SOURCE_MB`` (default 2): the size of
+            generated C++ above which no kernel is built (a 4-32-32-4 MLP field generates
+            5.5 MB, whose adjoint took 236 s and 1.7 GB to compile on 2 cores).
     """
 
     kernel: bool
     kernel_cache: str | None
     kernel_cache_mb: float
     cxx: str | None
+    kernel_build_timeout: float
+    kernel_max_source_mb: float
 
 
 def _flag(name: str, default: bool = True) -> bool:
@@ -80,6 +87,8 @@ def read_settings() -> Settings:
         kernel_cache=os.environ.get("GRADSOLVE_KERNEL_CACHE") or None,
         kernel_cache_mb=_positive("GRADSOLVE_KERNEL_CACHE_MB", 1024.0),
         cxx=os.environ.get("CXX") or None,
+        kernel_build_timeout=_positive("GRADSOLVE_KERNEL_BUILD_TIMEOUT", 300.0),
+        kernel_max_source_mb=_positive("GRADSOLVE_KERNEL_MAX_SOURCE_MB", 2.0),
     )
 
 

@@ -160,7 +160,7 @@ def test_untranslatable_vector_field_falls_back():
 
 def test_no_compiler_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(build, "compiler", lambda: None)
-    monkeypatch.setattr(build, "_warned", False)
+    monkeypatch.setattr(build, "_warned", {})
     monkeypatch.setattr(build, "_registered", {})
     monkeypatch.setattr(build, "_failed", {})
     monkeypatch.setattr(kernel_replay_mod, "_sources", {})

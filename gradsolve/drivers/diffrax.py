@@ -34,9 +34,12 @@ def diffrax_twin(solver):
     import diffrax
 
     from .._solver import Dopri5, Tsit5
+    from .._solver.diffrax_adapter import _is_diffrax_solver
 
     if isinstance(solver, DiffraxSolver):
         return solver.solver
+    if _is_diffrax_solver(solver):
+        return solver
     twins = {Tsit5: diffrax.Tsit5, Dopri5: diffrax.Dopri5}
     make = twins.get(type(solver))
     return None if make is None else make()

@@ -9,22 +9,33 @@ fields this matters: a 64-state Lorenz-96 kernel took 25 s as one library on two
 takes ~11 s now; a 2-state one 3.9 s then, ~3.4 s now.
 
 Shared objects are cached on disk under ``$GRADSOLVE_KERNEL_CACHE`` (default
-``~/.cache/gradsolve/kernels``), keyed by a hash of the source, the compiler command and the
-CPU's feature flags (the code is built with ``-march=native``). Compiling takes a few
-seconds once per vector field; a cached kernel loads in milliseconds. The cache keeps the
-most recently used kernels within ``$GRADSOLVE_KERNEL_CACHE_MB`` (default 1024) megabytes.
+``~/.cache/gradsolve/kernels``), keyed by a hash of the source, the compiler (its resolved
+path and version), the flags, the CPU's feature flags (the code is built with
+``-march=native``) and the jax/jaxlib versions. Compiling takes a few seconds once per
+vector field (a build still running after 2 s says so on stderr, through the
+``"gradsolve"`` logger); a cached kernel loads in milliseconds. The cache keeps the most
+recently used kernels within ``$GRADSOLVE_KERNEL_CACHE_MB`` (default 1024) megabytes.
+
+Safety: a shared object in the cache is code this process will run, so the cache is private
+to the user: the folder is created ``0700`` (the temp-directory fallback is a per-user folder),
+a folder or file not owned by the user or writable by others is refused (a file is deleted
+and rebuilt), and a file that does not load (truncated, corrupted) is rebuilt once. Every
+failure (no compiler, a failed or timed-out build, an oversized source, an unusable cache)
+falls back to the XLA drivers with a warning naming the reason, once per reason.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,8 +49,11 @@ _lock = threading.Lock()
 # Registered FFI targets are process state, not a cache: XLA cannot unregister them.
 _registered: dict[str, str] = {}  # source hash -> target prefix
 _failed = cache("failed kernel builds")  # source hash -> True (cleared: try again)
-_built: dict[str, tuple[str, str, str, set]] = {}  # prefix -> (cxx, source, key, parts)
-_warned = False
+_built: dict[str, tuple] = {}  # prefix -> (cxx, source, key, parts built, label)
+_warned = cache("kernel warnings")  # reasons already warned about (cleared: warn again)
+_compilers = cache("compiler versions")  # compiler path -> its --version line
+_log = logging.getLogger("gradsolve")
+_NOTICE_AFTER_S = 2.0  # a build still running after this long says so
 
 # Part -> (macro selecting it in the source, exported handler symbol).
 _PARTS = {"fwd": ("GS_PART_FWD", "Fwd"), "bwd": ("GS_PART_BWD", "Bwd"),
@@ -75,11 +89,26 @@ _VECTOR_MATH_FLAGS = (["-DGRADSOLVE_VECTOR_MATH", "-fno-builtin-sin", "-fno-buil
 
 
 def compiler() -> str | None:
-    """The C++ compiler used for kernels (``$CXX``, else ``g++``/``c++``/``clang++``), or None."""
+    """The C++ compiler used for kernels (``$CXX``, else ``g++``/``c++``/``clang++``), as a
+    resolved path, or None."""
     for cand in (_config.SETTINGS.cxx, "g++", "c++", "clang++"):
-        if cand and shutil.which(cand):
-            return cand
+        path = shutil.which(cand) if cand else None
+        if path:
+            return os.path.realpath(path)
     return None
+
+
+def _compiler_id(cxx: str) -> str:
+    """The compiler's path and the first line of its ``--version`` (part of the cache key:
+    an upgraded compiler builds new kernels)."""
+    if cxx not in _compilers:
+        try:
+            out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+            _compilers[cxx] = (out.stdout or out.stderr).splitlines()[0] if out.returncode == 0 \
+                else "?"
+        except (OSError, subprocess.SubprocessError, IndexError):
+            _compilers[cxx] = "?"
+    return f"{cxx} {_compilers[cxx]}"
 
 
 def _cpu_key() -> str:
@@ -94,32 +123,57 @@ def _cpu_key() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$GRADSOLVE_KERNEL_CACHE``, else
-    ``~/.cache/gradsolve/kernels``, else (not writable) a folder in the temp directory."""
+    """Where compiled kernels are kept, private to this user: ``$GRADSOLVE_KERNEL_CACHE``,
+    else ``~/.cache/gradsolve/kernels``, else (not writable) ``gradsolve-kernels-<uid>`` in
+    the temp directory. Created ``0700``; raises ``OSError`` when the folder is not owned by
+    this user or is writable by others (its kernels could have been planted)."""
     root = _config.SETTINGS.kernel_cache
     if root:
-        return Path(root)
+        return _private_dir(Path(root))
     home = Path.home() / ".cache" / "gradsolve" / "kernels"
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        home.mkdir(parents=True, exist_ok=True, mode=0o700)
         if os.access(home, os.W_OK):
-            return home
+            return _private_dir(home)
     except OSError:
         pass
-    return Path(tempfile.gettempdir()) / "gradsolve-kernels"
+    return _private_dir(Path(tempfile.gettempdir()) / f"gradsolve-kernels-{os.getuid()}")
 
 
-def load(source: str) -> str | None:
+def _private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(f"the kernel cache {path} is not private to this user (owner uid "
+                      f"{st.st_uid}, mode {oct(st.st_mode & 0o777)}); set "
+                      "$GRADSOLVE_KERNEL_CACHE to a folder of your own")
+    return path
+
+
+def _trusted(path: Path) -> bool:
+    """Whether a cached kernel may be loaded: owned by this user, not writable by others."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def load(source: str, label: str = "a vector field") -> str | None:
     """Compile (or fetch from cache) and register ``source``'s ``fwd``, ``bwd`` and ``rec``
-    handlers as FFI targets ``{prefix}_fwd`` etc.; returns the target prefix.
+    handlers as FFI targets ``{prefix}_fwd`` etc.; returns the target prefix. ``label``
+    names the vector field in messages.
 
-    Returns None when no compiler is available or compilation fails (the caller then uses
-    the XLA replay); warns once in that case.
+    Returns None when no compiler is available, the source is over the size limit or the
+    build fails (the caller then uses an XLA driver); warns once per reason.
     """
     cxx = compiler()
+    import jaxlib
+
     key = hashlib.sha256(
-        "\0".join([source, str(cxx), " ".join(_FLAGS), str(_VECTOR_MATH_FLAGS), _cpu_key(),
-                   jax.__version__, str(_groups(_EAGER_PARTS))]).encode()
+        "\0".join([source, _compiler_id(cxx) if cxx else "none", " ".join(_FLAGS),
+                   str(_VECTOR_MATH_FLAGS), _cpu_key(), jax.__version__,
+                   getattr(jaxlib, "__version__", "?"), str(_groups(_EAGER_PARTS))]).encode()
     ).hexdigest()[:24]
     with _lock:
         if key in _registered:
@@ -130,43 +184,63 @@ def load(source: str) -> str | None:
             _failed[key] = True
             _warn_once("no C++ compiler found (set $CXX)")
             return None
+        limit = _config.SETTINGS.kernel_max_source_mb * 1e6
+        if len(source) > limit:
+            _failed[key] = True
+            _warn_once(f"the C++ generated for {label} is {len(source) / 1e6:.1f} MB, over "
+                       f"the {limit / 1e6:g} MB limit ($GRADSOLVE_KERNEL_MAX_SOURCE_MB): its "
+                       "build would take minutes and gigabytes")
+            return None
         prefix = f"gradsolve_{key}"
         try:
-            _build_and_register(cxx, source, key, prefix, _EAGER_PARTS)
+            _build_and_register(cxx, source, key, prefix, _EAGER_PARTS, label)
         except Exception as e:  # noqa: BLE001 - any failure means: use the XLA replay
             _failed[key] = True
             _warn_once(str(e))
             return None
-        _built[prefix] = (cxx, source, key, set(_EAGER_PARTS))
+        _built[prefix] = (cxx, source, key, set(_EAGER_PARTS), label)
         _registered[key] = prefix
         return prefix
 
 
-def load_part(prefix: str, part: str) -> None:
+def load_part(prefix: str, part: str) -> bool:
     """Make sure the on-demand ``part`` (``"bwdt"``) of the kernel ``prefix`` (from `load`)
-    is built and registered as FFI target ``{prefix}_{part}``."""
+    is built and registered as FFI target ``{prefix}_{part}``; ``False`` (with a warning)
+    if that build fails, so the caller differentiates another way."""
     with _lock:
-        cxx, source, key, done = _built[prefix]
+        cxx, source, key, done, label = _built[prefix]
         if part not in done:
-            _build_and_register(cxx, source, key, prefix, (part,))
+            try:
+                _build_and_register(cxx, source, key, prefix, (part,), label)
+            except Exception as e:  # noqa: BLE001 - any failure: the batched adjoint
+                _warn_once(f"its {part} part: {e}", what="differentiate with")
+                return False
             done.add(part)
+        return True
 
 
-def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts) -> None:
+def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts,
+                        label: str = "a vector field") -> None:
     groups = _groups(tuple(parts))
-    paths = {g: cache_dir() / f"gs_{key}_{'-'.join(g)}.so" for g in groups}
+    folder = cache_dir()
+    paths = {g: folder / f"gs_{key}_{'-'.join(g)}.so" for g in groups}
+    for path in paths.values():
+        if path.exists() and not _trusted(path):  # planted or shared: never load it
+            path.unlink()
     todo = [g for g in groups if not paths[g].exists()]
     if todo:
-        with ThreadPoolExecutor(max_workers=len(todo)) as ex:
-            for fut in [ex.submit(_compile, cxx, source, paths[g], g) for g in todo]:
-                fut.result()
-        _prune_cache(keep=set(paths.values()))
+        _compile_all(cxx, source, paths, todo, label, folder)
     for g in groups:
         try:
             os.utime(paths[g])  # last use, for the cache's least-recently-used pruning
         except OSError:
             pass
-        lib = ctypes.cdll.LoadLibrary(str(paths[g]))
+        try:
+            lib = ctypes.cdll.LoadLibrary(str(paths[g]))
+        except OSError:  # truncated or corrupted: rebuild it once
+            paths[g].unlink(missing_ok=True)
+            _compile_all(cxx, source, paths, [g], label, folder)
+            lib = ctypes.cdll.LoadLibrary(str(paths[g]))
         for part in g:
             target = f"{prefix}_{part}"
             handler = jax.ffi.pycapsule(getattr(lib, _PARTS[part][1]))
@@ -174,6 +248,33 @@ def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts) -> 
             # Every operand and result leads with the ensemble axis and trajectories are
             # independent, so a sharded ensemble runs the kernel on each shard.
             jax.ffi.register_ffi_target_as_batch_partitionable(target)
+
+
+def _compile_all(cxx: str, source: str, paths: dict, todo: list, label: str,
+                 folder: Path) -> None:
+    """Compile the groups ``todo`` in parallel; a build still running after
+    `_NOTICE_AFTER_S` says so (and how long it took) through the ``"gradsolve"`` logger."""
+    start = time.perf_counter()
+    noticed = threading.Event()
+
+    def notice():
+        noticed.set()
+        _log.warning("gradsolve: compiling the CPU kernel for %s (first use; cached in %s, "
+                     "later runs load it in milliseconds) ...", label, folder)
+
+    timer = threading.Timer(_NOTICE_AFTER_S, notice)
+    timer.daemon = True
+    timer.start()
+    try:
+        with ThreadPoolExecutor(max_workers=len(todo)) as ex:
+            for fut in [ex.submit(_compile, cxx, source, paths[g], g) for g in todo]:
+                fut.result()
+    finally:
+        timer.cancel()
+    if noticed.is_set():
+        _log.warning("gradsolve: the CPU kernel for %s was built in %.1f s.", label,
+                     time.perf_counter() - start)
+    _prune_cache(keep=set(paths.values()))
 
 
 def _prune_cache(keep: set) -> None:
@@ -197,15 +298,17 @@ def _prune_cache(keep: set) -> None:
             pass
 
 
-def _warn_once(reason: str) -> None:
-    global _warned
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            f"gradsolve: could not build the compiled kernel ({reason}); using the XLA record "
-            "and replay (same results, slower). GRADSOLVE_KERNEL=0 silences this.",
-            RuntimeWarning, stacklevel=4,
-        )
+def _warn_once(reason: str, what: str = "run") -> None:
+    """Warn that the kernel could not be built, once per distinct reason."""
+    if reason in _warned:
+        return
+    _warned[reason] = True
+    warnings.warn(
+        f"gradsolve: could not build the compiled kernel ({reason}); the XLA drivers {what} "
+        "it instead (same results, slower). GRADSOLVE_KERNEL=0 or "
+        "gs.use_compiled_kernel(False) silences this.",
+        RuntimeWarning, stacklevel=4,
+    )
 
 
 def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...]) -> None:
@@ -217,15 +320,20 @@ def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...]) -> None:
         macros = [f"-D{_PARTS[part][0]}" for part in parts]
         base = [cxx, *_FLAGS, *macros, f"-I{jax.ffi.include_dir()}"]
         pre, post = _VECTOR_MATH_FLAGS
-        res = subprocess.run([*base, *pre, str(src), "-o", str(out), *post],
-                             capture_output=True, text=True)
-        if res.returncode != 0:  # no libmvec (or not glibc): scalar libm
-            res = subprocess.run([*base, str(src), "-o", str(out)], capture_output=True,
-                                 text=True)
+        timeout = _config.SETTINGS.kernel_build_timeout
+        try:
+            res = subprocess.run([*base, *pre, str(src), "-o", str(out), *post],
+                                 capture_output=True, text=True, timeout=timeout)
+            if res.returncode != 0:  # no libmvec (or not glibc): scalar libm
+                res = subprocess.run([*base, str(src), "-o", str(out)], capture_output=True,
+                                     text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{cxx} took longer than {timeout:g} s "
+                               "($GRADSOLVE_KERNEL_BUILD_TIMEOUT)") from None
         if res.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {res.stderr[-2000:]}")
         # Atomic publish: concurrent processes may build the same kernel.
-        fd, tmp_target = tempfile.mkstemp(dir=path.parent, suffix=".so")
+        fd, tmp_target = tempfile.mkstemp(dir=path.parent, suffix=".so")  # mode 0600
         os.close(fd)
         shutil.copyfile(out, tmp_target)
         os.replace(tmp_target, path)

@@ -50,7 +50,7 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
             found = Target(None, f"{_MAX_VARIANTS} kernels were already compiled for this "
                                  "vector field's code with other closed-over values.")
         else:
-            prefix = build.load(source)
+            prefix = build.load(source, repr(getattr(f, "__qualname__", type(f).__name__)))
             found = Target(prefix, None if prefix else
                            "the kernel could not be built (no working C++ compiler; see the "
                            "warning).")

@@ -247,6 +247,9 @@ _TEMPLATE = r"""
 #include <numeric>
 #include <thread>
 #include <vector>
+#ifdef __linux__
+#include <sched.h>
+#endif
 #include "xla/ffi/api/ffi.h"
 #ifdef GRADSOLVE_VECTOR_MATH
 // SIMD variants of libm (glibc's libmvec, <= 4 ulp): without them one transcendental call
@@ -308,11 +311,21 @@ void sort_by_length(Problem& pr) {{
                    [&](int64_t a, int64_t b) {{ return pr.n_eff[a] < pr.n_eff[b]; }});
 }}
 
+// The CPUs this process may run on: its affinity mask (taskset, a batch scheduler's
+// allocation), not the machine's core count.
+static int64_t usable_cpus() {{
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+#endif
+  return std::thread::hardware_concurrency();
+}}
+
 // Work is split over threads by striding through the length-sorted order (longest
 // first), so every thread gets a similar mix; GRADSOLVE_KERNEL_THREADS caps the count.
 template <typename Fn>
 void for_threads(int64_t n, Fn fn) {{
-  int64_t hw = std::thread::hardware_concurrency();
+  int64_t hw = usable_cpus();
   if (const char* env = std::getenv("GRADSOLVE_KERNEL_THREADS")) hw = std::atoi(env);
   int64_t threads = std::min<int64_t>(hw > 0 ? hw : 1, n / (16 * LANES));
   if (threads <= 1) {{ fn(0, 1); return; }}
