@@ -144,8 +144,26 @@ def bench_one(name: str, n: int, repeats: int) -> dict:
     }
 
 
-def main(argv=None) -> list[dict]:
-    ap = argparse.ArgumentParser(prog="gradsolve bench", description=__doc__.splitlines()[0])
+COLUMNS = """columns:
+  steps       mean accepted steps per trajectory
+  gs grad ms  gradsolve replay gradient on a reused mesh (default driver), best of --repeats
+  diffrax ms  jax.grad through jax.vmap(diffrax.diffeqsolve), RecursiveCheckpointAdjoint
+  ratio       diffrax ms / gs grad ms
+  1-thr       the same ratio with the kernel on one thread (GRADSOLVE_KERNEL_THREADS=1)
+  xla         the same ratio with the compiled kernel off (an XLA driver)
+  ckpt        the ratio against Diffrax with checkpoints= set to the step count
+  solve       the ratio for gs.solve (record + replay every call) under jit
+  grad/fwd    gradsolve gradient time / its forward replay time
+  record      Diffrax forward / gradsolve record under jit
+  eager       Diffrax forward / gradsolve record called outside jit
+  mem MB      peak temporary memory XLA reserves for each gradient, gradsolve/Diffrax
+  grad diff   max relative difference of the two gradients (each on its own mesh)"""
+
+
+def main(argv=None, json_default: str | None = None) -> list[dict]:
+    json_default = json_default or os.path.join(os.path.dirname(__file__), "results", "core.json")
+    ap = argparse.ArgumentParser(prog="gradsolve bench", description=__doc__.splitlines()[0],
+                                 epilog=COLUMNS, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="LV and Lorenz at n = 1, 100 only")
     ap.add_argument("--problems", default="lotka_volterra,lorenz,van_der_pol,robertson",
                     help="comma-separated problems (default: %(default)s)")
@@ -153,8 +171,8 @@ def main(argv=None) -> list[dict]:
                     help="comma-separated ensemble sizes (default: %(default)s)")
     ap.add_argument("--repeats", type=int, default=10,
                     help="timed repeats per measurement; the best is reported (default: %(default)s)")
-    ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results", "core.json"),
-                    help="where to write the JSON results (default: benchmarks/results/core.json)")
+    ap.add_argument("--json", default=json_default,
+                    help="where to write the JSON results (default: %(default)s)")
     args = ap.parse_args(argv)
     problems = [s.strip() for s in args.problems.split(",") if s.strip()]
     unknown = sorted(set(problems) - set(PROBLEM_NAMES))
@@ -196,6 +214,7 @@ def main(argv=None) -> list[dict]:
                   f"{r['grad_rel_diff']:>10.1e}", flush=True)
             with open(args.json, "w") as fh:
                 json.dump({"meta": meta, "rows": rows}, fh, indent=1)
+    print(COLUMNS)
     print(f"wrote {args.json}")
     return rows
 

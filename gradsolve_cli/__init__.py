@@ -81,13 +81,13 @@ def _demo_inference(out: str, quick: bool) -> None:
     print("[2/2] Lynx–hare (Hudson's Bay Company pelts 1900–1920), Carpenter's Stan model")
     t = time.perf_counter()
     # 1,000 Adam steps reach the MAP (loss 126.69) from 16 starts; 300 do not (131.5)
-    fit = inference.fit(model, data, n_starts=16 if quick else 64, steps=1000, seed=0)
-    print(f"      MAP fit: {time.perf_counter() - t:.1f} s, {fit.n_records} mesh records for "
-          f"{fit.n_grad_evals} gradient evaluations")
-    for k, v in fit.params.items():
-        print(f"        {k:<8} {np.array2string(np.asarray(v), precision=4)}")
-    if not hasattr(inference, "sample"):
-        return
+    n_starts, steps = (16 if quick else 64), 1000
+    fit = inference.fit(model, data, n_starts=n_starts, steps=steps, seed=0)
+    print(f"      MAP fit: {n_starts} starts drawn from the priors x {steps} Adam steps, "
+          f"{time.perf_counter() - t:.1f} s, {fit.n_records} mesh records for "
+          f"{fit.n_grad_evals} gradient evaluations; best start:")
+    for k in model.priors:  # the order of the posterior summary below
+        print(f"        {k:<8} {np.array2string(np.asarray(fit.params[k]), precision=4)}")
     import arviz as az
 
     t = time.perf_counter()
@@ -95,16 +95,23 @@ def _demo_inference(out: str, quick: bool) -> None:
     idata = inference.sample(model, data, num_warmup=nw, num_samples=ns, num_chains=2, seed=0)
     wall = time.perf_counter() - t
     summary = az.summary(idata, var_names=list(model.priors))
-    print(f"      NUTS: 2 chains x ({nw} warmup + {ns} samples) in {wall:.1f} s")
+    divergences = int(np.sum(np.asarray(idata.sample_stats["diverging"])))
+    print(f"      NUTS: 2 chains x ({nw} warmup + {ns} samples) in {wall:.1f} s, "
+          f"{divergences} divergent transition{'s' if divergences != 1 else ''} after warmup")
     print(summary.to_string())
     os.makedirs(out, exist_ok=True)
-    summary.to_csv(os.path.join(out, "summary.csv"))
-    idata.to_netcdf(os.path.join(out, "lynx_hare.nc"))
-    _plots(idata, model, data, out)
-    print(f"      wrote summary.csv, lynx_hare.nc and plots to {os.path.abspath(out)}")
+    written = [os.path.join(out, name) for name in ("summary.csv", "lynx_hare.nc")]
+    summary.to_csv(written[0])
+    idata.to_netcdf(written[1])
+    written += _plots(idata, model, data, out)
+    print("      wrote:")
+    for path in written:
+        print(f"        {os.path.abspath(path)}")
 
 
-def _plots(idata, model, data, out: str) -> None:
+def _plots(idata, model, data, out: str) -> list[str]:
+    """``trace.png`` (one panel per parameter component) and ``posterior_predictive.png``
+    (the data with the 90 % posterior predictive band, noise included, per species)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,29 +119,50 @@ def _plots(idata, model, data, out: str) -> None:
     import jax
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
-    az.plot_trace(idata, var_names=list(model.priors))
-    plt.tight_layout()
-    plt.savefig(os.path.join(out, "trace.png"), dpi=90)
+    trace = os.path.join(out, "trace.png")
+    axes = az.plot_trace(idata, var_names=list(model.priors), compact=False,
+                         figsize=(10, 2.0 * sum(int(np.prod(np.shape(v))) for v in
+                                                model.defaults.values())))
+    for row in np.atleast_2d(axes):
+        row[1].set_xlabel("draw")
+        row[0].set_ylabel("density")
+    plt.tight_layout(rect=(0, 0, 1, 0.98))
+    plt.gcf().suptitle("NUTS trace: one row per parameter component (two chains)")
+    plt.savefig(trace, dpi=80)
     plt.close("all")
+
     post = idata.posterior
-    draws = [{k: np.asarray(post[k].values).reshape((-1,) + post[k].shape[2:])[i] for k in model.priors}
-             for i in np.linspace(0, post.sizes["chain"] * post.sizes["draw"] - 1, 40).astype(int)]
-    ts = np.linspace(0.0, float(np.max(data.ts)), 200)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for d in draws:
-        pred = np.asarray(model.predict(jax.tree_util.tree_map(np.asarray, d), ts))
-        ax.plot(1900 + ts, pred[:, 0], color="C0", alpha=0.15)
-        ax.plot(1900 + ts, pred[:, 1], color="C1", alpha=0.15)
-    ax.plot(1900 + np.asarray(data.ts), np.asarray(data.ys)[:, 0], "o", color="C0", label="hare")
-    ax.plot(1900 + np.asarray(data.ts), np.asarray(data.ys)[:, 1], "s", color="C1", label="lynx")
+    total = post.sizes["chain"] * post.sizes["draw"]
+    picks = np.linspace(0, total - 1, 200).astype(int)
+    flat = {k: np.asarray(post[k].values).reshape((total,) + post[k].shape[2:]) for k in model.priors}
+    ts = np.linspace(0.0, float(np.max(data.ts)), 101)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(picks))
+    sims = np.stack([np.asarray(model.simulate(key, {k: v[i] for k, v in flat.items()}, ts).ys)
+                     for key, i in zip(keys, picks)])  # (draws, len(ts), observed)
+    lo, mid, hi = np.percentile(sims, [5, 50, 95], axis=0)
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    names = data.names or tuple(f"state {j}" for j in range(data.ys.shape[1]))
+    for j, name in enumerate(names):
+        color, marker = f"C{j}", "os"[j % 2]
+        ax.fill_between(1900 + ts, lo[:, j], hi[:, j], color=color, alpha=0.2,
+                        label=f"{name}: 90 % posterior predictive")
+        ax.plot(1900 + ts, mid[:, j], color=color, lw=1.2, label=f"{name}: predictive median")
+        ax.plot(1900 + np.asarray(data.ts), np.asarray(data.ys)[:, j], marker, color=color,
+                mec="k", label=f"{name}: observed")
+    years = 1900 + np.asarray(data.ts)
+    ax.set_xlim(years[0] - 0.5, years[-1] + 0.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("year")
     ax.set_ylabel("pelts (thousands)")
-    ax.set_title("Lynx–hare: data and 40 posterior draws")
-    ax.legend()
+    ax.set_title(f"Lynx–hare: data and posterior predictive ({len(picks)} draws, noise included)")
+    ax.legend(fontsize=8, ncol=2)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "posterior_predictive.png"), dpi=90)
+    predictive = os.path.join(out, "posterior_predictive.png")
+    fig.savefig(predictive, dpi=90)
     plt.close(fig)
+    return [trace, predictive]
 
 
 def _positive_int(text: str) -> int:
@@ -156,16 +184,7 @@ def demo(argv=None) -> int:
     args = ap.parse_args(argv)
     _x64()
     _demo_core(args.n)
-    try:
-        import inference
-
-        has_fit = hasattr(inference, "fit")
-    except ImportError:
-        has_fit = False
-    if has_fit:
-        _demo_inference(args.out, args.quick)
-    else:
-        print("[2/2] inference layer not available in this build; skipped fitting and sampling")
+    _demo_inference(args.out, args.quick)
     return 0
 
 
@@ -176,14 +195,12 @@ def bench(argv=None) -> int:
               "installed with this package; run it from a source checkout installed with "
               "`pip install -e .`", file=sys.stderr)
         return 2
-    argv = list(argv or [])
-    if not any(a == "--json" or a.startswith("--json=") for a in argv):
-        argv += ["--json", "gradsolve-bench.json"]  # the working directory, not the checkout
     _x64()
     sys.path.insert(0, here)
     import bench_core  # noqa: PLC0415 - the benchmark scripts live in benchmarks/
 
-    bench_core.main(argv)
+    # JSON into the working directory, not the checkout
+    bench_core.main(list(argv or []), json_default="gradsolve-bench.json")
     return 0
 
 
@@ -191,8 +208,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="gradsolve", description="gradsolve: record, replay, differentiate ODE ensembles.")
     ap.add_argument("command", choices=["demo", "bench"], help="demo: solve/fit/sample tour; bench: benchmark table vs Diffrax")
+    ap.add_argument("--version", action="store_true", help="print the version and exit")
     if not argv or argv[0] in ("-h", "--help"):
         ap.print_help()
+        return 0
+    if argv[0] in ("--version", "-V"):
+        import gradsolve
+
+        print(f"gradsolve {gradsolve.__version__}")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":

@@ -40,3 +40,18 @@ def test_bad_cli_values_are_argparse_errors(argv, needle):
     proc = subprocess.run([sys.executable, "-m", "gradsolve_cli", *argv], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_version(capsys):
+    import gradsolve
+
+    assert gradsolve_cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"gradsolve {gradsolve.__version__}"
+
+
+def test_bench_help_names_its_real_json_default_and_columns():
+    out = subprocess.run([sys.executable, "-m", "gradsolve_cli", "bench", "--help"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    flat = " ".join(out.split())  # argparse may wrap "gradsolve-bench.json" after the hyphen
+    assert "(default: gradsolve-bench.json)" in flat or "(default: gradsolve- bench.json)" in flat
+    assert "grad/fwd" in out and "ratio" in out and "diffrax ms / gs grad ms" in out
