@@ -50,6 +50,14 @@ ELEMENTWISE = frozenset({
 })
 
 
+def _check_dtype(dtype) -> None:
+    """Entries are real scalars: a complex (or other non-real) value anywhere in the field
+    is `Unsupported` rather than silently cut to its real part."""
+    dt = np.dtype(dtype)
+    if not (np.issubdtype(dt, np.floating) or np.issubdtype(dt, np.integer) or dt == np.bool_):
+        raise Unsupported(f"dtype {dt} (entries are real scalars)")
+
+
 class Scalarizer:
     """Evaluates a jaxpr element by element: every value is a numpy object array whose
     entries are one backend scalar each (a C++ expression here, a JAX array of one entry per
@@ -76,6 +84,8 @@ class Scalarizer:
     def run(self, closed, args: list[np.ndarray]) -> list[np.ndarray]:
         jaxpr = closed.jaxpr
         env: dict = {}
+        for var in (*jaxpr.constvars, *jaxpr.invars):
+            _check_dtype(var.aval.dtype)
         for var, c in zip(jaxpr.constvars, closed.consts):
             env[var] = self.constant(c, var.aval.dtype)
         for var, a in zip(jaxpr.invars, args):
@@ -98,6 +108,8 @@ class Scalarizer:
 
     def _eval(self, jaxpr, env) -> list[np.ndarray]:
         for eqn in jaxpr.eqns:
+            for v in (*eqn.invars, *eqn.outvars):
+                _check_dtype(v.aval.dtype)
             ins = [self._read(env, v) for v in eqn.invars]
             outs = self.primitive(eqn, ins)
             for var, val in zip(eqn.outvars, outs):

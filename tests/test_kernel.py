@@ -325,3 +325,17 @@ def test_kernel_cache_prunes_least_recently_used(tmp_path, monkeypatch):
         paths.append(p)
     build._prune_cache(keep={paths[0]})  # the oldest, but just built: kept
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gs_0_fwd.so", "gs_3_fwd.so"]
+
+
+def test_complex_constants_are_refused_not_truncated():
+    """A complex constant in the field (here |3 + 4j| = 5) must not lose its imaginary part
+    in the translator: the kernel and the lanes replay refuse it, and the batched driver
+    gives the closed form."""
+    C = jnp.array([3.0 + 4.0j, 1.0 + 0.0j])
+    f = lambda t, y, p: -p * y * jnp.abs(C)[0]
+    y0, p = jnp.ones((3, 1)), jnp.array([[0.1], [0.2], [0.3]])
+    for driver in (gs.drivers.Kernel(), gs.drivers.Lanes()):
+        assert "complex" in driver.replay_reason(f, gs.Tsit5(), y0, p)
+    sol = gs.solve(f, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+    assert sol.route == "gradsolve-batched"
+    np.testing.assert_allclose(sol.y1, jnp.exp(-5.0 * p), rtol=1e-8)
