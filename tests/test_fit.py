@@ -307,7 +307,7 @@ def test_fit_checkpoint_resume_matches_clean_run(lynx, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         inference.fit(m, data, steps=60, checkpoint=path2, callback=kill, **kw)
     with open(path2, "rb") as fh:
-        assert pickle.load(fh)["step"] == 25
+        assert pickle.load(fh).state.step == 25
     killed = inference.fit(m, data, steps=60, checkpoint=path2, **kw)
     for r in (resumed, killed):
         assert r.n_steps == 60
