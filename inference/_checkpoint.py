@@ -8,6 +8,7 @@ and restored as they were, so a resumed run continues bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pickle
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Checkpoint", "save", "load", "digest", "to_host", "to_device"]
+__all__ = ["Checkpoint", "save", "load", "digest", "fingerprint", "to_host", "to_device"]
 
 VERSION = 3
 
@@ -62,6 +63,26 @@ def digest(tree) -> str | None:
         h.update(f"{a.shape}{a.dtype}".encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
+
+
+def _plain(v):
+    """A setting as a plain Python value (NumPy scalars as ints and floats)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    return v
+
+
+def fingerprint(problem, policy, **settings) -> dict:
+    """What a checkpoint must share with the run that resumes it: the problem's (model,
+    data digest, solver, tolerances, step capacity; `Problem.fingerprint`), the mesh
+    policy's fields (``policy_*``) and the driver's ``settings`` (plain values, digests)."""
+    return dict(**problem.fingerprint(),
+                **{f"policy_{k}": v for k, v in dataclasses.asdict(policy).items()},
+                **{k: _plain(v) for k, v in settings.items()})
 
 
 def save(path, fingerprint: dict, state) -> None:

@@ -33,7 +33,6 @@ BlackJAX's kernels are built; a checkpoint is that state.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
@@ -241,6 +240,18 @@ class FitKernel:
             pending=self.policy.rerecord_after(s.alive, e.drift, e.error_ratio),
             urgency=self.policy.urgency(e.drift, e.error_ratio))
 
+    @staticmethod
+    def summary(s: FitState) -> dict:
+        """The progress bar's postfix: the best loss of the last step, the records made."""
+        last = s.history[-1][np.isfinite(s.history[-1])]
+        return dict(best=f"{last.min():.5g}" if last.size else "inf", records=s.n_records)
+
+    def info(self, s: FitState) -> dict:
+        """What a `fit` callback receives: the last step's ``losses (n,)``, the ``params``
+        (constrained dict, leading axis ``n``) and ``n_records``."""
+        return dict(losses=s.history[-1].copy(), params=self.constrained(jnp.asarray(s.u)),
+                    n_records=s.n_records)
+
     def finish(self, s: FitState, objective: str, wall_time: float) -> FitResult:
         """Every live start re-recorded at its final parameters and its loss evaluated on
         that fresh mesh (the adaptive solution's loss)."""
@@ -372,10 +383,9 @@ def fit(
     # transforms), not its hyperparameters: resuming with another learning rate is allowed.
     opt_structure = str(jax.tree_util.tree_structure(jax.eval_shape(
         optimizer.init, jax.ShapeDtypeStruct((1, problem.space.dim), jnp.result_type(float)))))
-    fingerprint = dict(**problem.fingerprint(), **dataclasses.asdict(policy), seed=int(seed),
-                       objective=objective, jacobian=bool(jacobian), n_starts=int(n_starts),
-                       init=_checkpoint.digest(None if init is None else dict(init)),
-                       optimizer=opt_structure)
+    fingerprint = _checkpoint.fingerprint(
+        problem, policy, seed=seed, objective=objective, jacobian=jacobian, n_starts=n_starts,
+        init=_checkpoint.digest(None if init is None else dict(init)), optimizer=opt_structure)
     state = _checkpoint.load(checkpoint, fingerprint, "fit")
     if state is None:
         key, k0 = jax.random.split(jax.random.PRNGKey(seed))
@@ -398,14 +408,10 @@ def fit(
             state = kernel.step(state)
             bar.update(1)
             if state.step % 10 == 0 or state.step == steps:
-                last = state.history[-1][np.isfinite(state.history[-1])]
-                bar.set_postfix(best=f"{last.min():.5g}" if last.size else "inf",
-                                records=state.n_records)
+                bar.set_postfix(**kernel.summary(state))
             if state.step % checkpoint_every == 0 or state.step == steps:
                 save(state)
-            if callback is not None and callback(state.step, dict(
-                    losses=state.history[-1].copy(), params=kernel.constrained(jnp.asarray(state.u)),
-                    n_records=state.n_records)) is True:
+            if callback is not None and callback(state.step, kernel.info(state)) is True:
                 break
     except BaseException:
         save(state)

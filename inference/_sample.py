@@ -47,7 +47,6 @@ jitter in unconstrained space. The InferenceData's attributes say so.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
@@ -74,6 +73,28 @@ def sampling_chunk(kernel: ChainKernel, s: SampleState, left: int) -> SampleStat
     s, draws, failed = kernel.run(s, min(CHUNK, left))
     return s._replace(draws=s.draws + (draws,), failures_sampling=s.failures_sampling + failed,
                       sampling_time=s.sampling_time + time.perf_counter() - t)
+
+
+def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
+         checkpoint_every: int, save, bar) -> SampleState:
+    """The remaining warmup windows (``save`` after each), then draws in chunks up to
+    ``total`` iterations (``save`` about every ``checkpoint_every`` draws and at the end)."""
+    lengths = windows(num_warmup)
+    while s.window < len(lengths):
+        s = warmup_window(chains, s, lengths)
+        bar.update(lengths[s.window - 1])
+        save(s)
+    if not lengths and chains.policy.warmup_rerecords and s.mesh.is_ensemble:
+        s = install_sampling_mesh(chains, s, np.asarray(s.chains.z))
+    next_save = (s.iteration - num_warmup) // checkpoint_every * checkpoint_every
+    while s.iteration < total:
+        s = sampling_chunk(chains, s, total - s.iteration)
+        bar.update(s.draws[-1].z.shape[1])
+        done = s.iteration - num_warmup
+        if done >= next_save + checkpoint_every or s.iteration == total:
+            save(s)
+            next_save = done // checkpoint_every * checkpoint_every
+    return s
 
 
 def _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
@@ -163,12 +184,10 @@ def sample(
     t_start = time.perf_counter()
     problem = Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=MAX_STEPS)
     count = rerecord == "always" if count_failures is None else bool(count_failures)
-    fingerprint = dict(
-        **problem.fingerprint(), **{f"policy_{k}": v for k, v in dataclasses.asdict(policy).items()},
-        num_chains=int(num_chains), num_warmup=int(num_warmup), num_samples=int(num_samples),
-        kernel=kernel, seed=int(seed), target_accept=float(target_accept),
-        dense_mass=bool(dense_mass), max_tree_depth=int(max_tree_depth),
-        init_jitter=float(init_jitter), max_steps_solve=max_steps,
+    fingerprint = _checkpoint.fingerprint(
+        problem, policy, num_chains=num_chains, num_warmup=num_warmup, kernel=kernel,
+        num_samples=num_samples, seed=seed, target_accept=target_accept, dense_mass=dense_mass,
+        max_tree_depth=max_tree_depth, init_jitter=init_jitter, max_steps_solve=max_steps,
         init=init if isinstance(init, str) else _checkpoint.digest(dict(init)),
         fit_kwargs=sorted((k, v) for k, v in (fit_kwargs or {}).items()
                           if isinstance(v, (bool, int, float, str))))
@@ -190,23 +209,10 @@ def sample(
         if checkpoint is not None:
             _checkpoint.save(checkpoint, fingerprint, s)
 
-    lengths, total = windows(int(num_warmup)), int(num_warmup) + int(num_samples)
+    total = int(num_warmup) + int(num_samples)
     bar = progress_bar(progress, total=total, done=state.iteration, desc=f"sample {model.name}")
     try:
-        while state.window < len(lengths):
-            state = warmup_window(chains, state, lengths)
-            bar.update(lengths[state.window - 1])
-            save(state)
-        if not lengths and policy.warmup_rerecords and state.mesh.is_ensemble:
-            state = install_sampling_mesh(chains, state, np.asarray(state.chains.z))
-        next_save = (state.iteration - num_warmup) // checkpoint_every * checkpoint_every
-        while state.iteration < total:
-            state = sampling_chunk(chains, state, total - state.iteration)
-            bar.update(state.draws[-1].z.shape[1])
-            done = state.iteration - num_warmup
-            if done >= next_save + checkpoint_every or done == num_samples:
-                save(state)
-                next_save = done // checkpoint_every * checkpoint_every
+        state = _run(chains, state, int(num_warmup), total, checkpoint_every, save, bar)
     finally:
         bar.close()
     return inference_data(chains, state, dict(
