@@ -31,10 +31,21 @@ from ._density import log_density, numpyro_model
 from ._fit import FitState, fit
 from ._least_squares import fit_least_squares
 from ._policy import MeshPolicy
-from ._problem import TOLERANCES, InferenceModel
+from ._problem import TOLERANCES as _TOLERANCES
+from ._problem import InferenceModel
 from ._result import FitResult
 from ._sample import sample
 from ._space import ParamSpace
+
+TOLERANCES = _TOLERANCES
+"""The default ODE tolerances of every function of `inference`: ``rtol = 1e-6``,
+``atol = 1e-8`` (``rtol`` that of ``gs.solve``; ``atol`` that of the Diffrax baseline the
+samplers are checked against). `models.ODEModel.solve` and ``simulate`` default to 1e-8 /
+1e-10, so that synthetic data do not carry a fit's own discretisation error.
+
+Example:
+    >>> inference.fit(model, data, rtol=inference.TOLERANCES.rtol / 10)
+"""
 
 __all__ = [
     "log_density",

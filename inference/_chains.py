@@ -60,6 +60,12 @@ class SampleState(NamedTuple):
         n_records, record_failures, failures_warmup, failures_sampling: counters.
         warmup_time, sampling_time: seconds.
         sampling_mesh: which mesh the sampling phase uses (words).
+
+    Example:
+        >>> inference.sample(model, data, checkpoint="run.pkl")
+        >>> with open("run.pkl", "rb") as fh:
+        ...     state = pickle.load(fh).state         # a SampleState
+        >>> state.iteration, state.chains.z.shape      # 1500, (2, D)
     """
 
     chains: Any

@@ -75,6 +75,12 @@ class FitState(NamedTuple):
         max_error_ratio: ``(n,)`` largest ``error_ratio`` met per start.
         n_records, n_records_per_start, n_grad_evals, n_redrawn: counters (`FitResult`).
         elapsed: seconds spent before the current call (resumed runs add up).
+
+    Example:
+        >>> inference.fit(model, data, steps=50, checkpoint="fit.pkl")
+        >>> with open("fit.pkl", "rb") as fh:
+        ...     state = pickle.load(fh).state         # a FitState
+        >>> state.step, state.u.shape, len(state.history)   # 50, (1, D), 50
     """
 
     u: Float[np.ndarray, "n D"]

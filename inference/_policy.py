@@ -63,6 +63,11 @@ class MeshPolicy:
             first).
         shared_margin: one sampling mesh serves every chain if its error ratio is at most
             ``shared_margin * error_ratio_max`` at each chain's position.
+
+    Example:
+        >>> policy = inference.MeshPolicy(drift_tol=0.1, error_ratio_max=1.0)
+        >>> policy.rerecord_after(alive, drift, err)     # (n,) bool: re-record these
+        >>> inference.fit(model, data, drift_tol=0.05)   # fit builds its policy itself
     """
 
     rerecord: str = "auto"

@@ -57,6 +57,10 @@ class InferenceModel(Protocol):
     Shapes: ``d`` states, ``m`` observed states, ``k`` observation times; a parameter dict
     has the keys of ``priors``, each leaf of the prior's shape, or with a leading axis
     ``n`` for an ensemble.
+
+    Example:
+        >>> isinstance(models.lynx_hare(), inference.InferenceModel)   # True
+        >>> inference.log_density(MyModel(), data, params)  # any class with these members
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""inference.log_density / fit / fit_least_squares (SPEC §4).
+"""inference.log_density / fit / fit_least_squares.
 
 Independent references: SciPy (solve_ivp + scipy.stats) for the log density; known
 parameters of synthetic data, with Laplace standard deviations, for fit recovery;
@@ -405,7 +405,7 @@ def test_fit_tells_a_non_finite_likelihood_from_a_failed_solve(lynx):
 
 
 def test_fit_with_a_plain_log_likelihood():
-    """SPEC §4: a user vector field plus a log-likelihood function (here Student-t, not a
+    """A user vector field plus a log-likelihood function (here Student-t, not a
     noise distribution). The MAP is checked against SciPy on the closed-form solution
     y = y0 exp(-k t)."""
     import numpyro.distributions as dist

@@ -1,4 +1,4 @@
-"""inference.sample (SPEC §4): NUTS with replay gradients, returning ArviZ InferenceData.
+"""inference.sample: NUTS with replay gradients, returning ArviZ InferenceData.
 
 Independent references: Carpenter's published Stan posterior for lynx–hare (fast test),
 plain NumPyro NUTS on ``diffrax.diffeqsolve`` (slow test).
@@ -172,7 +172,7 @@ def test_sample_matches_numpyro_on_diffrax(lynx):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_no_chain_is_stuck_over_seeds(lynx, seed):
-    """SPEC §4 / issue 6: plain NUTS from random starts gets stuck in ~8 % of chains on this
+    """Plain NUTS from random starts gets stuck in ~8 % of chains on this
     posterior (second mode, degenerate region). MAP-started chains must all mix."""
     import arviz as az
 
