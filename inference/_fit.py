@@ -132,7 +132,7 @@ class FitKernel:
 
     def __init__(self, problem: Problem, policy: MeshPolicy, optimizer, objective: str,
                  jacobian: bool):
-        self.problem, self.policy = problem, policy
+        self.problem, self.policy, self.objective = problem, policy, objective
         space = problem.space
         prior = objective == "map"
 
@@ -258,7 +258,7 @@ class FitKernel:
         return dict(losses=s.history[-1].copy(), params=self.constrained(jnp.asarray(s.u)),
                     n_records=s.n_records)
 
-    def finish(self, s: FitState, objective: str, wall_time: float) -> FitResult:
+    def finish(self, s: FitState, wall_time: float) -> FitResult:
         """Every live start re-recorded at its final parameters and its loss evaluated on
         that fresh mesh (the adaptive solution's loss)."""
         n, live = len(s.u), np.nonzero(s.alive)[0]
@@ -283,7 +283,7 @@ class FitKernel:
             params={k: v[best] for k, v in x.items()}, all_params=x, losses=losses,
             loss_history=history, n_records=s.n_records,
             n_records_per_start=s.n_records_per_start, n_grad_evals=s.n_grad_evals,
-            wall_time=wall_time, best_index=best, status=status, objective=objective,
+            wall_time=wall_time, best_index=best, status=status, objective=self.objective,
             n_steps=s.step, max_error_ratio=s.max_error_ratio, n_redrawn=s.n_redrawn)
 
 
@@ -424,4 +424,4 @@ def fit(
         raise
     finally:
         bar.close()
-    return kernel.finish(state, objective, elapsed + time.perf_counter() - t_start)
+    return kernel.finish(state, elapsed + time.perf_counter() - t_start)
