@@ -1,11 +1,13 @@
 """gradsolve: record an adaptive ODE solve, replay its mesh, differentiate it fast.
 
-Public API (``import gradsolve as gs``): `record`, `replay`, `solve`,
-`Mesh`, `Solution`, the solvers `Tsit5`, `Dopri5`,
-`Vern7`, `Rosenbrock23`, `Rodas5P`, and `enable_x64`.
+Public API (``import gradsolve as gs``): `record`, `replay`, `solve`, `Mesh`, `Solution`,
+the solvers `Tsit5`, `Dopri5`, `Vern7`, `Rosenbrock23`, `Rodas5P`, the drivers
+(``gs.drivers``: how a solve runs, passed as ``driver=``), `clear_caches` and `enable_x64`.
 Importing this package never changes global JAX configuration.
 """
 
+from . import drivers
+from ._caches import clear_caches
 from ._config import enable_x64, use_compiled_kernel
 from ._controller import PIDController
 from ._mesh import Mesh, Status
@@ -42,6 +44,8 @@ __all__ = [
     "Rodas5P",
     "AbstractRosenbrock",
     "enable_x64",
+    "clear_caches",
+    "drivers",
     "use_compiled_kernel",
     "ensemble_sharding",
     "shard_ensemble",

@@ -1,8 +1,8 @@
 """A replay with a hand-written adjoint, made differentiable under every transform.
 
-Two replays compute the forward pass and its exact discrete adjoint by hand: the compiled
-CPU kernel (`gradsolve._kernel`, C++ through ``jax.ffi``) and the lanes replay
-(`gradsolve._lanes`, XLA in structure-of-arrays form). Both provide the same pair of
+Two drivers compute the forward pass and its exact discrete adjoint by hand: the compiled
+CPU kernel (`gradsolve.drivers.kernel`, C++ through ``jax.ffi``) and the lanes replay
+(`gradsolve.drivers.lanes`, XLA in structure-of-arrays form). Both provide the same pair of
 functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save slots,
 ``P`` flattened parameters per trajectory):
 
@@ -16,10 +16,11 @@ functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save 
 
 - ``forward`` is a ``custom_jvp`` function. Its JVP rule returns the values and a tangent
   built with `gradsolve._linear.linear_apply` (a linear map with a given transpose):
-  forward mode evaluates the tangent with the plain XLA replay's own JVP, reverse mode
-  transposes it into ``bwd``. So ``grad``/``vjp`` get the fast adjoint while
+  forward mode evaluates the tangent with the batched driver's own JVP
+  (`gradsolve.drivers.batched.replay_nodes`, the same steps differentiated by JAX), reverse
+  mode transposes it into ``bwd``. So ``grad``/``vjp`` get the fast adjoint while
   ``jvp``/``jacfwd`` keep working, which a ``custom_vjp`` would forbid.
-- ``backward`` is itself a ``custom_jvp`` function whose rule differentiates the plain XLA
+- ``backward`` is itself a ``custom_jvp`` function whose rule differentiates the batched
   replay's VJP, so second derivatives (``hessian``, ``jacfwd(jacrev(...))``) work too.
 - ``states`` travel from ``forward`` to ``backward`` as residuals. They are a function of
   the differentiable inputs, and ``backward``'s rule differentiates through those inputs
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._linear import linear_apply
+from .drivers.base import ReplayLayout, ReplayNodes, ReplayOutput
 
 
 def flatten_spec(params):
@@ -89,27 +91,33 @@ def flat_field(f, treedef, shapes, dtypes):
     return f_flat, p_size
 
 
-def adjoint_replay(fwd, bwd, times, n_eff, y0, params, save_index, rtol, atol, tsave, subst,
-                   xla_replay, before_bwd=None):
-    """``(ys, y1, err, work)`` of the replay computed by ``fwd``, differentiated by ``bwd``.
+def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
+                   layout: ReplayLayout, moved: bool, before_bwd=None) -> ReplayOutput:
+    """The replay of ``nodes`` computed by ``fwd``, differentiated by ``bwd``.
 
-    Arguments as `gradsolve._kernel.kernel_replay`; ``fwd``/``bwd`` as in the module
-    docstring; ``before_bwd()`` runs when the backward pass is traced (e.g. to build it).
+    ``fwd``/``bwd`` as in the module docstring; forward-mode and second derivatives are the
+    batched driver's on the same ``f``, ``solver`` and ``layout``; ``before_bwd()`` runs
+    when the backward pass is traced (e.g. to build it).
     """
+    from .drivers.batched import replay_nodes  # the tangent rule: same steps, JAX's AD
+
     dtype = jnp.result_type(y0)
     n = y0.shape[0]
     leaves, treedef, shapes, dtypes = flatten_spec(params)
     pflat = flat_params(leaves, n, dtype)
     tol = per_trajectory((rtol, atol), n, dtype)
-    subst = subst.astype(jnp.int32)
-    tsave = tsave.astype(dtype)
-    n_eff = n_eff.astype(jnp.int32)
-    save_index = save_index.astype(jnp.int32)
+    subst = nodes.subst.astype(jnp.int32)
+    tsave = nodes.tsave.astype(dtype)
+    n_eff = nodes.n_eff.astype(jnp.int32)
+    save_index = nodes.save_index.astype(jnp.int32)
+    times = nodes.times
 
     def xla(tm, y, pf, aux):
         params = jax.vmap(lambda q: unflatten_one(q, treedef, shapes, dtypes))(pf)
-        ys, y1 = xla_replay(tm, y, params, *aux)[:2]
-        return ys, y1
+        times, n_eff, save, tol, subst = aux
+        out = replay_nodes(f, solver, ReplayNodes(times, n_eff, save, tm, subst), y, params,
+                           tol[0, 0], tol[0, 1], moved, layout)
+        return out.ys, out.y1
 
     # ``tm`` below is ``tsave``; ``aux = (times, n_eff, save_index, tol, subst)``.
     @jax.custom_jvp
@@ -175,4 +183,4 @@ def adjoint_replay(fwd, bwd, times, n_eff, y0, params, save_index, rtol, atol, t
     ys, y1, err, _, cost = forward(tsave, y0, pflat, (times, n_eff, save_index, tol, subst))
     # Lane-steps computed, idle lanes included.
     work = jnp.sum(cost).astype(dtype)
-    return ys, y1, jax.lax.stop_gradient(err), work
+    return ReplayOutput(ys, y1, jax.lax.stop_gradient(err), work)

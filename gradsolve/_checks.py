@@ -1,4 +1,4 @@
-"""Input validation and the ensemble rule (SPEC §1), shared by record, replay and solve.
+"""Input validation and the ensemble rule, shared by record, replay and solve.
 
 The rule: ``y0`` of shape ``(n, d)`` is an ensemble of ``n`` trajectories and every leaf of
 ``params`` then has leading axis ``n``; ``y0`` of shape ``(d,)`` is one trajectory. Inside,
@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PyTree
+
+from ._caches import cache
 
 
 def is_concrete(*xs) -> bool:
@@ -176,8 +178,9 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
             name = "params" + jax.tree_util.keystr(path)
             raise ValueError(
                 f"{where}: `{name}` has shape {shape} but `y0` is an ensemble of n={n} "
-                f"trajectories; every leaf of `params` needs leading axis {n} (SPEC "
-                "ensemble rule). Broadcast shared parameters yourself, e.g. "
+                f"trajectories; every leaf of `params` needs leading axis {n} (y0 of "
+                "shape (n, d) means n trajectories, each with its own parameters). "
+                "Broadcast shared parameters yourself, e.g. "
                 f"jnp.broadcast_to(x, ({n},) + x.shape)."
             )
     def as_leaf(x):
@@ -216,7 +219,7 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
     return Batched(y0, params, ts, single, n, d)
 
 
-_CHECKED: dict = {}  # vector fields already checked for given input shapes
+_CHECKED = cache("checked vector fields")  # (f, input shapes) already checked
 
 
 def check_vector_field(f, t0, y0b, paramsb, where: str) -> None:
@@ -267,7 +270,7 @@ def _call_shapes(y0b, p0) -> str:
     )
 
 
-_SPLIT: dict = {}  # (f, static part of params) -> the vector field that recombines them
+_SPLIT = cache("split vector fields")  # (f, static part of params) -> recombining field
 
 
 def split_static(f, params):

@@ -1,8 +1,13 @@
-"""Opt-in global configuration. Importing gradsolve never calls this."""
+"""Configuration: the environment read once (`SETTINGS`), and opt-in switches.
+
+Importing gradsolve reads its environment variables once and validates them; nothing reads
+the environment afterwards, and importing never changes JAX's configuration.
+"""
 
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import jax
 
@@ -22,6 +27,63 @@ def enable_x64(enable: bool = True) -> None:
     """
     jax.config.update("jax_enable_x64", bool(enable))
 
+
+class Settings(NamedTuple):
+    """The environment's settings, read once when gradsolve is imported and validated.
+
+    Attributes:
+        kernel: ``GRADSOLVE_KERNEL`` (default on; ``0``/``false``/``no``/``off``): whether
+            `gradsolve.drivers.Auto` may pick the compiled CPU kernel.
+        kernel_cache: ``GRADSOLVE_KERNEL_CACHE``: where compiled kernels are kept (``None``:
+            ``~/.cache/gradsolve/kernels``, else a folder in the temp directory).
+        kernel_cache_mb: ``GRADSOLVE_KERNEL_CACHE_MB`` (default 1024): the size above which
+            the least recently used kernels are deleted.
+        cxx: ``CXX``: the C++ compiler to try first (then ``g++``, ``c++``, ``clang++``).
+    """
+
+    kernel: bool
+    kernel_cache: str | None
+    kernel_cache_mb: float
+    cxx: str | None
+
+
+def _flag(name: str, default: bool = True) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    low = value.lower()
+    if low in ("0", "false", "no", "off"):
+        return False
+    if low in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"gradsolve: ${name} must be 0/1 (or false/true, no/yes, off/on), "
+                     f"got {value!r}.")
+
+
+def _positive(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        out = float(value)
+    except ValueError:
+        out = -1.0
+    if not out > 0:
+        raise ValueError(f"gradsolve: ${name} must be a positive number, got {value!r}.")
+    return out
+
+
+def read_settings() -> Settings:
+    """`Settings` from the environment now (gradsolve reads them once, at import)."""
+    return Settings(
+        kernel=_flag("GRADSOLVE_KERNEL"),
+        kernel_cache=os.environ.get("GRADSOLVE_KERNEL_CACHE") or None,
+        kernel_cache_mb=_positive("GRADSOLVE_KERNEL_CACHE_MB", 1024.0),
+        cxx=os.environ.get("CXX") or None,
+    )
+
+
+SETTINGS = read_settings()
 
 _KERNEL: dict[str, bool | None] = {"enabled": None}
 
@@ -48,8 +110,10 @@ def use_compiled_kernel(enable: bool = True) -> _KernelSetting:
     adjoint through ``jax.ffi``; they fall back to the XLA driver wherever that does not
     apply (GPU, stiff or Diffrax solvers, vector fields with loops or traced indexing, no
     compiler). Both give the same values and gradients to rounding; the kernel is several
-    times faster. The environment variable ``GRADSOLVE_KERNEL=0`` has the effect of
-    ``use_compiled_kernel(False)``. The setting is read when a function is traced.
+    times faster. The environment variable ``GRADSOLVE_KERNEL=0`` (read at import) has the
+    effect of ``use_compiled_kernel(False)``. The setting is read when a function is
+    traced, by the default driver `gradsolve.drivers.Auto`; an explicit
+    ``driver=gs.drivers.Kernel()`` runs the kernel regardless.
 
     Args:
         enable: ``True`` to use the kernel where it applies, ``False`` for the XLA driver.
@@ -69,19 +133,7 @@ def use_compiled_kernel(enable: bool = True) -> _KernelSetting:
 
 
 def kernel_enabled() -> bool:
-    """Whether the compiled replay kernel may be used (see `use_compiled_kernel`)."""
+    """Whether the default driver may use the compiled kernel (see `use_compiled_kernel`)."""
     if _KERNEL["enabled"] is not None:
         return _KERNEL["enabled"]
-    return _env_flag("GRADSOLVE_KERNEL")
-
-
-def lanes_enabled() -> bool:
-    """Whether explicit Runge–Kutta replays off the compiled kernel use the lanes replay
-    (`gradsolve._lanes`); ``GRADSOLVE_LANES=0`` selects the batched XLA replay instead
-    (same values and gradients to rounding; for comparison and debugging)."""
-    return _env_flag("GRADSOLVE_LANES")
-
-
-def _env_flag(name: str) -> bool:
-    """An on-by-default switch: off when the variable is ``0``, ``false``, ``no`` or ``off``."""
-    return os.environ.get(name, "1").lower() not in ("0", "false", "no", "off")
+    return SETTINGS.kernel

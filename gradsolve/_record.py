@@ -1,23 +1,9 @@
 """`record`: adaptive solve of an ensemble that keeps the accepted mesh.
 
-Driver design (why it looks like this): one ``lax.while_loop`` over the *batch*, not a
-``vmap`` of per-trajectory loops. Every iteration attempts one step for every unfinished
-trajectory and scatters accepted step times into the mesh buffer ``(n, S + 1)``;
-trajectories that are done (or rejected) scatter out of bounds, which is dropped. Under
-``vmap`` a per-trajectory loop whose carry holds an ``(n, S)`` buffer copies it each
-iteration; the scatter here is in place, so the cost follows the steps actually attempted
-(the loop ends when the slowest trajectory does), not ``max_steps``. The buffer is the
-mesh itself (no transpose or slice afterwards), and under ``jit`` its slots past
-``n_steps`` are left as they are (`Mesh.times`): at ``max_steps = 4096`` every pass over it
-is a pass over ``n * 4097`` numbers.
-
-On CPU, for explicit Runge–Kutta solvers, the compiled kernel (`gradsolve._kernel`) runs the
-same algorithm per trajectory (lanes refilled as trajectories finish) instead of the loop
-below; `gradsolve.use_compiled_kernel` switches it off.
-
-Save times are forced mesh points: a step that would pass the next save time (or ``t1``)
-is shortened to land on it exactly, so the replay hits it as a node with no interpolation.
-This costs at most one extra step per save time.
+This module validates and batches the inputs, checks traced ones on device, lets the driver
+(`gradsolve.drivers`) run the record, and finalises the mesh (errors outside ``jit``,
+trimming). The record loops themselves live with their drivers: the XLA loop in
+`gradsolve.drivers.batched`, the compiled one in `gradsolve.drivers.kernel`.
 """
 
 from __future__ import annotations
@@ -28,195 +14,32 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PyTree
+from jaxtyping import Array, Bool
 
 from ._checks import (
     batch, check_dt0, check_interval, check_save_count, check_tolerances, check_vector_field,
     is_concrete, split_static,
 )
-from ._config import kernel_enabled
-from ._controller import PIDController, check_controller, error_norm, initial_step
-from ._kernel import kernel_record
+from ._controller import PIDController, check_controller
 from ._errors import error_if_failed, raise_if_failed
-from ._misc import tree_where
 from ._mesh import Mesh, Status
 from ._solver import Tsit5
-from ._solver.base import AbstractSolver
 from ._solver.diffrax_adapter import DiffraxSolver, as_solver
+from .drivers import AbstractDriver
+from .drivers.auto import resolve
 
 _MAX_STEPS = 4096
 
 
-class _RecordState(NamedTuple):
-    t: Float[Array, " n"]
-    y: Float[Array, "n d"]
-    h: Float[Array, " n"]
-    solver_state: PyTree
-    err_prev: Float[Array, " n"]
-    n_accepted: Int[Array, " n"]
-    n_rejected: Int[Array, " n"]
-    save_ptr: Int[Array, " n"]
-    status: Int[Array, " n"]
-    done: Bool[Array, " n"]
-    times: Float[Array, "n S1"]
-    save_index: Int[Array, "n k"]
-    iters: Int[Array, ""]
-
-
-def record_chunk(backend: str | None = None) -> int:
-    """Attempts per iteration of the XLA record's ``while_loop``: 1 on CPU, 8 elsewhere.
-
-    On a GPU every ``while_loop`` iteration copies its condition to the host before the
-    next one launches; running the attempt loop in fixed chunks pays that sync once per
-    chunk, for at most ``chunk - 1`` spare no-op attempts at the end. On CPU the condition
-    costs nothing and the spare attempts would be pure overhead.
-    """
-    backend = jax.default_backend() if backend is None else backend
-    return 1 if backend == "cpu" else 8
-
-
 @eqx.filter_jit
-def record_batched(
-    f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params, ts, rtol, atol,
-    dt0, max_steps: int, use_kernel: bool = False, fill: bool = True,
-) -> Mesh:
-    """The record driver on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation).
-
-    With ``use_kernel`` the compiled CPU kernel runs the same algorithm where it applies
-    (`gradsolve._kernel.kernel_record`); otherwise the ``while_loop`` below. ``fill=False``
-    leaves the mesh slots past ``n_steps`` unspecified (both drivers).
-    """
-    n, d = y0.shape
-    k = ts.shape[1]
+def record_batched(driver: AbstractDriver, f, solver, controller: PIDController, t0, t1, y0,
+                   params, ts, rtol, atol, dt0, max_steps: int, fill: bool = True) -> Mesh:
+    """``driver.record`` on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation),
+    compiled, with the scalars in the state's dtype."""
     dtype = y0.dtype
-    t0 = jnp.asarray(t0, dtype)
-    t1 = jnp.asarray(t1, dtype)
-    rtol = jnp.asarray(rtol, dtype)
-    atol = jnp.asarray(atol, dtype)
-    if use_kernel:
-        out = kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                            max_steps, fill)
-        if out is not None:
-            return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, params=params, solver=solver,
-                        rtol=rtol, atol=atol, controller=controller)
-    rows = jnp.arange(n)
-    order = solver.error_order
-    eps = jnp.finfo(dtype).eps
-    attempts_cap = 4 * max_steps + 64
-
-    vstep = jax.vmap(lambda t, h, y, p, s: solver.step(f, t, h, y, p, s))
-    state0 = jax.vmap(lambda y, p: solver.init(f, t0, y, p))(y0, params)
-    if dt0 is None:
-        h0 = jax.vmap(lambda y, p: initial_step(f, t0, y, p, order, rtol, atol))(y0, params)
-    else:
-        h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
-    h0 = jnp.minimum(h0, t1 - t0)
-
-    times = jnp.zeros((n, max_steps + 1), dtype).at[:, 0].set(t0)
-    ptr0 = jnp.sum(ts <= t0, axis=1).astype(jnp.int32)
-    init = _RecordState(
-        t=jnp.full((n,), t0),
-        y=y0,
-        h=h0,
-        solver_state=state0,
-        err_prev=jnp.ones((n,), dtype),
-        n_accepted=jnp.zeros((n,), jnp.int32),
-        n_rejected=jnp.zeros((n,), jnp.int32),
-        save_ptr=ptr0,
-        status=jnp.zeros((n,), jnp.int32),
-        done=jnp.zeros((n,), bool),
-        times=times,
-        save_index=jnp.zeros((n, k), jnp.int32),
-        iters=jnp.zeros((), jnp.int32),
-    )
-
-    def cond(s: _RecordState):
-        return (~jnp.all(s.done)) & (s.iters < attempts_cap)
-
-    def body(s: _RecordState) -> _RecordState:
-        nxt = jnp.minimum(s.save_ptr, k - 1)
-        target = jnp.where(s.save_ptr < k, ts[rows, nxt], t1)
-        t_try = s.t + s.h
-        clipped = t_try >= target
-        t_new = jnp.where(s.done, s.t, jnp.where(clipped, target, t_try))
-        h_eff = t_new - s.t  # the replay recomputes h this way: bitwise the same step
-        y1, y_err, st1 = vstep(s.t, h_eff, s.y, params, s.solver_state)
-        err = error_norm(y_err, s.y, y1, rtol, atol)
-        err = jnp.where(s.done, 0.0, err)
-        accept = (err <= 1.0) & ~s.done
-        fac = controller.factor(err, s.err_prev, accept, order)
-        h_next = h_eff * fac
-        h_next = jnp.where(accept & clipped, jnp.maximum(h_next, s.h), h_next)
-
-        n_acc = s.n_accepted + accept
-        n_rej = s.n_rejected + (~accept & ~s.done)
-        col = jnp.where(accept, n_acc, max_steps + 1)  # out of bounds: dropped
-        times = s.times.at[rows, col].set(t_new, mode="drop")
-        reached = jnp.sum(ts <= t_new[:, None], axis=1).astype(jnp.int32)
-        new_ptr = jnp.where(accept, reached, s.save_ptr)
-        jj = jnp.arange(k)[None]
-        newly = (jj >= s.save_ptr[:, None]) & (jj < new_ptr[:, None])
-        save_index = jnp.where(newly, n_acc[:, None], s.save_index)
-
-        finished = accept & (t_new >= t1)
-        active = ~s.done & ~finished
-        # underflow: the next step would no longer move the time (relative to the time
-        # where it starts, not to t1: a long horizon must not forbid small early steps)
-        tiny = 10 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(s.t))
-        underflow = active & (h_next <= tiny)
-        over = active & ((n_acc >= max_steps) | (n_acc + n_rej >= attempts_cap))
-        finite = jnp.isfinite(err)
-        status = jnp.where(
-            underflow, jnp.where(finite, Status.STEP_UNDERFLOW, Status.NONFINITE), s.status
-        )
-        status = jnp.where(over & ~underflow, Status.MAX_STEPS, status)
-        return _RecordState(
-            t=jnp.where(accept, t_new, s.t),
-            y=jnp.where(accept[:, None], y1, s.y),
-            h=jnp.where(s.done, s.h, h_next),
-            solver_state=tree_where(accept, st1, s.solver_state),
-            err_prev=jnp.where(accept, jnp.maximum(err, 1e-4), s.err_prev),
-            n_accepted=n_acc,
-            n_rejected=n_rej,
-            save_ptr=new_ptr,
-            status=status.astype(jnp.int32),
-            done=s.done | finished | underflow | over,
-            times=times,
-            save_index=save_index,
-            iters=s.iters + 1,
-        )
-
-    chunk = record_chunk()
-    if chunk == 1:
-        s = jax.lax.while_loop(cond, body, init)
-    else:
-        # Once every trajectory is done, `body` changes nothing but `iters`, so running it
-        # in fixed chunks gives the same mesh bitwise.
-        s = jax.lax.while_loop(
-            cond, lambda s: jax.lax.fori_loop(0, chunk, lambda _, c: body(c), s), init)
-    status = jnp.where(~s.done, Status.MAX_STEPS, s.status).astype(jnp.int32)
-    times = s.times
-    if fill:
-        slots = jnp.arange(max_steps + 1)[None]
-        times = jnp.where(slots > s.n_accepted[:, None], s.t[:, None], times)
-    return Mesh(
-        times=times,
-        n_steps=s.n_accepted,
-        n_rejected=s.n_rejected,
-        status=status,
-        save_index=s.save_index,
-        ts=ts,
-        t0=t0,
-        t1=t1,
-        dt_next=s.h,
-        y_last=s.y,
-        y0=y0,
-        params=params,
-        solver=solver,
-        rtol=rtol,
-        atol=atol,
-        controller=controller,
-    )
+    t0, t1, rtol, atol = (jnp.asarray(x, dtype) for x in (t0, t1, rtol, atol))
+    return driver.record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                         max_steps, fill)
 
 
 def unbatch_mesh(mesh: Mesh) -> Mesh:
@@ -246,6 +69,7 @@ def record(
     max_steps: int = _MAX_STEPS,
     controller: PIDController | None = None,
     throw: bool | None = None,
+    driver: AbstractDriver | None = None,
 ) -> Mesh:
     """Adaptive solve that keeps each trajectory's accepted step times.
 
@@ -278,6 +102,10 @@ def record(
             under ``jit`` (``ts``, ``t0``/``t1``, ``rtol``/``atol``, ``dt0``) are checked on
             device: invalid ones give `Status.INVALID_INPUT` and NaN outputs (``throw=True``
             raises, naming the input).
+        driver: how the record runs (`gradsolve.drivers`); default `gradsolve.drivers.Auto`
+            (the compiled CPU kernel where it applies, else the XLA loop). Every driver
+            records the same mesh; an explicit one that does not apply is a
+            ``ValueError`` saying why.
 
     Returns:
         A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest trajectory's
@@ -299,7 +127,7 @@ def record(
             "so it cannot record an adaptive mesh; use gs.solve(..., dt0=...) for fixed steps."
         )
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
-                           where)
+                           where, driver)
     return unbatch_mesh(mesh) if b.single else mesh
 
 
@@ -323,7 +151,7 @@ def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller
 
 class RuntimeChecks(NamedTuple):
     """Checks of traced inputs (under ``jit``/``vmap``), which no trace-time ``ValueError``
-    can make (SPEC §2.6): what failed, per trajectory, and inputs safe to record with."""
+    can make: what failed, per trajectory, and inputs safe to record with."""
 
     failed: dict  # message -> (n,) bool
     invalid: Bool[Array, " n"]
@@ -378,7 +206,8 @@ def runtime_checks(t0, t1, ts, rtol, atol, dt0) -> RuntimeChecks | None:
 _FIRST_CAPACITY = 256
 
 
-def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw, where):
+def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw, where,
+                    driver: AbstractDriver | None = None):
     """Record batched, validated inputs (no gradient flows into the mesh) and finalize.
 
     Outside ``jit`` the mesh buffer starts at ``min(max_steps, 256)`` slots and grows only if
@@ -394,15 +223,15 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
         else (rc.t0, rc.t1, rc.ts, sg(rc.rtol), sg(rc.atol), rc.dt0)
     )
     args = (sg(rec_t0), sg(rec_t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params), sg(rec_ts))
-    use_kernel = kernel_enabled()
+    driver = resolve(driver, "record", f, solver, b.y0, b.params, where)
     eager = is_concrete(args, rtol, atol, dt0)
     cap = max_steps
     if max_steps > _FIRST_CAPACITY and eager:
         cap = _FIRST_CAPACITY
     while True:
         # Under jit the padding slots stay unwritten (Mesh.times); eager meshes are filled.
-        mesh = record_batched(f, solver, controller, *args, rec_rtol, rec_atol, rec_dt0, cap,
-                              use_kernel, eager)
+        mesh = record_batched(driver, f, solver, controller, *args, rec_rtol, rec_atol,
+                              rec_dt0, cap, eager)
         if eager and not is_concrete(mesh.status):
             # Concrete arguments but traced results: `f` closes over tracers (e.g. a value
             # under jax.vmap). Behave as under jit: full capacity, no host round trip.

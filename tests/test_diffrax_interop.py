@@ -25,7 +25,7 @@ def _scipy(p):
 def test_diffrax_explicit_solver_records_and_replays_through_its_step():
     mesh = gs.record(lotka_volterra, 0.0, 5.0, Y0, P, ts=TS, solver=diffrax.Tsit5(), rtol=1e-9, atol=1e-11)
     sol = gs.replay(lotka_volterra, mesh, Y0, P)
-    assert sol.route == "gradsolve-replay/diffrax.Tsit5"
+    assert sol.route == "gradsolve-batched/diffrax.Tsit5"
     np.testing.assert_allclose(sol.ys, _scipy(P), rtol=1e-7)
     # Same tableau as gs.Tsit5: identical mesh and values up to rounding.
     ref = gs.record(lotka_volterra, 0.0, 5.0, Y0, P, ts=TS, solver=gs.Tsit5(), rtol=1e-9, atol=1e-11)

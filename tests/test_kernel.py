@@ -1,4 +1,4 @@
-"""The compiled CPU replay kernel (`gradsolve._kernel`) against the XLA replay.
+"""The compiled CPU replay kernel (`gradsolve.drivers.Kernel`) against the XLA replay.
 
 Every other test file already runs through the kernel where it applies (it is the default
 on CPU) and checks it against Diffrax, closed forms and finite differences. Here the two
@@ -17,7 +17,8 @@ import pytest
 
 import gradsolve as gs
 from conftest import lotka_volterra
-from gradsolve._kernel import build, replay as kernel_replay_mod
+from gradsolve import _config
+from gradsolve.drivers.kernel import build, ffi_replay as kernel_replay_mod
 
 
 
@@ -27,7 +28,12 @@ def _kernel_builds() -> bool:
         warnings.simplefilter("ignore")
         target = kernel_replay_mod.kernel_target(
             lotka_volterra, gs.Tsit5(), jnp.ones((2, 2)), jnp.ones((2, 4)))
-    return target is not None
+    return target.prefix is not None
+
+
+def _cache_settings(monkeypatch, **changes):
+    """The kernel cache settings (read from the environment at import) changed for a test."""
+    monkeypatch.setattr(_config, "SETTINGS", _config.SETTINGS._replace(**changes))
 
 
 requires_compiler = pytest.mark.skipif(
@@ -95,7 +101,7 @@ def test_kernel_matches_xla_replay(problem, solver):
     assert sol.route == "gradsolve-kernel"
     with gs.use_compiled_kernel(False):
         (val_x, sol_x), grads_x = vg(y0, p, ts_b)
-    assert sol_x.route == "gradsolve-replay"
+    assert sol_x.route in ("gradsolve-lanes", "gradsolve-batched")  # an XLA driver
     assert gs.replay(f, mesh, y0, p).route == "gradsolve-kernel"  # the block restored it
     np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-12, atol=1e-13)
     # The error estimate is a difference of two close solutions: rounding shows sooner.
@@ -148,7 +154,7 @@ def test_untranslatable_vector_field_falls_back():
     p = jnp.linspace(0.5, 1.0, 4)[:, None]
     mesh = gs.record(looped, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
     sol = gs.replay(looped, mesh, y0, p)
-    assert sol.route == "gradsolve-replay"
+    assert sol.route == "gradsolve-batched"
     np.testing.assert_allclose(sol.ys[:, -1], jnp.exp(-p) * y0, rtol=1e-8)
 
 
@@ -156,7 +162,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch):
     monkeypatch.setattr(build, "compiler", lambda: None)
     monkeypatch.setattr(build, "_warned", False)
     monkeypatch.setattr(build, "_registered", {})
-    monkeypatch.setattr(build, "_failed", set())
+    monkeypatch.setattr(build, "_failed", {})
     monkeypatch.setattr(kernel_replay_mod, "_sources", {})
 
     def decay2(t, y, p):
@@ -168,7 +174,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch):
         mesh = gs.record(decay2, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
         sol = gs.replay(decay2, mesh, y0, p)
     assert len([w for w in record if "compiled kernel" in str(w.message)]) == 1
-    assert sol.route == "gradsolve-replay"
+    assert sol.route == "gradsolve-lanes"
     np.testing.assert_allclose(sol.ys[:, -1], jnp.exp(-p), rtol=1e-8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -178,7 +184,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch):
 @requires_compiler
 def test_scalar_libm_fallback_when_vector_math_does_not_link(monkeypatch, tmp_path):
     """Without glibc's libmvec the kernel is rebuilt with scalar libm: same results, no warning."""
-    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
+    _cache_settings(monkeypatch, kernel_cache=str(tmp_path))
     monkeypatch.setattr(build, "_VECTOR_MATH_FLAGS", (["-DGRADSOLVE_VECTOR_MATH"], ["-lgradsolve_no_such_lib"]))
     monkeypatch.setattr(build, "_registered", {})
     monkeypatch.setattr(kernel_replay_mod, "_sources", {})
@@ -206,7 +212,7 @@ def test_kernel_parts_build_in_any_grouping(monkeypatch, tmp_path, cpus):
     """The handlers are compiled in groups sized to the CPUs (one library per group) and the
     time-carrying adjoint only once a save-time gradient needs it: every grouping gives the
     XLA replay's values and gradients (parameters and ``ts``)."""
-    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
+    _cache_settings(monkeypatch, kernel_cache=str(tmp_path))
     monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     monkeypatch.setattr(build, "_registered", {})
     monkeypatch.setattr(build, "_built", {})
@@ -243,8 +249,8 @@ def test_stiff_and_diffrax_solvers_use_the_xla_replay():
     y0 = jnp.ones((2, 1))
     p = jnp.array([[1.0], [2.0]])
     f = lambda t, y, p: -p * y
-    for solver, route in ((gs.Rodas5P(), "gradsolve-replay"),
-                          (diffrax.Tsit5(), "gradsolve-replay/diffrax.Tsit5")):
+    for solver, route in ((gs.Rodas5P(), "gradsolve-batched"),
+                          (diffrax.Tsit5(), "gradsolve-batched/diffrax.Tsit5")):
         mesh = gs.record(f, 0.0, 1.0, y0, p, solver=solver)
         assert gs.replay(f, mesh, y0, p).route == route
 
@@ -302,15 +308,15 @@ def test_closures_over_changing_values_stop_compiling_new_kernels(monkeypatch):
     assert first.route == "gradsolve-kernel"
     with pytest.warns(RuntimeWarning, match="closes over values that change"):
         second = solve(0.7)
-    assert second.route == "gradsolve-replay"
+    assert second.route == "gradsolve-lanes"
     for k, sol in ((0.3, first), (0.7, second)):
         np.testing.assert_allclose(sol.ys[:, :, 0], np.exp(-k * np.array([[1.0, 2.0]] * 3)),
                                    rtol=1e-9)
 
 
 def test_kernel_cache_prunes_least_recently_used(tmp_path, monkeypatch):
-    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE", str(tmp_path))
-    monkeypatch.setenv("GRADSOLVE_KERNEL_CACHE_MB", str(2.5 / 1024))  # 2.5 KiB
+    _cache_settings(monkeypatch, kernel_cache=str(tmp_path))
+    _cache_settings(monkeypatch, kernel_cache_mb=2.5 / 1024)  # 2.5 KiB
     paths = []
     for i in range(4):
         p = tmp_path / f"gs_{i}_fwd.so"

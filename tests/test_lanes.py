@@ -1,6 +1,6 @@
 """The lanes replay (explicit solvers off the compiled kernel: GPU, no compiler) against
 independent references: Diffrax on the same mesh, central finite differences, and the
-batched XLA replay it replaces (``GRADSOLVE_LANES=0``)."""
+batched replay (``driver=gs.drivers.Batched()``)."""
 
 import diffrax
 import jax
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-from gradsolve import _lanes
+from gradsolve.drivers import lanes as _lanes
 from conftest import lotka_volterra
 
 SOLVERS = [gs.Tsit5, gs.Dopri5, gs.Vern7]
@@ -34,20 +34,10 @@ def _forced_problem(n=24):
     return forced, y0, p, jnp.linspace(0.0, 6.0, 13)
 
 
-def _both(monkeypatch, fn):
-    """``fn()`` with the lanes replay (checked to run), then with the batched XLA replay."""
-    import gradsolve._replay as rp
-
-    calls = []
-    real = rp.lanes_replay
-    monkeypatch.setattr(rp, "lanes_replay", lambda *a, **k: calls.append(1) or real(*a, **k))
-    out = fn()
-    assert calls, "the lanes replay did not run"
-    monkeypatch.setattr(rp, "lanes_replay", real)
-    monkeypatch.setenv("GRADSOLVE_LANES", "0")
-    ref = fn()
-    monkeypatch.delenv("GRADSOLVE_LANES")
-    return out, ref
+def _both(fn):
+    """``fn(driver)`` with the lanes replay (an explicit driver: it runs or raises), then
+    with the batched replay."""
+    return fn(gs.drivers.Lanes()), fn(gs.drivers.Batched())
 
 
 def _close(a, b, rtol):
@@ -58,32 +48,33 @@ def _close(a, b, rtol):
 
 def test_lane_field_applies_and_refuses():
     y0, p = jnp.ones((3, 2)), jnp.ones((3, 4))
-    assert _lanes.lane_field(lotka_volterra, gs.Tsit5(), y0, p) is not None
-    assert _lanes.lane_field(lotka_volterra, gs.Rodas5P(), y0, p) is None  # stiff: batched
+    assert _lanes.lane_field(lotka_volterra, gs.Tsit5(), y0, p).reason is None
+    assert _lanes.lane_field(lotka_volterra, gs.Rodas5P(), y0, p).reason is not None  # stiff: batched
     # a custom derivative rule would be lost entry by entry: batched replay instead
     soft = lambda t, y, p: -jax.nn.softplus(p[0]) * y
-    assert _lanes.lane_field(soft, gs.Tsit5(), y0, p) is None
+    assert _lanes.lane_field(soft, gs.Tsit5(), y0, p).reason is not None
     looped = lambda t, y, p: jax.lax.fori_loop(0, 2, lambda i, v: v * p[0], -y)
-    assert _lanes.lane_field(looped, gs.Tsit5(), y0, p) is None
+    assert _lanes.lane_field(looped, gs.Tsit5(), y0, p).reason is not None
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-def test_lanes_match_batched_replay(kernel_off, monkeypatch, solver):
+def test_lanes_match_batched_replay(kernel_off, solver):
     f, y0, p, ts = _forced_problem()
     mesh = gs.record(f, 0.0, 6.0, y0, p, ts=ts, solver=solver(), rtol=1e-7, atol=1e-9)
     assert np.all(np.asarray(mesh.status) == 0)
     assert len(set(np.asarray(mesh.n_steps).tolist())) > 3  # ragged
 
-    def run():
-        sol = gs.replay(f, mesh, y0, p)
+    def run(driver):
+        sol = gs.replay(f, mesh, y0, p, driver=driver)
+        assert sol.route == driver.name
 
         def loss(y, q, tt):
-            s = gs.replay(f, mesh, y, q, ts=tt)
+            s = gs.replay(f, mesh, y, q, ts=tt, driver=driver)
             return jnp.sum(jnp.sin(s.ys)) + jnp.sum(s.y1 ** 2)
 
         return sol.ys, sol.y1, jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(y0, p, ts)
 
-    out, ref = _both(monkeypatch, run)
+    out, ref = _both(run)
     _close(out, ref, 1e-11)
 
 
@@ -121,22 +112,22 @@ def test_lanes_gradient_matches_central_differences(kernel_off):
         np.testing.assert_allclose(g[j], fd, rtol=1e-6)
 
 
-def test_lanes_under_jit_with_spare_capacity_and_moved_times(kernel_off, monkeypatch):
+def test_lanes_under_jit_with_spare_capacity_and_moved_times(kernel_off):
     """Under jit the mesh has max_steps slots, those past n_steps unspecified; moved,
     duplicated and pinned save times; derivatives in every mode."""
     f, y0, p, _ = _forced_problem(10)
     ts = jnp.array([0.0, 1.0, 2.5, 2.5, 4.0, 6.0])
 
-    def run():
+    def run(driver):
         def loss(y, q, tt):
-            s = gs.solve(f, 0.0, 6.0, y, q, ts=tt, max_steps=512)
+            s = gs.solve(f, 0.0, 6.0, y, q, ts=tt, max_steps=512, driver=driver)
             return jnp.sum(s.ys ** 2)
 
         g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(y0, p, ts)
         jv = jax.jvp(lambda tt: loss(y0, p, tt), (ts,), (jnp.ones_like(ts),))[1]
         return g, jv
 
-    out, ref = _both(monkeypatch, run)
+    out, ref = _both(run)
     _close(out, ref, 1e-10)
     assert np.all(np.isfinite(np.asarray(out[0][2])))
 
@@ -192,10 +183,10 @@ def test_lanes_only_where_they_pay():
         return jnp.tanh(p["A"] @ y) - 0.5 * y
 
     n = 3
-    assert _lanes.lane_field(l96, gs.Tsit5(), jnp.ones((n, 8)), jnp.ones(n)) is not None
-    assert _lanes.lane_field(l96, gs.Tsit5(), jnp.ones((n, 20)), jnp.ones(n)) is None
+    assert _lanes.lane_field(l96, gs.Tsit5(), jnp.ones((n, 8)), jnp.ones(n)).reason is None
+    assert _lanes.lane_field(l96, gs.Tsit5(), jnp.ones((n, 20)), jnp.ones(n)).reason is not None
     p = {"A": jnp.ones((n, 4, 4))}
-    assert _lanes.lane_field(dense, gs.Tsit5(), jnp.ones((n, 4)), p) is None
+    assert _lanes.lane_field(dense, gs.Tsit5(), jnp.ones((n, 4)), p).reason is not None
 
 
 def test_lanes_matrix_parameters(kernel_off, monkeypatch):
@@ -210,8 +201,9 @@ def test_lanes_matrix_parameters(kernel_off, monkeypatch):
     y0 = jnp.asarray(rng.normal(size=(n, d)))
     mesh = gs.record(f, 0.0, 3.0, y0, p, ts=jnp.linspace(0.0, 3.0, 7))
 
-    def run():
-        return jax.grad(lambda q, y: jnp.sum(gs.replay(f, mesh, y, q).ys ** 2), argnums=(0, 1))(p, y0)
+    def run(driver):
+        return jax.grad(lambda q, y: jnp.sum(gs.replay(f, mesh, y, q, driver=driver).ys ** 2),
+                        argnums=(0, 1))(p, y0)
 
-    out, ref = _both(monkeypatch, run)
+    out, ref = _both(run)
     _close(out, ref, 1e-11)

@@ -207,7 +207,7 @@ def test_ragged_ensemble_members_equal_single_solves(group_size):
         # XLA replay, length-sorted groups: work is close to the sum of steps, not n * max.
         with gs.use_compiled_kernel(False):
             sol_x = gs.replay(lotka_volterra, mesh, y0, p, group_size=group_size)
-        assert sol_x.route == "gradsolve-replay"
+        assert sol_x.route == "gradsolve-lanes"
         np.testing.assert_allclose(sol_x.ys, sol.ys, rtol=1e-12, atol=1e-14)
         work = float(sol_x.stats["replay_work"])
         assert work <= 1.5 * steps.sum() + 8 * n
@@ -243,13 +243,12 @@ def test_default_group_size_follows_the_backend(monkeypatch):
     steps = np.asarray(mesh.n_steps)
     chunk = 8
     one_group = n * chunk * np.ceil(steps.max() / chunk)
-    monkeypatch.setenv("GRADSOLVE_LANES", "0")  # the batched driver (lanes: test_lanes.py)
-    with gs.use_compiled_kernel(False):
-        cpu = gs.replay(lotka_volterra, mesh, y0, p)
-        explicit = gs.replay(lotka_volterra, mesh, y0, p, group_size=256)
-        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-        gpu = gs.replay(lotka_volterra, mesh, y0, p)
-    assert cpu.route == gpu.route == "gradsolve-replay"
+    batched = gs.drivers.Batched()  # (the lanes replay's groups: test_lanes.py)
+    cpu = gs.replay(lotka_volterra, mesh, y0, p, driver=batched)
+    explicit = gs.replay(lotka_volterra, mesh, y0, p, group_size=256, driver=batched)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    gpu = gs.replay(lotka_volterra, mesh, y0, p, driver=batched)
+    assert cpu.route == gpu.route == "gradsolve-batched"
     assert float(cpu.stats["replay_work"]) == float(explicit.stats["replay_work"])
     assert float(cpu.stats["replay_work"]) < 0.9 * one_group
     assert float(gpu.stats["replay_work"]) == one_group
@@ -260,7 +259,7 @@ def test_chunked_record_loop_gives_the_same_mesh(monkeypatch):
     """Off CPU the XLA record runs its attempt loop in chunks of 8 (one host sync per chunk
     on a GPU); the spare attempts after the last trajectory finishes change nothing. Ragged
     ensemble, with one trajectory stopped by max_steps."""
-    from gradsolve import _record
+    from gradsolve.drivers import batched as _record
 
     assert _record.record_chunk("cpu") == 1 and _record.record_chunk("gpu") == 8
     n = 7

@@ -31,9 +31,13 @@ from pathlib import Path
 
 import jax
 
+from ... import _config
+from ..._caches import cache
+
 _lock = threading.Lock()
+# Registered FFI targets are process state, not a cache: XLA cannot unregister them.
 _registered: dict[str, str] = {}  # source hash -> target prefix
-_failed: set[str] = set()
+_failed = cache("failed kernel builds")  # source hash -> True (cleared: try again)
 _built: dict[str, tuple[str, str, str, set]] = {}  # prefix -> (cxx, source, key, parts)
 _warned = False
 
@@ -72,7 +76,7 @@ _VECTOR_MATH_FLAGS = (["-DGRADSOLVE_VECTOR_MATH", "-fno-builtin-sin", "-fno-buil
 
 def compiler() -> str | None:
     """The C++ compiler used for kernels (``$CXX``, else ``g++``/``c++``/``clang++``), or None."""
-    for cand in (os.environ.get("CXX"), "g++", "c++", "clang++"):
+    for cand in (_config.SETTINGS.cxx, "g++", "c++", "clang++"):
         if cand and shutil.which(cand):
             return cand
     return None
@@ -92,7 +96,7 @@ def _cpu_key() -> str:
 def cache_dir() -> Path:
     """Where compiled kernels are kept: ``$GRADSOLVE_KERNEL_CACHE``, else
     ``~/.cache/gradsolve/kernels``, else (not writable) a folder in the temp directory."""
-    root = os.environ.get("GRADSOLVE_KERNEL_CACHE")
+    root = _config.SETTINGS.kernel_cache
     if root:
         return Path(root)
     home = Path.home() / ".cache" / "gradsolve" / "kernels"
@@ -123,14 +127,14 @@ def load(source: str) -> str | None:
         if key in _failed:
             return None
         if cxx is None:
-            _failed.add(key)
+            _failed[key] = True
             _warn_once("no C++ compiler found (set $CXX)")
             return None
         prefix = f"gradsolve_{key}"
         try:
             _build_and_register(cxx, source, key, prefix, _EAGER_PARTS)
         except Exception as e:  # noqa: BLE001 - any failure means: use the XLA replay
-            _failed.add(key)
+            _failed[key] = True
             _warn_once(str(e))
             return None
         _built[prefix] = (cxx, source, key, set(_EAGER_PARTS))
@@ -176,7 +180,7 @@ def _prune_cache(keep: set) -> None:
     """Delete the least recently used kernels while the cache exceeds its size limit
     (``$GRADSOLVE_KERNEL_CACHE_MB``, default 1024). Loaded libraries stay valid."""
     try:
-        limit = float(os.environ.get("GRADSOLVE_KERNEL_CACHE_MB", "1024")) * 2**20
+        limit = _config.SETTINGS.kernel_cache_mb * 2**20
         files = [(p.stat().st_mtime, p.stat().st_size, p) for p in cache_dir().glob("gs_*.so")]
     except (OSError, ValueError):
         return

@@ -6,12 +6,12 @@ switched off), explicit Runge–Kutta replays run here. Two things make it sever
 faster than AD through the batched (``jax.vmap``-ed) step of `gradsolve._replay`:
 
 - **Structure of arrays.** The vector field's jaxpr is evaluated entry by entry
-  (`gradsolve._kernel.codegen.Scalarizer`, the same translator the C++ kernel uses): each
+  (`gradsolve._jaxpr.Scalarizer`, the same translator the C++ kernel uses): each
   state component and each parameter is one ``(n,)`` array over the ensemble, so a whole
   Runge–Kutta step is elementwise arithmetic on ``(n,)`` arrays with no slices, pads or
   concatenations, which XLA fuses into a handful of loops (one step of Lotka–Volterra on
   XLA:CPU: ~8 fusions for the forward and ~7 for the reverse step, against ~46 and ~64
-  through AD of the batched step; on a GPU each fusion is a kernel launch). The state is a `Lanes`
+  through AD of the batched step; on a GPU each fusion is a kernel launch). The state is a `LaneArray`
   value, on which the solver's own ``step`` runs unchanged.
 - **Hand-written adjoint.** The forward pass stores the state at every node; the reverse
   pass walks the steps backwards, applying ``jax.vjp`` of one step (stages recomputed from
@@ -20,9 +20,9 @@ faster than AD through the batched (``jax.vmap``-ed) step of `gradsolve._replay`
   function of the node state that the previous step computed.
 
 `gradsolve._adjoint.adjoint_replay` makes the pair differentiable in every mode: ``grad``
-runs the adjoint here, forward mode and second derivatives the batched XLA replay.
-Trajectories are sorted by step count into groups (`gradsolve._replay.default_group_size`)
-and each group runs only as many steps as its longest member.
+runs the adjoint here, forward mode and second derivatives the batched driver.
+Trajectories are sorted by step count into groups (`default_group_size`) and each group
+runs only as many steps as its longest member.
 """
 
 from __future__ import annotations
@@ -32,20 +32,27 @@ import operator
 import jax
 import jax.numpy as jnp
 import numpy as np
+from typing import ClassVar, NamedTuple
+
 from jaxtyping import Array, Float
 
-from ._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
-from ._kernel.codegen import Scalarizer, Unsupported
-from ._misc import length_groups
-from ._solver.base import AbstractExplicitRK
+from .._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
+from .._caches import cache
+from .._jaxpr import Scalarizer, Unsupported
+from .._misc import length_groups
+from .._mesh import Mesh
+from .._savetimes import node_times
+from .._solver.base import AbstractExplicitRK
+from .base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
+from .batched import record_loop
 
 
 @jax.tree_util.register_pytree_node_class
-class Lanes:
+class LaneArray:
     """``d`` components of a state over an ensemble, each an ``(n,)`` array.
 
     Supports the arithmetic a Runge–Kutta step uses (``+``, ``-``, ``*``, ``/`` with
-    scalars, ``(n,)`` arrays and other `Lanes`), so ``solver.step`` runs on it unchanged.
+    scalars, ``(n,)`` arrays and other `LaneArray`), so ``solver.step`` runs on it unchanged.
     """
 
     __slots__ = ("rows",)
@@ -61,16 +68,16 @@ class Lanes:
         return cls(rows)
 
     @classmethod
-    def from_matrix(cls, x: Float[Array, "n d"]) -> "Lanes":
+    def from_matrix(cls, x: Float[Array, "n d"]) -> "LaneArray":
         return cls(x[:, j] for j in range(x.shape[1]))
 
     def matrix(self) -> Float[Array, "n d"]:
         return jnp.stack(self.rows, axis=1)
 
     def _apply(self, other, op):
-        if isinstance(other, Lanes):
-            return Lanes(op(a, b) for a, b in zip(self.rows, other.rows))
-        return Lanes(op(a, other) for a in self.rows)
+        if isinstance(other, LaneArray):
+            return LaneArray(op(a, b) for a, b in zip(self.rows, other.rows))
+        return LaneArray(op(a, other) for a in self.rows)
 
     def __add__(self, other):
         return self._apply(other, operator.add)
@@ -94,7 +101,7 @@ class Lanes:
         return self._apply(other, operator.truediv)
 
     def __neg__(self):
-        return Lanes(-a for a in self.rows)
+        return LaneArray(-a for a in self.rows)
 
 
 def _objects(entries) -> np.ndarray:
@@ -163,26 +170,27 @@ class _LaneScalarizer(Scalarizer):
 
 class LaneField:
     """A vector field ``f(t, y, params)`` (one trajectory) evaluated over lanes:
-    ``field(t (n,), y: Lanes (d), p: Lanes (P)) -> Lanes (d)``, with ``p`` the flattened
+    ``field(t (n,), y: LaneArray (d), p: LaneArray (P)) -> LaneArray (d)``, with ``p`` the flattened
     per-trajectory parameters (`gradsolve._adjoint.flat_params`)."""
 
     def __init__(self, closed, d: int, dtype):
         self.closed, self.d, self.dtype = closed, d, dtype
 
-    def __call__(self, t, y: Lanes, p: Lanes) -> Lanes:
+    def __call__(self, t, y: LaneArray, p: LaneArray) -> LaneArray:
         n = jnp.shape(t)[0]
         sc = _LaneScalarizer(n)
         targ, yarg, parg = _objects([t]).reshape(()), _objects(y.rows), _objects(p.rows)
         (out,) = sc.run(self.closed, [targ, yarg, parg])
         rows = [o if _is_array(o) else jnp.full((n,), o, self.dtype)
                 for o in np.asarray(out, dtype=object).reshape(-1)]
-        return Lanes(rows)
+        return LaneArray(rows)
 
 
-_fields: dict = {}
+# (f, shapes, dtypes) -> the lanes form of f, or the reason there is none
+_fields = cache("lanes fields")
 
 # Where the lanes replay pays (XLA:CPU, kernel off, Tsit5 gradient, n = 1,000, against the
-# batched replay; /tmp script, session 7): Lotka–Volterra (d = 2, 9 lane ops per field
+# batched replay, measured side by side in one process): Lotka–Volterra (d = 2, 9 lane ops per field
 # evaluation) 1.7x faster, Lorenz-96 at d = 8 (32 ops) 3.8x and d = 20 (80 ops) 3.2x; but
 # Lorenz-96 at d = 30 5x slower and at d = 40 50x slower (XLA fuses each of the reverse
 # step's d + P outputs separately, each with the whole step in it: quadratic in d, and
@@ -199,18 +207,27 @@ def lanes_pays(d: int, ops: int) -> bool:
     return d <= _LANES_MAX_STATES and ops <= _LANES_MAX_OPS_PER_STATE * d
 
 
-def lane_field(f, solver, y0, params) -> LaneField | None:
-    """The lanes form of ``f`` for batched ``y0 (n, d)``, ``params``, or ``None`` where the
-    lanes replay does not apply (not an explicit Runge–Kutta solver with an error estimate,
-    non-float inputs, a vector field the translator does not handle)."""
+class Field(NamedTuple):
+    """The lanes form of a vector field (``field``), or ``None`` and the reason why not."""
+
+    field: "LaneField | None"
+    reason: str | None
+
+
+def lane_field(f, solver, y0, params) -> Field:
+    """The lanes form of ``f`` for batched ``y0 (n, d)``, ``params``, or why the lanes
+    replay does not apply (not an explicit Runge–Kutta solver with an error estimate,
+    non-float inputs, a vector field the translator does not handle or that would not pay).
+    Works on abstract values."""
     if not isinstance(solver, AbstractExplicitRK) or not np.any(np.asarray(solver.b_error) != 0):
-        return None
+        return Field(None, f"it runs explicit Runge–Kutta solvers with an error estimate "
+                           f"(gs.Tsit5, gs.Dopri5, gs.Vern7), not {type(solver).__name__}.")
     dtype = jnp.result_type(y0)
     if dtype not in (jnp.float64, jnp.float32, jnp.float16, jnp.bfloat16) or jnp.ndim(y0) != 2:
-        return None
+        return Field(None, f"it runs floating-point states, not {dtype}.")
     _, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
-        return None
+        return Field(None, "every params leaf must be floating point for it.")
     d = jnp.shape(y0)[1]
     key = cache_key(f, d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
     if key is not None and key in _fields:
@@ -220,24 +237,29 @@ def lane_field(f, solver, y0, params) -> LaneField | None:
     def f_flat(t, y, pflat):
         return f_rows(t, y, pflat).astype(dtype)
 
-    field = None
     try:
         closed = jax.make_jaxpr(f_flat)(jnp.zeros((), dtype), jnp.zeros((d,), dtype),
                                         jnp.zeros((p_size,), dtype))
         field = LaneField(closed, d, dtype)
-        probe = Lanes([jnp.zeros((1,), dtype)] * d)
+        probe = LaneArray([jnp.zeros((1,), dtype)] * d)
         lanes_jaxpr = jax.make_jaxpr(field)(jnp.zeros((1,), dtype), probe,
-                                            Lanes([jnp.zeros((1,), dtype)] * p_size))
-        if not lanes_pays(d, len(lanes_jaxpr.jaxpr.eqns)):
-            field = None
-    except Exception:  # noqa: BLE001 - Unsupported, or anything untranslatable: batched replay
-        field = None
+                                            LaneArray([jnp.zeros((1,), dtype)] * p_size))
+        ops = len(lanes_jaxpr.jaxpr.eqns)
+        found = Field(field, None) if lanes_pays(d, ops) else Field(
+            None, f"it pays only for at most {_LANES_MAX_STATES} states with at most "
+                  f"{_LANES_MAX_OPS_PER_STATE} operations each; this field has {d} states "
+                  f"and {ops} operations.")
+    except Unsupported as e:
+        found = Field(None, f"the translator does not handle this vector field ({e}).")
+    except Exception as e:  # noqa: BLE001 - anything untranslatable: another driver
+        found = Field(None, f"the vector field could not be evaluated entry by entry "
+                            f"({type(e).__name__}: {e}).")
     if key is not None:
-        _fields[key] = field
-    return field
+        _fields[key] = found
+    return found
 
 
-def _error_norm(y_err: Lanes, y0: Lanes, y1: Lanes, rtol, atol):
+def _error_norm(y_err: LaneArray, y0: LaneArray, y1: LaneArray, rtol, atol):
     """`gradsolve._controller.error_norm` over lanes. Not that function on stacked ``(g, d)``
     matrices: the stack splits the step's fusion (LV n = 1,000 forward 3.4 -> 8.3 ms)."""
     acc = 0.0
@@ -250,15 +272,15 @@ def _error_norm(y_err: Lanes, y0: Lanes, y1: Lanes, rtol, atol):
     return jnp.where(finite & jnp.isfinite(err), err, jnp.inf)
 
 
-def _where(c, a: Lanes, b: Lanes) -> Lanes:
-    return Lanes(jnp.where(c, x, y) for x, y in zip(a.rows, b.rows))
+def _where(c, a: LaneArray, b: LaneArray) -> LaneArray:
+    return LaneArray(jnp.where(c, x, y) for x, y in zip(a.rows, b.rows))
 
 
 def _column(x, i):
     return jax.lax.dynamic_index_in_dim(x, i, axis=1, keepdims=False)
 
 
-def _stage(field, solver, t_prev, ta, y: Lanes, p: Lanes):
+def _stage(field, solver, t_prev, ta, y: LaneArray, p: LaneArray):
     """The carried first stage at node ``ta``: ``f`` at the time the previous step used
     (``t_prev + c_s (ta - t_prev)``, so bitwise the value it carried), ``None`` without FSAL."""
     if not solver.fsal:
@@ -282,10 +304,10 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
     ``y1 (g, d)``, ``err (g,)``, ``states (S1, d, g)`` (node states) and ``cost (g,)``."""
     g, d = y0.shape
     s1 = nodes.shape[1]
-    p = Lanes.from_matrix(pflat)
+    p = LaneArray.from_matrix(pflat)
     rtol, atol = tol[:, 0], tol[:, 1]
     n_max = jnp.max(n_eff)
-    y = Lanes.from_matrix(y0)
+    y = LaneArray.from_matrix(y0)
     states = jnp.zeros((s1, d, g), y0.dtype).at[0].set(y0.T)
     st = solver.init(field, nodes[:, 0], y, p)
 
@@ -320,7 +342,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     # Cotangents of the saved states, per node (equal save times share a node and add).
     inject = jnp.zeros_like(states).at[node, :, rows[:, None]].add(ct_ys)
     lam = ct_y1 + inject[n_eff, :, rows]
-    p = Lanes.from_matrix(pflat)
+    p = LaneArray.from_matrix(pflat)
     n_max = jnp.max(n_eff)
 
     def unit(y, p, t_prev, ta, tb):
@@ -333,10 +355,10 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
         active = (i >= 0) & (i < n_eff)
         t_prev = _column(nodes, jnp.maximum(i - 1, 0))
         ta, tb = _column(nodes, i), _column(nodes, i + 1)
-        y = Lanes(jax.lax.dynamic_index_in_dim(states, i, axis=0, keepdims=False))
+        y = LaneArray(jax.lax.dynamic_index_in_dim(states, i, axis=0, keepdims=False))
         _, vjp = jax.vjp(unit, y, p, t_prev, ta, tb)
         dy, dp, dt_prev, dta, dtb = vjp(lam)
-        at_i = Lanes(jax.lax.dynamic_index_in_dim(inject, i, axis=0, keepdims=False))
+        at_i = LaneArray(jax.lax.dynamic_index_in_dim(inject, i, axis=0, keepdims=False))
         lam = _where(active, dy + at_i, lam)
         gp = _where(active, gp + dp, gp)
         if moved:
@@ -345,22 +367,19 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
             ct_t = upd(upd(upd(ct_t, i + 1, dtb), i, dta), jnp.maximum(i - 1, 0), dt_prev)
         return lam, gp, ct_t
 
-    # Carries are `Lanes` (one array per component), not (g, d) matrices: XLA would fuse
+    # Carries are `LaneArray` (one array per component), not (g, d) matrices: XLA would fuse
     # each output entry's whole reverse step separately and compute it d times.
     ct_t0 = jnp.zeros((s1, g), states.dtype) if moved else None
     lam, gp, ct_t = _chunked_loop(
-        n_max, body, (Lanes.from_matrix(lam), Lanes.from_matrix(jnp.zeros_like(pflat)), ct_t0))
+        n_max, body, (LaneArray.from_matrix(lam), LaneArray.from_matrix(jnp.zeros_like(pflat)), ct_t0))
     return lam.matrix(), gp.matrix(), ct_t
 
 
-def lanes_replay(field, solver, times, n_eff, y0, params, save_index, rtol, atol, tsave,
-                 subst, xla_replay, node_times, moved: bool, group_size: int):
-    """``(ys, y1, err, work)`` by the lanes replay, differentiable in every mode.
-
-    Arguments as `gradsolve._kernel.kernel_replay`, plus ``node_times(times, save_index,
-    tsave, subst) -> (nodes (n, S1), owner (n, k))``: the node times with moved save nodes,
-    and which save slots move their node (and so receive its time cotangent).
-    """
+def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
+                 moved: bool, layout: ReplayLayout) -> ReplayOutput:
+    """The lanes replay of ``nodes``, differentiable in every mode
+    (`gradsolve._adjoint.adjoint_replay`)."""
+    group_size = layout.group_size or default_group_size(layout.backend)
 
     def fwd(times, n_eff, y, pf, save, tol, tm, subst):
         nodes, _ = node_times(times, save, tm, subst)
@@ -389,5 +408,50 @@ def lanes_replay(field, solver, times, n_eff, y0, params, save_index, rtol, atol
             ct_tm = jnp.zeros(save.shape, ct_y1.dtype)
         return ct_tm, ungroup(ct_y0), ungroup(ct_pf)
 
-    return adjoint_replay(fwd, bwd, times, n_eff, y0, params, save_index, rtol, atol, tsave,
-                          subst, xla_replay)
+    return adjoint_replay(fwd, bwd, f, solver, nodes, y0, params, rtol, atol, layout, moved)
+
+
+_GROUP_SIZE_CPU = 1024
+_GROUP_SIZE_ACCELERATOR = 1 << 17
+
+
+def default_group_size(backend: str | None = None) -> int:
+    """Trajectories per length-sorted group of the lanes replay on ``backend`` (default
+    ``jax.default_backend()``): 1,024 on CPU, whose steps are a few large fusions that
+    prefer wider groups than the batched driver's (LV n = 1,000 gradient: 18 ms against
+    24 ms at 256); one group of up to 131,072 on GPU/TPU, where groups run one after
+    another and would only multiply kernel launches."""
+    backend = jax.default_backend() if backend is None else backend
+    return _GROUP_SIZE_CPU if backend == "cpu" else _GROUP_SIZE_ACCELERATOR
+
+
+class Lanes(AbstractDriver):
+    """The XLA replay of explicit Runge–Kutta solvers in structure-of-arrays form, with a
+    hand-written discrete adjoint (this module's docstring says how and why).
+
+    Applies to explicit solvers with an error estimate on any backend, where the vector
+    field translates entry by entry and has few states with short expressions (it pays
+    there: up to 16 states, at most 8 lane operations each); the fastest replay off the
+    compiled kernel (GPU, TPU, no compiler). Records with the XLA loop of
+    `gradsolve.drivers.Batched`. ``Solution.route == "gradsolve-lanes"``.
+
+    Example:
+        >>> sol = gs.replay(f, mesh, y0, p, driver=gs.drivers.Lanes())
+    """
+
+    name: ClassVar[str] = "gradsolve-lanes"
+
+    def record_reason(self, f, solver, y0, params) -> str | None:
+        return None
+
+    def replay_reason(self, f, solver, y0, params) -> str | None:
+        return lane_field(f, solver, y0, params).reason
+
+    def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+               max_steps: int, fill: bool) -> Mesh:
+        return record_loop(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                           max_steps, fill)
+
+    def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
+        field = lane_field(f, solver, y0, params).field
+        return lanes_replay(field, f, solver, nodes, y0, params, rtol, atol, moved, layout)

@@ -1,32 +1,40 @@
-"""The compiled replay as a differentiable JAX function.
+"""The compiled replay as a differentiable JAX function, and where the kernel applies.
 
-``kernel_replay`` returns the same ``(ys, y1, err, work)`` as
-`gradsolve._replay.replay_batched`, computed by the generated C++ kernel, or ``None`` when the
-kernel does not apply (not on CPU, not an explicit Runge–Kutta solver, a vector field the
-translator does not handle, no compiler); the caller then runs the XLA replay.
-
-Differentiation is `gradsolve._adjoint.adjoint_replay`'s: ``grad`` runs the compiled adjoint,
-forward mode and second derivatives the XLA replay.
+``kernel_replay`` returns the same `gradsolve.drivers.base.ReplayOutput` as the batched
+driver, computed by the generated C++ kernel. Differentiation is
+`gradsolve._adjoint.adjoint_replay`'s: ``grad`` runs the compiled adjoint, forward mode and
+second derivatives the batched driver.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
-from .._solver.base import AbstractExplicitRK
+from ..._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
+from ..._caches import cache
+from ..._solver.base import AbstractExplicitRK
+from ..base import ReplayLayout, ReplayNodes, ReplayOutput
 from . import build
 from .codegen import Unsupported
 from .source import generate
 
-_sources: dict = {}
+# (f, solver type, shapes, dtypes) -> FFI target prefix, or the reason there is none
+_sources = cache("kernel sources")
 
 
-def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype):
+class Target(NamedTuple):
+    """The FFI target prefix of a compiled kernel, or ``None`` and the reason why not."""
+
+    prefix: str | None
+    reason: str | None
+
+
+def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
     key = cache_key(f, type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
     if key is not None and key in _sources:
         return _sources[key]
@@ -34,21 +42,28 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype):
 
     try:
         source = generate(f_flat, d, p_size, dtype, solver)
-    except Unsupported:
-        prefix = None
+    except Unsupported as e:
+        found = Target(None, f"the translator to C++ does not handle this vector field ({e}).")
     else:
         variant_key = (type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
-        prefix = None if _too_many_variants(f, variant_key, source) else build.load(source)
+        if _too_many_variants(f, variant_key, source):
+            found = Target(None, f"{_MAX_VARIANTS} kernels were already compiled for this "
+                                 "vector field's code with other closed-over values.")
+        else:
+            prefix = build.load(source)
+            found = Target(prefix, None if prefix else
+                           "the kernel could not be built (no working C++ compiler; see the "
+                           "warning).")
     if key is not None:
-        _sources[key] = prefix
-    return prefix
+        _sources[key] = found
+    return found
 
 
 # Distinct kernel sources generated per vector-field code object in this process. Values a
 # vector field closes over are compiled into its kernel as constants, so
 # ``gs.solve(lambda t, y, p: -k * y, ...)`` in a loop over ``k`` would compile a new kernel
 # (seconds) for every ``k``; past `_MAX_VARIANTS` such variants new ones use the XLA driver.
-_variants: dict = {}
+_variants = cache("kernel variants")
 _MAX_VARIANTS = 4
 
 
@@ -86,7 +101,7 @@ def spread(make_call, n: int):
         return make_call(n)
     from jax.sharding import PartitionSpec
 
-    from .._sharding import ensemble_sharding
+    from ..._sharding import ensemble_sharding
 
     mesh = ensemble_sharding().mesh
     return jax.shard_map(make_call(n // len(devices)), mesh=mesh,
@@ -94,41 +109,39 @@ def spread(make_call, n: int):
                          check_vma=False)
 
 
-def kernel_target(f, solver, y0, params) -> str | None:
-    """FFI target prefix of the compiled kernel for this problem, or ``None`` if it does not
-    apply (not on CPU, not an explicit Runge–Kutta solver, non-float inputs, a vector field
-    the translator does not handle, no compiler). Works on abstract values (under ``jit``)."""
-    if jax.default_backend() != "cpu" or not isinstance(solver, AbstractExplicitRK):
-        return None
+def kernel_target(f, solver, y0, params) -> Target:
+    """The compiled kernel for this problem (``Target.prefix``), or why it does not apply
+    (not on CPU, not an explicit Runge–Kutta solver, non-float inputs, a vector field the
+    translator does not handle, no compiler). Works on abstract values (under ``jit``)."""
+    if jax.default_backend() != "cpu":
+        return Target(None, f"it runs on CPU only (the default backend is "
+                            f"{jax.default_backend()}).")
+    if not isinstance(solver, AbstractExplicitRK):
+        return Target(None, f"it runs explicit Runge–Kutta solvers (gs.Tsit5, gs.Dopri5, "
+                            f"gs.Vern7), not {type(solver).__name__}.")
     dtype = jnp.result_type(y0)
     if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
-        return None
+        return Target(None, f"it runs float32 and float64 states, not {dtype}.")
     leaves, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
-        return None
+        return Target(None, "every params leaf must be floating point for it.")
     return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype)
 
 
-def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, tsave, subst,
-                  xla_replay, moved: bool):
-    """Compiled replay, or ``None`` if it does not apply (see `kernel_target`).
+def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
+                  moved: bool, layout: ReplayLayout) -> ReplayOutput:
+    """The compiled replay of ``nodes`` through the kernel ``prefix`` (`kernel_target`).
 
-    ``times (n, S+1)`` are the recorded nodes (no gradient); save slot ``m`` with
-    ``subst[:, m]`` moves node ``save_index[:, m]`` to ``tsave[:, m]`` (differentiable), as
-    `gradsolve.replay` does for interior save times. Doing that inside the kernel keeps
-    every differentiable input and cotangent at ``(n, k)``, not ``(n, S+1)``.
-    ``xla_replay(tsave, y0, params, times, n_eff, save_index, tol, subst)`` returns
-    ``(ys, y1, err, work)`` by the XLA path; it defines forward-mode and second derivatives.
-    ``moved`` (static: ``ts`` was given) selects the adjoint that carries node-time
-    cotangents, built on first use (`gradsolve._kernel.build.load_part`).
+    Save slot ``m`` with ``nodes.subst[:, m]`` moves node ``save_index[:, m]`` to
+    ``tsave[:, m]`` inside the kernel, which keeps every differentiable input and cotangent
+    at ``(n, k)``, not ``(n, S+1)``. ``moved`` (static: ``ts`` was given) selects the
+    adjoint that carries node-time cotangents, built on first use
+    (`gradsolve.drivers.kernel.build.load_part`).
     """
-    prefix = kernel_target(f, solver, y0, params)
-    if prefix is None:
-        return None
     dtype = jnp.result_type(y0)
     n, d = y0.shape
-    k = save_index.shape[1]
-    s1 = times.shape[1]
+    k = nodes.save_index.shape[1]
+    s1 = nodes.times.shape[1]
     p_size = int(sum(int(np.prod(s)) for s in flatten_spec(params)[2]))
 
     fwd_call = spread(lambda m: jax.ffi.ffi_call(
@@ -145,7 +158,5 @@ def kernel_replay(f, solver, times, n_eff, y0, params, save_index, rtol, atol, t
          jax.ShapeDtypeStruct((m, p_size), dtype)),
         vmap_method="broadcast_all",
     ), n)
-
-    return adjoint_replay(fwd_call, bwd_call, times, n_eff, y0,
-                          params, save_index, rtol, atol, tsave, subst, xla_replay,
-                          before_bwd=lambda: build.load_part(prefix, bwd_part))
+    return adjoint_replay(fwd_call, bwd_call, f, solver, nodes, y0, params, rtol, atol, layout,
+                          moved, before_bwd=lambda: build.load_part(prefix, bwd_part))

@@ -2,7 +2,7 @@
 
 Lanes run independent trajectories, one step attempt per lane per iteration, and are
 refilled as trajectories finish; the controller is `gradsolve._controller`'s, written per
-lane. Returns the `gradsolve.Mesh` fields, or ``None`` where the kernel does not apply.
+lane.
 """
 
 from __future__ import annotations
@@ -12,20 +12,18 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from .._adjoint import flat_params, flatten_spec, per_trajectory
-from .replay import kernel_target, spread
+from ..._adjoint import flat_params, flatten_spec, per_trajectory
+from .ffi_replay import spread
 
 
-def kernel_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0, max_steps: int,
-                  fill: bool = True):
-    """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)``; ``None`` if the kernel does not apply.
+def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                  max_steps: int, fill: bool = True) -> dict:
+    """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)`` through the kernel ``prefix``;
+    returns the `gradsolve.Mesh` fields it computes.
 
     ``fill=False`` leaves mesh slots past each trajectory's ``n_steps`` unwritten (see
     `gradsolve.Mesh`), so the cost follows the steps taken, not ``max_steps``.
     """
-    prefix = kernel_target(f, solver, y0, params)
-    if prefix is None:
-        return None
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype

@@ -1,0 +1,28 @@
+"""How a record, a replay or a solve runs: drivers as data (``driver=``).
+
+``gs.record``, ``gs.replay`` and ``gs.solve`` take ``driver=`` (default `Auto`), as
+``diffrax.diffeqsolve`` takes ``adjoint=``. Every driver runs the same solver steps over the
+same mesh, so all give the same values and gradients (to rounding); ``Solution.route`` is
+the name of the one that ran.
+
+- `Kernel` (``"gradsolve-kernel"``): the compiled CPU kernel; explicit solvers.
+- `Lanes` (``"gradsolve-lanes"``): structure-of-arrays XLA replay with a hand-written
+  adjoint; explicit solvers with small fields, any backend.
+- `Batched` (``"gradsolve-batched"``): vmapped steps, JAX's AD; every solver and field.
+- `Diffrax` (``"diffrax-diffeqsolve"``): ``diffrax.diffeqsolve`` (reference and fallback).
+- `Auto`: the first of those that applies.
+
+Example:
+    >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Batched())
+    >>> sol.route
+    'gradsolve-batched'
+"""
+
+from .auto import Auto
+from .base import AbstractDriver
+from .batched import Batched
+from .diffrax import Diffrax
+from .kernel import Kernel
+from .lanes import Lanes
+
+__all__ = ["AbstractDriver", "Auto", "Kernel", "Lanes", "Batched", "Diffrax"]

@@ -1,0 +1,59 @@
+"""The default driver: the fastest one that applies, asked in turn."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from .base import AbstractDriver, refuse
+from .batched import Batched
+from .kernel import Kernel, kernel_allowed
+from .lanes import Lanes
+
+
+class Auto(AbstractDriver):
+    """The default ``driver=``: per call, the first driver that applies.
+
+    Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler), else
+    `Batched`. Replay: `Kernel`, else `Lanes` (explicit solvers with a small field; GPU and
+    TPU), else `Batched` (stiff and Diffrax solvers, anything else). A solve with a solver
+    that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps.
+    `gradsolve.use_compiled_kernel` (or ``GRADSOLVE_KERNEL=0`` at import) takes `Kernel` out
+    of the list. ``Solution.route`` names the driver that ran, never ``Auto``.
+    """
+
+    name: ClassVar[str] = "auto"
+
+    def choose(self, kind: str, f, solver, y0, params) -> AbstractDriver:
+        """The driver that runs the ``kind`` (``"record"`` or ``"replay"``) here."""
+        order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
+        for driver in order:
+            if isinstance(driver, Kernel) and not kernel_allowed():
+                continue
+            if reason_for(driver, kind, f, solver, y0, params) is None:
+                return driver
+        return Batched()
+
+
+def reason_for(driver: AbstractDriver, kind: str, f, solver, y0, params) -> str | None:
+    """``driver.record_reason`` or ``driver.replay_reason``, by ``kind``."""
+    if kind == "record":
+        return driver.record_reason(f, solver, y0, params)
+    return driver.replay_reason(f, solver, y0, params)
+
+
+def resolve(driver: AbstractDriver | None, kind: str, f, solver, y0, params,
+            where: str) -> AbstractDriver:
+    """The concrete driver for a ``kind`` of work: `Auto`'s choice, or ``driver`` itself if
+    it applies (else a ``ValueError`` with its reason). ``y0`` and ``params`` batched."""
+    driver = Auto() if driver is None else driver
+    if not isinstance(driver, AbstractDriver):
+        raise ValueError(
+            f"{where}: `driver` must be a gradsolve driver (gs.drivers.Auto(), Kernel(), "
+            f"Lanes(), Batched(), Diffrax()), got {driver!r}."
+        )
+    if isinstance(driver, Auto):
+        return driver.choose(kind, f, solver, y0, params)
+    reason = reason_for(driver, kind, f, solver, y0, params)
+    if reason is not None:
+        raise refuse(driver, reason, where)
+    return driver
