@@ -22,7 +22,6 @@ from jaxtyping import Bool, Float, Int
 
 import gradsolve as gs
 
-from . import _meshes
 from ._policy import MeshPolicy
 from ._problem import Problem
 
@@ -176,7 +175,7 @@ class ChainKernel:
 
     def meshes(self, s: SampleState):
         """The chains' meshes on device, every leaf with a leading chain axis."""
-        return _meshes.chains(s.mesh, self.C, s.capacity)
+        return s.mesh.chains(self.C, s.capacity)
 
     def init(self, u0: np.ndarray, key, s: SampleState):
         """NumPyro's initial chain states at ``u0 (C, D)`` (this also builds the kernel's
@@ -207,7 +206,7 @@ class ChainKernel:
         """Replay ``error_ratio`` (requested units) of one host mesh at every
         ``z (C, S, D)``, in blocks of ``block`` points (one compiled program)."""
         C, S, D = z.shape
-        flat, dev, out = z.reshape(C * S, D), _meshes.to_device(mesh), []
+        flat, dev, out = z.reshape(C * S, D), mesh.to_device(), []
         for i in range(0, flat.shape[0], block):
             part = flat[i:i + block]
             pad = block - part.shape[0]

@@ -47,7 +47,7 @@ from jaxtyping import Bool, Float, Int
 
 import gradsolve as gs
 
-from . import _checkpoint, _meshes
+from . import _checkpoint
 from ._policy import MeshPolicy
 from ._problem import MAX_STEPS, TOLERANCES, Problem
 from ._progress import progress_bar
@@ -168,14 +168,14 @@ class FitKernel:
         extra = np.zeros(0, rows.dtype) if fill is None else np.asarray(fill, rows.dtype)
         distinct = np.concatenate([rows, extra[~np.isin(extra, rows)][: size - len(rows)]])
         idx = np.concatenate([distinct, np.full(size - len(distinct), rows[0], rows.dtype)])
-        mesh = _meshes.to_host(self.problem.record(u[idx], self.policy.record_tol_factor))
-        return _meshes.select(mesh, np.arange(len(distinct))), distinct
+        mesh = self.problem.record(u[idx], self.policy.record_tol_factor).to_host()
+        return mesh.select(np.arange(len(distinct))), distinct
 
     def merge(self, s: FitState, rows: np.ndarray, sub: gs.Mesh) -> gs.Mesh:
         """The ensemble mesh of ``s`` with its rows ``rows`` replaced by host mesh ``sub``."""
         if not len(rows):
             return s.mesh
-        return _meshes.to_device(_meshes.scatter(_meshes.to_host(s.mesh), rows, sub))
+        return s.mesh.to_host().scatter(rows, sub).trim().to_device()
 
     def rerecord(self, s: FitState, trig: np.ndarray, urgency: np.ndarray) -> FitState:
         """``s`` with the starts ``trig`` (and, in the padding, the most urgent others)
@@ -187,7 +187,7 @@ class FitKernel:
         alive[rows[~ok]] = False
         u[rows[~ok]] = s.u_rec[rows[~ok]]
         u_rec[rows[ok]] = s.u[rows[ok]]
-        return s._replace(mesh=self.merge(s, rows[ok], _meshes.select(sub, ok)), alive=alive,
+        return s._replace(mesh=self.merge(s, rows[ok], sub.select(ok)), alive=alive,
                           u=u, u_rec=u_rec, **self._counted(s, rows))
 
     @staticmethod
@@ -204,7 +204,7 @@ class FitKernel:
         u = np.array(u, dtype=np.result_type(float), copy=True)
         mesh, _ = self.record(u, np.arange(n))
         s = FitState(u=u, u_rec=u.copy(), opt_state=self.init_optimizer(jnp.asarray(u)),
-                     mesh=_meshes.to_device(mesh), alive=np.ones(n, bool),
+                     mesh=mesh.to_device(), alive=np.ones(n, bool),
                      pending=np.zeros(n, bool), urgency=np.zeros(n), step=0, history=(),
                      max_error_ratio=np.zeros(n), n_records=1,
                      n_records_per_start=np.ones(n, np.int64), n_grad_evals=0, n_redrawn=0,
@@ -268,7 +268,7 @@ class FitKernel:
             sub, rows = self.record(s.u, live)
             ok = sub.status == 0
             s = s._replace(**self._counted(s, np.zeros(0, int)))
-            s = s._replace(mesh=self.merge(s, rows[ok], _meshes.select(sub, ok)))
+            s = s._replace(mesh=self.merge(s, rows[ok], sub.select(ok)))
             e = self.evaluate(s._replace(u_rec=s.u))
             s = s._replace(n_grad_evals=s.n_grad_evals + 1)
             losses[live] = np.where(ok & np.isfinite(e.loss[live]), e.loss[live], np.inf)
@@ -400,7 +400,7 @@ def fit(
                             can_redraw=not (init is not None and len(u0) == 1))
     else:
         state = state._replace(opt_state=_checkpoint.to_device(state.opt_state),
-                               mesh=_meshes.to_device(state.mesh))
+                               mesh=state.mesh.to_device())
     elapsed = state.elapsed
 
     def save(s):

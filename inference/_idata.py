@@ -8,7 +8,6 @@ import warnings
 import jax.numpy as jnp
 import numpy as np
 
-from . import _meshes
 from ._chains import ChainKernel, Draws, SampleState
 
 __all__ = ["inference_data"]
@@ -22,7 +21,7 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
 
     problem, policy, model = kernel.problem, kernel.policy, kernel.problem.model
     d = Draws(*(np.concatenate(parts, axis=1) for parts in zip(*s.draws)))
-    shared = _meshes.row(s.mesh, 0)
+    shared = s.mesh.row(0)
     if policy.solves_each_evaluation:
         err = np.full(d.z.shape[:2], np.nan)
     else:

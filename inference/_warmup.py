@@ -20,7 +20,6 @@ import numpy as np
 
 import gradsolve as gs
 
-from . import _meshes
 from ._chains import CHUNK, ChainKernel, SampleState, capacity, solve_capacity
 from ._fit import fit
 from ._problem import Problem
@@ -77,13 +76,13 @@ def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
     re-drawn, up to 20 rounds) and the step capacities."""
     C, tf = num_chains, policy.record_tol_factor
     u0, desc, info = _chain_starts(problem, data, init, C, key, init_jitter, seed, fit_kwargs)
-    m0 = _meshes.to_host(problem.record(u0, tf))
+    m0 = problem.record(u0, tf).to_host()
     for _ in range(20 if isinstance(init, str) and init == "prior" else 0):
         if m0.ok.all():
             break
         key, kd = jax.random.split(key)
         u0 = np.where(m0.ok[:, None], u0, prior_draws(problem.model, problem.space, kd, C))
-        m0 = _meshes.to_host(problem.record(u0, tf))
+        m0 = problem.record(u0, tf).to_host()
     if not m0.ok.all():
         raise RuntimeError(
             "inference.sample: the ODE solve fails at initial point(s) "
@@ -93,7 +92,7 @@ def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
     need = int(np.max(m0.n_steps))
     mesh, cap = m0, capacity(need)
     if policy.rerecord == "never":
-        mesh = _meshes.to_host(problem.record(np.mean(u0, axis=0), tf))
+        mesh = problem.record(np.mean(u0, axis=0), tf).to_host()
         cap = max(cap, mesh.capacity)
     kind = {"warmup": "", "always": "none (gs.solve)", "never": "initial points' mean"}
     return SampleState(
@@ -116,10 +115,10 @@ def warmup_window(kernel: ChainKernel, s: SampleState, lengths: list[int]) -> Sa
         if s.window == len(lengths):
             s = install_sampling_mesh(kernel, s, z)
         else:
-            new = _meshes.to_host(kernel.problem.record(z, kernel.policy.record_tol_factor))
+            new = kernel.problem.record(z, kernel.policy.record_tol_factor).to_host()
             ok = np.asarray(new.ok)
-            old = s.mesh if s.mesh.is_ensemble else _meshes.repeat(s.mesh, kernel.C)
-            mesh = _meshes.scatter(old, np.nonzero(ok)[0], _meshes.select(new, ok))
+            old = s.mesh if s.mesh.is_ensemble else s.mesh.repeat(kernel.C)
+            mesh = old.scatter(np.nonzero(ok)[0], new.select(ok)).trim() if ok.any() else old
             s = kernel.with_mesh(s, mesh)._replace(
                 n_records=s.n_records + 1, record_failures=s.record_failures + int(np.sum(~ok)))
     return s._replace(warmup_time=s.warmup_time + time.perf_counter() - t)
@@ -137,16 +136,16 @@ def sampling_mesh(kernel: ChainKernel, z: np.ndarray) -> tuple[gs.Mesh, str, int
     holds at each chain (`MeshPolicy.holds_for_all`), else the union of its step times
     and those of meshes recorded at each chain. Returns ``(mesh, description, records)``."""
     problem, tf = kernel.problem, kernel.policy.record_tol_factor
-    mean = _meshes.to_host(problem.record(np.mean(z, axis=0), tf))
+    mean = problem.record(np.mean(z, axis=0), tf).to_host()
     if bool(mean.ok):
         err = kernel.error_ratios(mean, z[:, None, :])
         if kernel.policy.holds_for_all(err):
             return mean, "chains' mean", 1
-    per = _meshes.to_host(problem.record(z, tf))
+    per = problem.record(z, tf).to_host()
     if not bool(mean.ok) and not np.all(per.ok):
         raise RuntimeError(
             "inference.sample: recording the sampling mesh failed at the chains' "
             "positions and at their mean; try rerecord='always' or another solver."
         )
     parts = [per] if not bool(mean.ok) else [per, mean]
-    return _meshes.union(parts), "union of the chains' meshes and the mean's", 2
+    return gs.Mesh.union(parts), "union of the chains' meshes and the mean's", 2
