@@ -219,7 +219,7 @@ class FitKernel:
             u, rows = s.u.copy(), np.nonzero(bad)[0]
             u[rows] = prior_draws(self.problem.model, self.problem.space, kd, n)[rows]
             sub, rows = self.record(u, rows)
-            s = s._replace(u=u, mesh=self.merge(s._replace(u=u), rows, sub),
+            s = s._replace(u=u, mesh=self.merge(s, rows, sub),
                            n_redrawn=s.n_redrawn + len(rows), **self._counted(s, rows))
         if bad.all():
             _no_start_left(bad, np.asarray(s.mesh.status) != 0, max_redraws, can_redraw)
@@ -267,8 +267,9 @@ class FitKernel:
         if len(live):
             sub, rows = self.record(s.u, live)
             ok = sub.status == 0
-            s = s._replace(**self._counted(s, np.zeros(0, int)))
-            s = s._replace(mesh=self.merge(s, rows[ok], sub.select(ok)))
+            # the final record is counted in n_records, not per start (as re-records are)
+            s = s._replace(mesh=self.merge(s, rows[ok], sub.select(ok)),
+                           n_records=s.n_records + 1)
             e = self.evaluate(s._replace(u_rec=s.u))
             s = s._replace(n_grad_evals=s.n_grad_evals + 1)
             losses[live] = np.where(ok & np.isfinite(e.loss[live]), e.loss[live], np.inf)
