@@ -134,6 +134,7 @@ class Problem:
         self.ts_np = ts
         self.ys_obs = jnp.asarray(ys, dtype=jnp.result_type(float))
         self.space = ParamSpace(model.priors)
+        self._constrained = jax.jit(self.space.from_unconstrained)  # one program per shape
 
     def fingerprint(self) -> dict:
         """What a checkpoint must share with this problem to be resumed by it: the model's
@@ -155,7 +156,7 @@ class Problem:
     def record(self, u: jax.Array, tol_factor: float = 1.0) -> gs.Mesh:
         """``gs.record`` at ``u (D,)`` or ``(n, D)``, at ``tol_factor`` times the
         tolerances (fitters record tighter than they test; see `MeshPolicy`)."""
-        x = self.space.from_unconstrained(jnp.asarray(u))
+        x = self._constrained(jnp.asarray(u))
         return gs.record(*self._args(x), ts=self.ts, solver=self.solver,
                          rtol=self.rtol * tol_factor, atol=self.atol * tol_factor,
                          max_steps=self.max_steps, throw=False)
