@@ -107,7 +107,7 @@ def use_compiled_kernel(enable: bool = True) -> _KernelSetting:
     On CPU, `gradsolve.record` and `gradsolve.replay` (and so `gradsolve.solve`, fits and
     samplers) translate the vector field of an explicit Runge–Kutta solve into C++, compile
     it once with the system compiler (cached on disk) and run the record, the replay and its
-    adjoint through ``jax.ffi``; they fall back to the XLA driver wherever that does not
+    adjoint through ``jax.ffi``; they fall back to the XLA drivers wherever that does not
     apply (GPU, stiff or Diffrax solvers, vector fields with loops or traced indexing, no
     compiler). Both give the same values and gradients to rounding; the kernel is several
     times faster. The environment variable ``GRADSOLVE_KERNEL=0`` (read at import) has the
@@ -116,7 +116,7 @@ def use_compiled_kernel(enable: bool = True) -> _KernelSetting:
     ``driver=gs.drivers.Kernel()`` runs the kernel regardless.
 
     Args:
-        enable: ``True`` to use the kernel where it applies, ``False`` for the XLA driver.
+        enable: ``True`` to use the kernel where it applies, ``False`` for the XLA drivers.
 
     Returns:
         A context manager: the setting applies at once, and leaving a ``with`` block

@@ -1,4 +1,4 @@
-"""Failure messages for records that did not reach ``t1`` (SPEC §2.6).
+"""Failure messages for records that did not reach ``t1``.
 
 Outside ``jit`` a failed record raises a ``RuntimeError`` that names the trajectories, says
 what happened and suggests the fix. For explicit solvers the message also estimates
@@ -77,9 +77,8 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
     bad = np.flatnonzero(status != Status.OK)
     if bad.size == 0:
         return
-    from ._mesh import _as_batched
 
-    bm = _as_batched(mesh)
+    bm = mesh.batch()
     names = {
         Status.MAX_STEPS: f"reached max_steps={bm.capacity}",
         Status.NONFINITE: "met a non-finite state (NaN/inf in f or y)",

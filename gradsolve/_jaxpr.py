@@ -53,7 +53,7 @@ ELEMENTWISE = frozenset({
 class Scalarizer:
     """Evaluates a jaxpr element by element: every value is a numpy object array whose
     entries are one backend scalar each (a C++ expression here, a JAX array of one entry per
-    trajectory in `gradsolve._lanes`). Structural primitives are resolved on those object
+    trajectory in `gradsolve.drivers.lanes`). Structural primitives are resolved on those object
     arrays; subclasses say how elementwise ones, constants and static indices are made."""
 
     # --- backend hooks -------------------------------------------------------------------

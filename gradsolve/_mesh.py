@@ -609,8 +609,3 @@ def pad_times(times, n_steps):
     n = xp.clip(xp.asarray(n_steps), 0, times.shape[-1] - 1)[..., None]
     last = xp.take_along_axis(times, n, axis=-1)
     return xp.where(xp.arange(times.shape[-1]) > n, last, times)
-
-
-def _as_batched(mesh: Mesh) -> Mesh:
-    """The same mesh with a leading ensemble axis of size 1 if it had none (`Mesh.batch`)."""
-    return mesh.batch()

@@ -42,18 +42,6 @@ def record_batched(driver: AbstractDriver, f, solver, controller: PIDController,
                          max_steps, fill)
 
 
-def unbatch_mesh(mesh: Mesh) -> Mesh:
-    """Drop the ensemble axis of size 1 (single-trajectory public form)."""
-    sq = lambda x: x[0]
-    return Mesh(
-        times=sq(mesh.times), n_steps=sq(mesh.n_steps), n_rejected=sq(mesh.n_rejected),
-        status=sq(mesh.status), save_index=sq(mesh.save_index), ts=sq(mesh.ts), t0=mesh.t0,
-        t1=mesh.t1, dt_next=sq(mesh.dt_next), y_last=sq(mesh.y_last), y0=sq(mesh.y0),
-        params=jax.tree_util.tree_map(sq, mesh.params), solver=mesh.solver, rtol=mesh.rtol,
-        atol=mesh.atol, controller=mesh.controller,
-    )
-
-
 def record(
     f,
     t0,
@@ -121,14 +109,14 @@ def record(
     where = "gs.record"
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
                                        controller, where, dt0)
-    if not getattr(solver, "adaptive", True):
+    if isinstance(solver, DiffraxSolver) and not solver.adaptive:
         raise ValueError(
             f"{where}: `solver` {type(solver.solver).__name__} has no embedded error estimate, "
             "so it cannot record an adaptive mesh; use gs.solve(..., dt0=...) for fixed steps."
         )
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
                            where, driver)
-    return unbatch_mesh(mesh) if b.single else mesh
+    return mesh.unbatch() if b.single else mesh
 
 
 def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller, where,

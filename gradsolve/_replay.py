@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import batch, check_vector_field, is_concrete, split_static
-from ._mesh import Mesh, Status, _as_batched
+from ._mesh import Mesh, Status
 from ._savetimes import check_moved_ts, moved_out_of_order, save_roles, taylor2
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
@@ -82,7 +82,7 @@ def replay(
     where = "gs.replay"
     if not isinstance(mesh, Mesh):
         raise ValueError(f"{where}: `mesh` must be a gs.Mesh from gs.record, got {type(mesh).__name__}.")
-    bm = _as_batched(mesh)
+    bm = mesh.batch()
     f, params = split_static(f, params)
     b = batch(mesh.t0, mesh.t1, y0, params, ts if ts is not None else None, where)
     check_vector_field(f, mesh.t0, b.y0, b.params, where)
@@ -145,7 +145,7 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
 def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: ReplayLayout,
                  check_moved: bool = True):
     """Jitted body of `replay` on batched, validated inputs, ``driver`` concrete."""
-    bm = _as_batched(mesh)
+    bm = mesh.batch()
     dtype = y0.dtype
     failed = bm.status != Status.OK
     times = _sg(bm.times).astype(dtype)

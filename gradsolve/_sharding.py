@@ -2,7 +2,7 @@
 
 The ensemble axis is embarrassingly parallel, so sharding is data placement: put ``y0``
 and every ``params`` leaf on a 1-D device mesh split along the leading (ensemble) axis, and
-the jitted record/replay runs each device's trajectories where they live: the XLA driver
+the jitted record/replay runs each device's trajectories where they live: the XLA drivers
 through GSPMD (only the loop's "all done?" test and the step counts cross devices), the
 compiled CPU kernel through ``shard_map`` over the same mesh. Multi-host: call
 ``jax.distributed.initialize()`` on every host first; ``jax.devices()`` then spans all hosts

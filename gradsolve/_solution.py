@@ -28,10 +28,10 @@ class Solution(eqx.Module):
             float32 the estimate carries rounding noise of about ``eps / rtol`` (~1 % at
             ``rtol=1e-5``), so a mesh replayed where it was recorded can read slightly
             above 1; `inference` records at a fraction of the tolerance for that reason.
-        route: what ran: ``"gradsolve-kernel"`` (the compiled CPU replay kernel),
-            ``"gradsolve-replay"`` (the XLA replay), ``"gradsolve-replay/diffrax.Kvaerno5"``
-            (the XLA replay driving that Diffrax solver's own ``step``) or
-            ``"diffrax-diffeqsolve"`` (the fallback for solvers without an error estimate).
+        route: the name of the driver that ran (`gradsolve.drivers`):
+            ``"gradsolve-kernel"``, ``"gradsolve-lanes"``, ``"gradsolve-batched"`` or
+            ``"diffrax-diffeqsolve"``; with a Diffrax solver driven through its own
+            ``step``, its name follows (``"gradsolve-batched/diffrax.Kvaerno5"``).
 
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
@@ -46,4 +46,4 @@ class Solution(eqx.Module):
     mesh: Mesh | None
     stats: dict
     error_ratio: Float[Array, "*n"]
-    route: str = eqx.field(static=True, default="gradsolve-replay")
+    route: str = eqx.field(static=True)

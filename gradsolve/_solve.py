@@ -6,7 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from ._controller import PIDController
-from ._record import _MAX_STEPS, prepare, record_prepared, unbatch_mesh
+from ._record import _MAX_STEPS, prepare, record_prepared
 from ._replay import replay_prepared
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
@@ -15,25 +15,11 @@ from .drivers.auto import resolve
 from .drivers.diffrax import solve_batched
 
 
-def solve(
-    f,
-    t0,
-    t1,
-    y0,
-    params,
-    *,
-    ts=None,
-    solver=None,
-    rtol: float = 1e-6,
-    atol: float = 1e-9,
-    dt0=None,
-    max_steps: int = _MAX_STEPS,
-    controller: PIDController | None = None,
-    throw: bool | None = None,
-    group_size: int | None = None,
-    chunk_size: int = 8,
-    driver: AbstractDriver | None = None,
-) -> Solution:
+def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
+          atol: float = 1e-9, dt0=None, max_steps: int = _MAX_STEPS,
+          controller: PIDController | None = None, throw: bool | None = None,
+          group_size: int | None = None, chunk_size: int = 8,
+          driver: AbstractDriver | None = None) -> Solution:
     """Adaptive solve whose derivative is the discrete adjoint of its accepted steps.
 
     Records the mesh (no gradient flows through step-size selection, as in Diffrax's
@@ -41,15 +27,12 @@ def solve(
     ``params`` and ``ts``.
 
     Args:
-        f: vector field ``f(t, y, params) -> dy/dt`` for ONE trajectory, ``y`` of shape
-            ``(d,)``; gradsolve batches it.
-        t0, t1: scalars, ``t1 > t0``.
-        y0: ``(d,)`` one trajectory or ``(n, d)`` an ensemble (then every leaf of
-            ``params`` has leading axis ``n``). It is solved in one floating dtype with
-            the floating leaves of ``params``: their ``jnp.result_type``, at least float32
-            (float16/bfloat16 are promoted to float32).
-        params: any pytree. Non-array leaves (an ``eqx.nn.MLP``'s activation, a string)
-            are split off with ``eqx.partition`` and handed back to ``f`` unchanged.
+        f: vector field ``f(t, y, params) -> dy/dt`` for ONE trajectory (``y (d,)``);
+            gradsolve batches it.
+        t0, t1: scalars, ``t1 > t0``; the solution is differentiable w.r.t. both.
+        y0: ``(d,)`` one trajectory or ``(n, d)`` an ensemble, and
+        params: any pytree (with leading axis ``n`` on every leaf for an ensemble), as in
+            `gradsolve.record` (one floating dtype; non-array leaves passed through).
         ts: save times ``(k,)`` shared or ``(n, k)`` per trajectory, sorted, in
             ``[t0, t1]``; default ``None`` saves at ``t1`` only.
         solver: a gradsolve solver (default `Tsit5`) or any ``diffrax`` solver.
@@ -102,7 +85,7 @@ def solve(
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
                            where, driver)
     if b.single:
-        mesh = unbatch_mesh(mesh)
+        mesh = mesh.unbatch()
     # The record stops gradients; the replay differentiates w.r.t. the interval's ends.
     mesh = eqx.tree_at(lambda m: (m.t0, m.t1), mesh,
                        (jnp.asarray(t0, mesh.t0.dtype), jnp.asarray(t1, mesh.t1.dtype)))

@@ -142,7 +142,7 @@ def list_datasets() -> list[str]:
 
     Example:
         >>> models.list_datasets()
-        ['influenza_england_1978', 'lynx_hare']
+        ['influenza_england_1978', 'lynx_hare', 'theophylline']
     """
     return sorted(
         entry.name[: -len(".csv")]
@@ -182,9 +182,7 @@ def _parse_csv(text: str, name: str) -> Dataset:
     if header is None or not rows:
         raise ValueError(f"data set {name!r} has no data rows")
     arr = np.asarray(rows, dtype=np.float64)
-    source = meta.get("source")
-    if "title" in meta:
-        source = meta["title"] + (f". Source: {source}" if source else "")
+    source = _source_line(meta)
     if "time" in meta:
         source = (source.rstrip(".") + ". " if source else "") + f"Time: {meta['time']}"
     return Dataset(
@@ -197,7 +195,8 @@ def _parse_csv(text: str, name: str) -> Dataset:
 
 
 def load_dataset(name: str) -> Dataset:
-    """Load an embedded data set (no download) as a `Dataset`.
+    """Load an embedded data set (no download): a `Dataset`, or a
+    `models.PopulationDataset` for a many-subject one.
 
     Available: see `list_datasets`.
 
@@ -207,12 +206,17 @@ def load_dataset(name: str) -> Dataset:
     - ``"influenza_england_1978"``: boys confined to bed each day of the 1978 influenza
       outbreak in an English boarding school (763 boys); ``ts = 1, ..., 14`` (days), one
       column. Fits `models.sir` with its defaults (``t0 = 0``, one initial case).
+    - ``"theophylline"``: the Boeckmann–Sheiner–Beal theophylline study as shipped with R's
+      ``datasets`` package (``Theoph``): 12 subjects, one oral dose each (mg/kg, into the gut,
+      ``CMT`` 1) at ``t = 0``, 11 plasma concentrations (mg/L) over 25 h, body weight (kg) as
+      the covariate ``WT``; a `models.PopulationDataset`.
 
     Args:
         name: one of `list_datasets`.
 
     Returns:
-        A `Dataset` with ``ts (k,)`` and ``ys (k, m)``.
+        A `Dataset` with ``ts (k,)`` and ``ys (k, m)``, or a `models.PopulationDataset`
+        (a long-format file: its header starts with ``ID``).
 
     Example:
         >>> data = models.load_dataset("lynx_hare")
@@ -225,4 +229,19 @@ def load_dataset(name: str) -> Dataset:
     if name not in available:
         raise ValueError(f"unknown dataset {name!r}; available data sets: {', '.join(available)}")
     text = (_data_dir() / f"{name}.csv").read_text(encoding="utf-8")
+    header = next(line for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    if header.split(",")[0].strip() == "ID":  # long format: one row per observation or dose
+        from ._population import PopulationDataset, read_csv
+
+        table, meta = read_csv(text, name)
+        return PopulationDataset.from_table(table, name=meta.get("name"),
+                                            units=meta.get("units"),
+                                            source=_source_line(meta))
     return _parse_csv(text, name)
+
+
+def _source_line(meta: dict) -> str | None:
+    source = meta.get("source")
+    if "title" in meta:
+        source = meta["title"] + (f". Source: {source}" if source else "")
+    return source

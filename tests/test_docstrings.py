@@ -32,6 +32,10 @@ def _public():
         mod = importlib.import_module(pkg)
         for name in mod.__all__:
             yield pytest.param(mod, name, id=f"{pkg}.{name}")
+            sub = getattr(mod, name)
+            if inspect.ismodule(sub):  # a public namespace (gs.drivers): its names too
+                for inner in sub.__all__:
+                    yield pytest.param(sub, inner, id=f"{pkg}.{name}.{inner}")
 
 
 def _attribute_docstring(mod, name: str) -> str | None:
@@ -83,6 +87,9 @@ def _argument_names(obj) -> list[str]:
 @pytest.mark.parametrize(("mod", "name"), list(_public()))
 def test_public_name_is_documented(mod, name):
     obj = getattr(mod, name)
+    if inspect.ismodule(obj):
+        assert obj.__doc__ and obj.__doc__.strip(), f"{mod.__name__}.{name}: no module docstring"
+        return
     if not (callable(obj) or inspect.isclass(obj)):
         doc = _attribute_docstring(mod, name)
         assert doc and doc.strip(), f"{mod.__name__}.{name}: no docstring after its assignment"

@@ -43,7 +43,7 @@ print("OK")
 
 @pytest.mark.parametrize("kernel", ["1", "0"], ids=["kernel", "lanes"])
 def test_sharded_ensemble_matches_single_device(kernel):
-    """The compiled kernel (shard_map) and, with it off, the XLA driver's lanes replay."""
+    """The compiled kernel (shard_map) and, with it off, the lanes replay."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
                GRADSOLVE_KERNEL=kernel)
     out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True, timeout=600)

@@ -17,7 +17,7 @@ Contract every solver keeps (the replay relies on it):
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -100,20 +100,53 @@ class AbstractSolver(eqx.Module):
         """
 
 
-class AbstractExplicitRK(AbstractSolver):
-    """An explicit Runge–Kutta pair given by its Butcher tableau.
-
-    Concrete subclasses only set the class-level tableau: ``a`` (strictly lower
-    triangular, ``(s, s)``), ``b`` (``(s,)``), ``b_error`` (``b - b_hat``, ``(s,)``) and
-    ``c`` (``(s,)``). If ``fsal`` the last stage is evaluated at ``(t0 + h, y1)`` and is
-    carried to the next step as its first stage.
+class ButcherTableau(NamedTuple):
+    """The coefficients of an explicit Runge–Kutta pair (what a concrete solver is).
 
     Attributes:
         a: ``(s, s)`` strictly lower triangular stage coefficients.
         b: ``(s,)`` weights of the propagated solution.
-        b_error: ``(s,)`` error weights ``b - b_hat``.
+        b_error: ``(s,)`` error weights ``b - b_hat`` (``b_hat`` the embedded solution's).
         c: ``(s,)`` stage times.
-        fsal: first-same-as-last: the last stage is the next step's first.
+        fsal: first-same-as-last: the last stage, taken at the new solution, is the next
+            step's first.
+
+    Example:
+        >>> heun_euler = gs.ButcherTableau(a=np.array([[0.0, 0.0], [1.0, 0.0]]),
+        ...     b=np.array([0.5, 0.5]), b_error=np.array([-0.5, 0.5]),
+        ...     c=np.array([0.0, 1.0]), fsal=False)
+    """
+
+    a: np.ndarray
+    b: np.ndarray
+    b_error: np.ndarray
+    c: np.ndarray
+    fsal: bool
+
+
+class _TableauField:
+    """``cls.a`` (or ``solver.a``) read from the class's ``tableau``, on the class too: the
+    kernel generator and the tests read a solver class's coefficients."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, obj, cls):
+        return getattr(cls.tableau, self.name)
+
+
+class AbstractExplicitRK(AbstractSolver):
+    """An explicit Runge–Kutta pair given by its Butcher tableau.
+
+    Concrete subclasses set the class-level ``tableau`` (a `ButcherTableau`), ``order`` and
+    ``embedded_order``, as Diffrax's do; its fields are read as ``a`` (strictly lower
+    triangular, ``(s, s)``), ``b`` (``(s,)``), ``b_error`` (``b - b_hat``, ``(s,)``), ``c``
+    (``(s,)``) and ``fsal``. (A subclass may also set those five as class attributes
+    directly.) If ``fsal`` the last stage is evaluated at ``(t0 + h, y1)`` and is carried
+    to the next step as its first stage.
+
+    Attributes:
+        tableau: class-level `ButcherTableau`.
 
     Example:
         A Heun–Euler 2(1) pair, usable wherever a solver is accepted:
@@ -121,22 +154,22 @@ class AbstractExplicitRK(AbstractSolver):
         >>> from typing import ClassVar
         >>> import numpy as np
         >>> class HeunEuler(gs.AbstractExplicitRK):
-        ...     a: ClassVar = np.array([[0.0, 0.0], [1.0, 0.0]])
-        ...     b: ClassVar = np.array([0.5, 0.5])
-        ...     b_error: ClassVar = np.array([-0.5, 0.5])
-        ...     c: ClassVar = np.array([0.0, 1.0])
-        ...     fsal: ClassVar = False
+        ...     tableau: ClassVar = gs.ButcherTableau(
+        ...         a=np.array([[0.0, 0.0], [1.0, 0.0]]), b=np.array([0.5, 0.5]),
+        ...         b_error=np.array([-0.5, 0.5]), c=np.array([0.0, 1.0]), fsal=False)
         ...     order: ClassVar = 2
         ...     embedded_order: ClassVar = 1
         >>> sol = gs.solve(f, 0.0, 1.0, y0, params, solver=HeunEuler())
     """
 
-    a: ClassVar[np.ndarray]
-    b: ClassVar[np.ndarray]
-    b_error: ClassVar[np.ndarray]
-    c: ClassVar[np.ndarray]
-    fsal: ClassVar[bool]
+    tableau: ClassVar[ButcherTableau]
     implicit: ClassVar[bool] = False
+
+    a = _TableauField("a")
+    b = _TableauField("b")
+    b_error = _TableauField("b_error")
+    c = _TableauField("c")
+    fsal = _TableauField("fsal")
 
     def init(self, f, t0, y0, params):
         if self.fsal:

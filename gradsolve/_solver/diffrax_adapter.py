@@ -17,6 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._caches import cache
 from .base import AbstractSolver
 
 
@@ -80,7 +81,7 @@ class DiffraxSolver(AbstractSolver):
         return y1, y_err, new_state
 
 
-_HAS_ERROR: dict[type, bool] = {}
+_HAS_ERROR = cache("diffrax error estimates")  # Diffrax solver type -> has one
 
 
 def _has_error_estimate(wrapped: DiffraxSolver) -> bool:

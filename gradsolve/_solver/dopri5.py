@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import AbstractExplicitRK
+from .base import AbstractExplicitRK, ButcherTableau
 
 _a = np.zeros((7, 7))
 _a[1, :1] = [1 / 5]
@@ -23,6 +23,7 @@ _b = np.array([35 / 384, 0.0, 500 / 1113, 125 / 192, -2187 / 6784, 11 / 84, 0.0]
 _a[6, :6] = _b[:6]
 _b_hat = np.array([5179 / 57600, 0.0, 7571 / 16695, 393 / 640, -92097 / 339200, 187 / 2100, 1 / 40])
 _c = np.array([0.0, 1 / 5, 3 / 10, 4 / 5, 8 / 9, 1.0, 1.0])
+_TABLEAU = ButcherTableau(a=_a, b=_b, b_error=_b - _b_hat, c=_c, fsal=True)
 
 
 class Dopri5(AbstractExplicitRK):
@@ -31,13 +32,12 @@ class Dopri5(AbstractExplicitRK):
     Order 5 with an embedded order-4 error estimate, seven stages with FSAL.
 
     Example:
-        >>> sol = gs.solve(f, 0.0, 10.0, y0, params, solver=gs.Dopri5())
+        With Hairer's PI step-size control for this pair:
+
+        >>> pi = gs.PIDController(pcoeff=0.4, icoeff=0.3)
+        >>> sol = gs.solve(f, 0.0, 10.0, y0, params, solver=gs.Dopri5(), controller=pi)
     """
 
-    a: ClassVar[np.ndarray] = _a
-    b: ClassVar[np.ndarray] = _b
-    b_error: ClassVar[np.ndarray] = _b - _b_hat
-    c: ClassVar[np.ndarray] = _c
-    fsal: ClassVar[bool] = True
+    tableau: ClassVar[ButcherTableau] = _TABLEAU
     order: ClassVar[int] = 5
     embedded_order: ClassVar[int] = 4

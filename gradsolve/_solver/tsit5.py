@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .base import AbstractExplicitRK
+from .base import AbstractExplicitRK, ButcherTableau
 
 _a = np.zeros((7, 7))
 _a[1, :1] = [0.161]
@@ -57,10 +57,7 @@ class Tsit5(AbstractExplicitRK):
         >>> sol = gs.solve(f, 0.0, 10.0, y0, params, solver=gs.Tsit5())
     """
 
-    a: ClassVar[np.ndarray] = _a
-    b: ClassVar[np.ndarray] = _b
-    b_error: ClassVar[np.ndarray] = _b - _b_hat
-    c: ClassVar[np.ndarray] = _c
-    fsal: ClassVar[bool] = True
+    tableau: ClassVar[ButcherTableau] = ButcherTableau(
+        a=_a, b=_b, b_error=_b - _b_hat, c=_c, fsal=True)
     order: ClassVar[int] = 5
     embedded_order: ClassVar[int] = 4

@@ -6,102 +6,47 @@ Runge–Kutta Pairs", the efficient 7(6) pair), in the exact rational form also 
 OrdinaryDiffEq.jl's ``Vern7Tableau``. Ten stages, not first-same-as-last, so ten
 evaluations of ``f`` per step. The extra stages of Verner's interpolant are not included.
 
-The tableau is written with exact fractions and rounded once to float64 (``b_error`` is
-formed exactly before rounding), so every coefficient is correctly rounded.
+The tableau is kept as exact fractions (``vern7.csv`` beside this file, data rather than
+code) and rounded once to float64 (``b_error`` is formed exactly before rounding), so every
+coefficient is correctly rounded.
 """
 
 from __future__ import annotations
 
+import csv
 from fractions import Fraction as F
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from .base import AbstractExplicitRK
+from .base import AbstractExplicitRK, ButcherTableau
 
-# Stage rows of the exact tableau, keyed by (stage i, column j), both 1-based as in
-# Verner's listing; absent entries are zero.
-_A = {
-    (2, 1): F(1, 200),
-    (3, 1): F(-4361, 4050),
-    (3, 2): F(2401, 2025),
-    (4, 1): F(49, 1200),
-    (4, 3): F(49, 400),
-    (5, 1): F(2454451729, 3841600000),
-    (5, 3): F(-9433712007, 3841600000),
-    (5, 4): F(4364554539, 1920800000),
-    (6, 1): F(-6187101755456742839167388910402379177523537620,
-              2324599620333464857202963610201679332423082271),
-    (6, 3): F(27569888999279458303270493567994248533230000,
-              2551701010245296220859455115479340650299761),
-    (6, 4): F(-37368161901278864592027018689858091583238040000,
-              4473131870960004275166624817435284159975481033),
-    (6, 5): F(1392547243220807196190880383038194667840000000,
-              1697219131380493083996999253929006193143549863),
-    (7, 1): F(11272026205260557297236918526339, 1857697188743815510261537500000),
-    (7, 3): F(-48265918242888069, 1953194276993750),
-    (7, 4): F(26726983360888651136155661781228, 1308381343805114800955157615625),
-    (7, 5): F(-2090453318815827627666994432, 1096684189897834170412307919),
-    (7, 6): F(1148577938985388929671582486744843844943428041509,
-              1141532118233823914568777901158338927629837500000),
-    (8, 1): F(1304457204588839386329181466225966641, 108211771565488329642169667802016000),
-    (8, 3): F(-1990261989751005, 40001418792832),
-    (8, 4): F(2392691599894847687194643439066780106875,
-              58155654089143548047476915856270826016),
-    (8, 5): F(-1870932273351008733802814881998561250,
-              419326053051486744762255151208232123),
-    (8, 6): F(1043329047173803328972823866240311074041739158858792987034783181,
-              510851127745017966999893975119259285040213723744255237522144000),
-    (8, 7): F(-311918858557595100410788125, 3171569057622789618800376448),
-    (9, 1): F(17579784273699839132265404100877911157, 1734023495717116205617154737841023480),
-    (9, 3): F(-18539365951217471064750, 434776548575709731377),
-    (9, 4): F(447448655912568142291911830292656995992000,
-              12511202807447096607487664209063950964109),
-    (9, 5): F(-65907597316483030274308429593905808000000,
-              15158061430635748897861852383197382130691),
-    (9, 6): F(273847823027445129865693702689010278588244606493753883568739168819449761,
-              136252034448398939768371761610231099586032870552034688235302796640584360),
-    (9, 7): F(694664732797172504668206847646718750, 1991875650119463976442052358853258111),
-    (9, 8): F(-19705319055289176355560129234220800, 72595753317320295604316217197876507),
-    (10, 1): F(-511858190895337044664743508805671, 11367030248263048398341724647960),
-    (10, 3): F(2822037469238841750, 15064746656776439),
-    (10, 4): F(-23523744880286194122061074624512868000,
-               152723005449262599342117017051789699),
-    (10, 5): F(10685036369693854448650967542704000000,
-               575558095977344459903303055137999707),
-    (10, 6): F(-6259648732772142303029374363607629515525848829303541906422993,
-               876479353814142962817551241844706205620792843316435566420120),
-    (10, 7): F(17380896627486168667542032602031250, 13279937889697320236613879977356033),
-}
-_C = [F(0), F(1, 200), F(49, 450), F(49, 300), F(911, 2000), F(3480084980, 5709648941),
-      F(221, 250), F(37, 40), F(1), F(1)]
-# Order-7 weights (stages 1, 4–9) and order-6 weights (stages 1, 4–7, 10).
-_B = [F(96762636172307789, 2051985304794103980), F(0), F(0),
-      F(312188947591288252500000, 1212357694274963646019729),
-      F(13550580884964304000000000000, 51686919683339547115937980629),
-      F(72367769693133178898676076432831566019684378142853445230956642801,
-        475600216991873963561768100160364792981629064220601844848928537580),
-      F(1619421054120605468750, 3278200730370057108183),
-      F(-66898316144057728000, 227310933007074849597),
-      F(181081444637946577, 2226845467039736466),
-      F(0)]
-_B_HAT = [F(117807213929927, 2640907728177740), F(0), F(0),
-          F(4758744518816629500000, 17812069906509312711137),
-          F(1730775233574080000000000, 7863520414322158392809673),
-          F(2682653613028767167314032381891560552585218935572349997,
-            12258338284789875762081637252125169126464880985167722660),
-          F(40977117022675781250, 178949401077111131341),
-          F(0), F(0),
-          F(2152106665253777, 106040260335225546)]
 
-_a = np.zeros((10, 10))
-for (_i, _j), _v in _A.items():
-    _a[_i - 1, _j - 1] = float(_v)
-del _i, _j, _v
-_b = np.array([float(v) for v in _B])
-_b_hat = np.array([float(v) for v in _B_HAT])
-_b_error = np.array([float(v - w) for v, w in zip(_B, _B_HAT)])
-_c = np.array([float(v) for v in _C])
+def _read_tableau() -> ButcherTableau:
+    """The exact rational coefficients from ``vern7.csv`` (rows ``array, i, j, numerator,
+    denominator``; ``i``, ``j`` 1-based as in Verner's listing, absent entries zero),
+    each rounded once to float64; ``b_error`` is formed exactly before rounding."""
+    path = Path(__file__).with_name("vern7.csv")
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    exact = {name: {} for name in ("a", "b", "b_hat", "c")}
+    for r in rows:
+        key = (int(r["i"]), int(r["j"])) if r["j"] else int(r["i"])
+        exact[r["array"]][key] = F(int(r["numerator"]), int(r["denominator"]))
+    s = len(exact["b"])
+    a = np.zeros((s, s))
+    for (i, j), v in exact["a"].items():
+        a[i - 1, j - 1] = float(v)
+    vec = lambda name: [exact[name].get(k, F(0)) for k in range(1, s + 1)]
+    b, b_hat, c = vec("b"), vec("b_hat"), vec("c")
+    return ButcherTableau(
+        a=a, b=np.array([float(v) for v in b]),
+        b_error=np.array([float(v - w) for v, w in zip(b, b_hat)]),
+        c=np.array([float(v) for v in c]), fsal=False)
+
+
+_TABLEAU = _read_tableau()
 
 
 class Vern7(AbstractExplicitRK):
@@ -114,10 +59,6 @@ class Vern7(AbstractExplicitRK):
         >>> sol = gs.solve(f, 0.0, 10.0, y0, params, solver=gs.Vern7())
     """
 
-    a: ClassVar[np.ndarray] = _a
-    b: ClassVar[np.ndarray] = _b
-    b_error: ClassVar[np.ndarray] = _b_error
-    c: ClassVar[np.ndarray] = _c
-    fsal: ClassVar[bool] = False
+    tableau: ClassVar[ButcherTableau] = _TABLEAU
     order: ClassVar[int] = 7
     embedded_order: ClassVar[int] = 6

@@ -19,12 +19,20 @@ class Auto(AbstractDriver):
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps.
     `gradsolve.use_compiled_kernel` (or ``GRADSOLVE_KERNEL=0`` at import) takes `Kernel` out
     of the list. ``Solution.route`` names the driver that ran, never ``Auto``.
+
+    Example:
+        >>> sol = gs.solve(f, 0.0, 10.0, y0, p)      # driver=gs.drivers.Auto()
+        >>> sol.route                                # on CPU with a compiler
+        'gradsolve-kernel'
+        >>> gs.drivers.Auto().choose("replay", f, gs.Rodas5P(), y0, p).name
+        'gradsolve-batched'
     """
 
     name: ClassVar[str] = "auto"
 
     def choose(self, kind: str, f, solver, y0, params) -> AbstractDriver:
-        """The driver that runs the ``kind`` (``"record"`` or ``"replay"``) here."""
+        """The driver that runs the ``kind`` (``"record"`` or ``"replay"``) of ``f`` with
+        ``solver`` on batched ``y0 (n, d)`` and ``params``."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
         for driver in order:
             if isinstance(driver, Kernel) and not kernel_allowed():

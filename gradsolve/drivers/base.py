@@ -74,6 +74,24 @@ class AbstractDriver(eqx.Module):
     Subclasses are final and give `name` (what ``Solution.route`` reports) and the methods
     below; ``None`` from a ``*_reason`` method means the driver applies. Drivers hold no
     arrays (they are static arguments of compiled functions and compare by type).
+
+    Attributes:
+        name: class-level string, what ``Solution.route`` reports when this driver ran.
+
+    Example:
+        A driver that only replays, through the batched replay (a real one computes its
+        own `ReplayOutput` here):
+
+        >>> from typing import ClassVar
+        >>> from gradsolve.drivers.batched import replay_nodes
+        >>> class Mine(gs.drivers.AbstractDriver):
+        ...     name: ClassVar[str] = "mine"
+        ...     def replay_reason(self, f, solver, y0, params):
+        ...         return None
+        ...     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
+        ...         return replay_nodes(f, solver, nodes, y0, params, rtol, atol, moved, layout)
+        >>> gs.replay(f, mesh, y0, params, driver=Mine()).route
+        'mine'
     """
 
     name: ClassVar[str]

@@ -1,6 +1,6 @@
 """Compile generated kernel source with the system C++ compiler and register it with XLA.
 
-One source holds four FFI handlers, each selected by a macro (`gradsolve._kernel.source`'s
+One source holds four FFI handlers, each selected by a macro (`gradsolve.drivers.kernel.source`'s
 ``GS_PART_*``): the replay's forward (``fwd``), its adjoint (``bwd``), the record (``rec``)
 and the adjoint with node-time cotangents (``bwdt``, for a replay given ``ts``). The first
 three are compiled in parallel, one compiler process per CPU (`_groups`); ``bwdt`` only

@@ -62,7 +62,7 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
 # Distinct kernel sources generated per vector-field code object in this process. Values a
 # vector field closes over are compiled into its kernel as constants, so
 # ``gs.solve(lambda t, y, p: -k * y, ...)`` in a loop over ``k`` would compile a new kernel
-# (seconds) for every ``k``; past `_MAX_VARIANTS` such variants new ones use the XLA driver.
+# (seconds) for every ``k``; past `_MAX_VARIANTS` such variants new ones use the XLA drivers.
 _variants = cache("kernel variants")
 _MAX_VARIANTS = 4
 
@@ -83,7 +83,7 @@ def _too_many_variants(f, variant_key, source: str) -> bool:
             warnings.warn(
                 f"gradsolve: the vector field {getattr(f, '__qualname__', f)!r} closes over "
                 f"values that change between calls; each new value compiles a new CPU kernel "
-                f"(seconds), so after {_MAX_VARIANTS} of them it runs on the XLA driver "
+                f"(seconds), so after {_MAX_VARIANTS} of them it runs on an XLA driver "
                 "(same results, slower). Pass such values through `params` to reuse one "
                 "compiled kernel.", RuntimeWarning, stacklevel=6)
         return True
