@@ -1,21 +1,51 @@
-"""Fitting and sampling ODE models with gradsolve (see SPEC §4).
+"""Fitting and sampling ODE models with gradsolve.
 
-- `log_density`, `numpyro_model`, `ParamSpace`: the unnormalised log
-  posterior of an `models.ODEModel` given a `models.Dataset`, its NumPyro
-  program, and the map to a flat unconstrained vector.
+- `log_density`, `numpyro_model`, `ParamSpace`: the unnormalised log posterior of a
+  `models.ODEModel` given a `models.Dataset`, its NumPyro program, and the map to a flat
+  unconstrained vector.
 - `fit` (Optax, many starts as one ensemble, mesh reuse with re-recording on drift),
   `fit_least_squares` (Optimistix Levenberg–Marquardt), `FitResult`.
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
+- `MeshPolicy`: the one rule by which fits and samplers record, reuse and re-record
+  meshes; `InferenceModel`: what a model must provide (`models.ODEModel` does).
+
+Default ODE tolerances of every function here: ``rtol = 1e-6``, ``atol = 1e-8``
+(`TOLERANCES`; why these, in ``inference/_problem.py``).
+
+How a fit runs, file by file: `fit` (``_fit.py``) validates, flattens the parameters once
+(``_starts.py``), builds a `FitState` and advances it with `FitKernel.step`; each step
+evaluates `Problem.log_density` (``_problem.py``), which calls ``gs.replay`` on the
+recorded mesh; `MeshPolicy` (``_policy.py``) decides the re-records, which call
+``gs.record`` through `Problem.record`. Sampling has the same shape: ``_sample.py`` (the
+front and the sampling phase), ``_warmup.py``, ``_chains.py`` (the NumPyro kernel and the
+`SampleState`), ``_idata.py``.
 
 Importing this package changes no JAX configuration (use float64 for accuracy work:
 ``jax.config.update("jax_enable_x64", True)`` or ``gradsolve.enable_x64()``).
 """
 
 from ._baseline import diffrax_numpyro_model
-from ._density import ParamSpace, log_density, numpyro_model
-from ._fit import FitResult, fit, fit_least_squares
+from ._chains import SampleState
+from ._density import log_density, numpyro_model
+from ._fit import FitState, fit
+from ._least_squares import fit_least_squares
+from ._policy import MeshPolicy
+from ._problem import TOLERANCES as _TOLERANCES
+from ._problem import InferenceModel
+from ._result import FitResult
 from ._sample import sample
+from ._space import ParamSpace
+
+TOLERANCES = _TOLERANCES
+"""The default ODE tolerances of every function of `inference`: ``rtol = 1e-6``,
+``atol = 1e-8`` (``rtol`` that of ``gs.solve``; ``atol`` that of the Diffrax baseline the
+samplers are checked against). `models.ODEModel.solve` and ``simulate`` default to 1e-8 /
+1e-10, so that synthetic data do not carry a fit's own discretisation error.
+
+Example:
+    >>> inference.fit(model, data, rtol=inference.TOLERANCES.rtol / 10)
+"""
 
 __all__ = [
     "log_density",
@@ -23,8 +53,12 @@ __all__ = [
     "ParamSpace",
     "fit",
     "FitResult",
+    "FitState",
     "fit_least_squares",
     "sample",
+    "SampleState",
+    "MeshPolicy",
+    "InferenceModel",
+    "TOLERANCES",
     "diffrax_numpyro_model",
 ]
-

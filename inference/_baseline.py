@@ -10,9 +10,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ._problem import MAX_STEPS, TOLERANCES
 
-def diffrax_numpyro_model(model, data, *, rtol: float = 1e-6, atol: float = 1e-8,
-                          max_steps: int = 4096):
+
+def diffrax_numpyro_model(model, data, *, rtol: float = TOLERANCES.rtol,
+                          atol: float = TOLERANCES.atol, max_steps: int = MAX_STEPS):
     """NumPyro program of ``model`` given ``data`` whose ODE is solved by Diffrax.
 
     Args:

@@ -213,7 +213,7 @@ class ODEModel(eqx.Module):
     Parameters are passed as dicts with exactly the keys of ``priors``. A dict whose every
     value has one extra leading axis ``n`` is an ensemble of ``n`` parameter sets: then
     `predict`, `solve`, `log_prior` and `log_likelihood` return a
-    leading axis ``n`` too (gradsolve's ensemble rule). All of them are jittable and
+    leading axis ``n`` too, as every gradsolve call does. All of them are jittable and
     differentiable: ``jax.jit(lambda p: model.log_joint(p, data))`` or
     ``eqx.filter_jit(model.log_joint)(params, data)``. (Plain ``jax.jit(model.log_prior)``
     fails: JAX hashes the bound method, and the model holds arrays.) Outside ``jit`` the
@@ -486,8 +486,8 @@ class ODEModel(eqx.Module):
         distinct = set(sizes.values())
         if len(distinct) > 1:
             raise ValueError(
-                f"{self.name}: inconsistent ensemble axes in `params` (ensemble rule: either no "
-                f"parameter or every parameter has the same leading axis n): {sizes}"
+                f"{self.name}: inconsistent ensemble axes in `params`: either no parameter or "
+                f"every parameter must have the same leading axis n; got {sizes}"
             )
         return distinct.pop()
 
@@ -531,7 +531,10 @@ class ODEModel(eqx.Module):
         """Solve from ``t0`` to ``ts[-1]`` with gradsolve; returns a ``gs.Solution``.
 
         ``solver`` defaults to `solver`; extra keywords (``dt0``, ``max_steps``, ...)
-        go to ``gradsolve.solve``. ``Solution.ys`` holds ALL states, shape ``(k, d)`` or
+        go to ``gradsolve.solve``. The default tolerances (``rtol=1e-8``, ``atol=1e-10``)
+        are tighter than those of fitting and sampling (``inference.TOLERANCES``, 1e-6 and
+        1e-8) on purpose: predictions and synthetic data (`simulate`) should not carry the
+        discretisation error a fit at those tolerances makes. ``Solution.ys`` holds ALL states, shape ``(k, d)`` or
         ``(n, k, d)``.
         """
         import gradsolve as gs

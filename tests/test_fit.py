@@ -1,4 +1,4 @@
-"""inference.log_density / fit / fit_least_squares (SPEC §4).
+"""inference.log_density / fit / fit_least_squares.
 
 Independent references: SciPy (solve_ivp + scipy.stats) for the log density; known
 parameters of synthetic data, with Laplace standard deviations, for fit recovery;
@@ -307,7 +307,7 @@ def test_fit_checkpoint_resume_matches_clean_run(lynx, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         inference.fit(m, data, steps=60, checkpoint=path2, callback=kill, **kw)
     with open(path2, "rb") as fh:
-        assert pickle.load(fh)["step"] == 25
+        assert pickle.load(fh).state.step == 25
     killed = inference.fit(m, data, steps=60, checkpoint=path2, **kw)
     for r in (resumed, killed):
         assert r.n_steps == 60
@@ -405,7 +405,7 @@ def test_fit_tells_a_non_finite_likelihood_from_a_failed_solve(lynx):
 
 
 def test_fit_with_a_plain_log_likelihood():
-    """SPEC §4: a user vector field plus a log-likelihood function (here Student-t, not a
+    """A user vector field plus a log-likelihood function (here Student-t, not a
     noise distribution). The MAP is checked against SciPy on the closed-form solution
     y = y0 exp(-k t)."""
     import numpyro.distributions as dist

@@ -1,4 +1,4 @@
-"""inference.sample (SPEC §4): NUTS with replay gradients, returning ArviZ InferenceData.
+"""inference.sample: NUTS with replay gradients, returning ArviZ InferenceData.
 
 Independent references: Carpenter's published Stan posterior for lynx–hare (fast test),
 plain NumPyro NUTS on ``diffrax.diffeqsolve`` (slow test).
@@ -49,27 +49,27 @@ def test_sample_lynx_hare_short_run(lynx):
 
 def test_sample_checkpoint_resume(lynx, tmp_path, monkeypatch):
     """A run killed right after a checkpoint resumes to the same draws as a clean run."""
-    import inference._sample as smod
+    import inference._checkpoint as ckpt
 
     m, data = lynx
     kw = dict(num_warmup=50, num_samples=200, num_chains=2, seed=1, progress=False,
               init=dict(m.defaults), checkpoint_every=100)
     clean = inference.sample(m, data, checkpoint=tmp_path / "clean.pkl", **kw)
 
-    real_save = smod._save_atomic
+    real_save = ckpt.save
     calls = {"n": 0}
 
-    def save_then_die(path, obj):
-        real_save(path, obj)
+    def save_then_die(path, fingerprint, state):
+        real_save(path, fingerprint, state)
         calls["n"] += 1
-        if obj["it"] == 150:  # 50 warmup + 100 draws: killed right after this checkpoint
+        if state.iteration == 150:  # 50 warmup + 100 draws: killed right after this checkpoint
             raise KeyboardInterrupt
 
     path = tmp_path / "killed.pkl"
-    monkeypatch.setattr(smod, "_save_atomic", save_then_die)
+    monkeypatch.setattr(ckpt, "save", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         inference.sample(m, data, checkpoint=path, **kw)
-    monkeypatch.setattr(smod, "_save_atomic", real_save)
+    monkeypatch.setattr(ckpt, "save", real_save)
     resumed = inference.sample(m, data, checkpoint=path, **kw)
     for k in ("theta", "z_init", "sigma"):
         np.testing.assert_allclose(resumed.posterior[k].values, clean.posterior[k].values,
@@ -172,7 +172,7 @@ def test_sample_matches_numpyro_on_diffrax(lynx):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_no_chain_is_stuck_over_seeds(lynx, seed):
-    """SPEC §4 / issue 6: plain NUTS from random starts gets stuck in ~8 % of chains on this
+    """Plain NUTS from random starts gets stuck in ~8 % of chains on this
     posterior (second mode, degenerate region). MAP-started chains must all mix."""
     import arviz as az
 

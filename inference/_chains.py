@@ -1,0 +1,216 @@
+"""The chains of `inference.sample`: NumPyro's NUTS/HMC kernel on the replay potential,
+vectorised over chains, and the state a sampler carries (`SampleState`).
+
+The potential of a chain at unconstrained ``u (D,)`` is ``U(u) = -(log prior + log |dx/du|
++ log likelihood)``, from `Problem.log_density` on the chain's mesh (or an adaptive solve
+under ``rerecord="always"``). NumPyro's own kernel (``numpyro.infer.hmc.hmc(
+potential_fn_gen=...)``, with its dual-averaging step size and Welford mass-matrix
+adaptation) runs on it; the chains are vectorised with ``jax.vmap`` (NumPyro's
+``chain_method="vectorized"``), the mesh being the kernel's model argument, so one
+compiled loop serves warmup and sampling alike.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Bool, Float, Int
+
+import gradsolve as gs
+
+from ._policy import MeshPolicy
+from ._problem import Problem
+
+__all__ = ["SampleState", "Draws", "ChainKernel", "CHUNK"]
+
+CHUNK = 100  # iterations per compiled loop call (the length of its draw buffers)
+
+
+class Draws(NamedTuple):
+    """What one loop call keeps of its iterations, per chain ``C`` and iteration ``n``."""
+
+    z: Float[np.ndarray, "C n D"]
+    diverging: Bool[np.ndarray, "C n"]
+    num_steps: Int[np.ndarray, "C n"]
+    step_size: Float[np.ndarray, "C n"]
+    energy: Float[np.ndarray, "C n"]
+    potential_energy: Float[np.ndarray, "C n"]
+    accept_prob: Float[np.ndarray, "C n"]
+
+
+class SampleState(NamedTuple):
+    """Everything `inference.sample` carries between loop calls; a checkpoint is this
+    state.
+
+    Attributes:
+        chains: NumPyro's ``HMCState`` of the ``C`` chains (leaves with a leading axis).
+        mesh: the host mesh: one row per chain while warmup re-records, or one mesh shared
+            by all chains (under ``rerecord="always"`` the potential solves and ignores it).
+        capacity: the step capacity of the meshes inside the compiled loop.
+        solve_max_steps: step capacity of ``gs.solve`` under ``rerecord="always"``.
+        iteration: iterations done, warmup and sampling; window: warmup windows done.
+        draws: the sampling phase's `Draws`, one per loop call.
+        u0: ``(C, D)`` the chains' starting points; init: how they were chosen;
+            init_fit: the MAP fit's summary (``init="map"``).
+        n_records, record_failures, failures_warmup, failures_sampling: counters.
+        warmup_time, sampling_time: seconds.
+        sampling_mesh: which mesh the sampling phase uses (words).
+
+    Example:
+        >>> inference.sample(model, data, checkpoint="run.pkl")
+        >>> with open("run.pkl", "rb") as fh:
+        ...     state = pickle.load(fh).state         # a SampleState
+        >>> state.iteration, state.chains.z.shape      # 1500, (2, D)
+    """
+
+    chains: Any
+    mesh: gs.Mesh
+    capacity: int
+    solve_max_steps: int
+    iteration: int
+    window: int
+    draws: tuple
+    u0: Float[np.ndarray, "C D"]
+    init: str
+    init_fit: dict
+    n_records: int
+    record_failures: int
+    failures_warmup: int
+    failures_sampling: int
+    warmup_time: float
+    sampling_time: float
+    sampling_mesh: str
+
+
+def capacity(need: int) -> int:
+    """Static step capacity of the meshes inside the sampler: ~15% headroom over ``need``,
+    a multiple of 16. Under vectorised chains (``vmap``) the replay cannot skip padding
+    steps, so the capacity is kept close to the steps actually needed; a mesh that needs
+    more raises it (one recompile)."""
+    return int(16 * math.ceil((1.15 * need + 8) / 16))
+
+
+def solve_capacity(need: int) -> int:
+    """Step capacity of the in-potential ``gs.solve`` (``rerecord="always"``): room for
+    1.5x the steps needed at the starting points, a power of two, at least 32."""
+    return max(32, 1 << max(0, int(math.ceil(1.5 * need + 16)) - 1).bit_length())
+
+
+class _FailureCounter:
+    """Host-side count of potential evaluations whose solve failed (a debug callback that
+    runs only on failure)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, failed):
+        self.count += int(np.sum(np.asarray(failed)))
+
+
+class ChainKernel:
+    """NumPyro NUTS/HMC over ``C`` vectorised chains on the potential of ``problem``.
+
+    Args:
+        problem, policy: the posterior and the mesh policy.
+        num_chains, num_warmup: ``C`` and the warmup length (NumPyro's adaptation schedule).
+        algo: ``"NUTS"`` or ``"HMC"``; target_accept, dense_mass, max_tree_depth: NumPyro's.
+        count_failures: count failed potential evaluations with a host callback.
+    """
+
+    def __init__(self, problem: Problem, policy: MeshPolicy, *, num_chains: int,
+                 num_warmup: int, algo: str, target_accept: float, dense_mass: bool,
+                 max_tree_depth: int, count_failures: bool, solve_max_steps: int):
+        from numpyro.infer.hmc import hmc
+
+        self.problem, self.policy, self.C = problem, policy, num_chains
+        self.failures = _FailureCounter()
+        solve = policy.solves_each_evaluation
+
+        def potential(mesh):
+            def U(u):
+                lp, _ = problem.log_density(u, None if solve else mesh,
+                                            max_steps=solve_max_steps)
+                if count_failures:
+                    bad = ~jnp.isfinite(lp)
+                    jax.lax.cond(bad, lambda: jax.debug.callback(self.failures, bad),
+                                 lambda: None)
+                return -lp
+            return U
+
+        init_kernel, sample_kernel = hmc(potential_fn_gen=potential, algo=algo)
+
+        def init_one(u, key, mesh):
+            return init_kernel(u, int(num_warmup), dense_mass=dense_mass,
+                               target_accept_prob=target_accept,
+                               max_tree_depth=max_tree_depth, model_args=(mesh,), rng_key=key)
+
+        vstep = jax.vmap(lambda st, mesh: sample_kernel(st, (mesh,), {}))
+        vgrad = jax.vmap(lambda u, mesh: jax.value_and_grad(potential(mesh))(u))
+
+        def loop(state, meshes, n, buf):
+            # the meshes may have just changed: recompute the current point's potential and
+            # gradient on them, so every transition uses one target throughout
+            pe, g = vgrad(state.z, meshes)
+            state = state._replace(potential_energy=pe, z_grad=g)
+
+            def body(i, carry):
+                st, b = carry
+                st = vstep(st, meshes)
+                rec = Draws(st.z, st.diverging, st.num_steps, st.adapt_state.step_size,
+                            st.energy, st.potential_energy, st.accept_prob)
+                b = jax.tree_util.tree_map(lambda a, r: a.at[:, i].set(r.astype(a.dtype)),
+                                           b, rec)
+                return st, b
+
+            return jax.lax.fori_loop(0, n, body, (state, buf))
+
+        self._init = jax.jit(jax.vmap(init_one))
+        self._loop = jax.jit(loop)
+        self._error_ratio = jax.jit(lambda u, m: jax.vmap(
+            lambda uu: problem.states(problem.space.from_unconstrained(uu), m).error_ratio)(u))
+
+    def meshes(self, s: SampleState):
+        """The chains' meshes on device, every leaf with a leading chain axis."""
+        return s.mesh.chains(self.C, s.capacity)
+
+    def init(self, u0: np.ndarray, key, s: SampleState):
+        """NumPyro's initial chain states at ``u0 (C, D)`` (this also builds the kernel's
+        potential, so a resumed run calls it too)."""
+        keys = jax.random.split(key, self.C)
+        return self._init(jnp.asarray(u0), keys, self.meshes(s))
+
+    def run(self, s: SampleState, n: int) -> tuple[SampleState, Draws, int]:
+        """``n <= CHUNK`` iterations of every chain: the new state, their `Draws` (host)
+        and the number of failed potential evaluations counted."""
+        self.failures.count = 0
+        f = jnp.result_type(float)
+        C, D = self.C, self.problem.space.dim
+        buf = Draws(jnp.zeros((C, CHUNK, D), f), jnp.zeros((C, CHUNK), bool),
+                    jnp.zeros((C, CHUNK), jnp.int32), *(jnp.zeros((C, CHUNK), f),) * 4)
+        chains, out = self._loop(s.chains, self.meshes(s), n, buf)
+        jax.block_until_ready(chains.z)
+        draws = Draws(*(np.asarray(b)[:, :n] for b in out))
+        return s._replace(chains=chains, iteration=s.iteration + n), draws, self.failures.count
+
+    def with_mesh(self, s: SampleState, mesh: gs.Mesh) -> SampleState:
+        """``s`` on a new host mesh, the capacity raised if it needs more steps."""
+        need = int(np.max(mesh.n_steps))
+        return s._replace(mesh=mesh, capacity=capacity(need) if need > s.capacity
+                          else s.capacity)
+
+    def error_ratios(self, mesh: gs.Mesh, z: np.ndarray, block: int = 512) -> np.ndarray:
+        """Replay ``error_ratio`` (requested units) of one host mesh at every
+        ``z (C, S, D)``, in blocks of ``block`` points (one compiled program)."""
+        C, S, D = z.shape
+        flat, dev, out = z.reshape(C * S, D), mesh.to_device(), []
+        for i in range(0, flat.shape[0], block):
+            part = flat[i:i + block]
+            pad = block - part.shape[0]
+            if pad:
+                part = np.concatenate([part, np.repeat(part[-1:], pad, axis=0)])
+            out.append(np.asarray(self._error_ratio(jnp.asarray(part), dev))[: block - pad])
+        return self.policy.error_ratio(np.concatenate(out).reshape(C, S))

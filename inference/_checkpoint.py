@@ -1,0 +1,117 @@
+"""Checkpoints: a driver's whole state, saved atomically, refused by a run it does not fit.
+
+A checkpoint file holds one `Checkpoint`: the state pytree of `inference.fit` or
+`inference.sample` (a NamedTuple of arrays and counters) and a fingerprint of the settings
+that produced it (data digest, solver, tolerances, seed, ...). Arrays are stored as NumPy
+and restored as they were, so a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pickle
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Checkpoint", "save", "load", "digest", "fingerprint", "to_host", "to_device"]
+
+VERSION = 3
+
+
+class Checkpoint(NamedTuple):
+    """What a checkpoint file holds.
+
+    Attributes:
+        fingerprint: the settings a resuming run must share (a dict of plain values).
+        state: the driver's state (`FitState`, `SampleState`) with NumPy leaves.
+    """
+
+    fingerprint: dict
+    state: Any
+
+
+def to_host(tree):
+    """``tree`` with its JAX arrays as NumPy arrays (what a checkpoint stores)."""
+    return jax.tree_util.tree_map(
+        lambda x: np.asarray(x) if isinstance(x, jax.Array) else x, tree)
+
+
+def to_device(tree):
+    """``tree`` with its NumPy arrays as JAX arrays (a restored optimiser or chain state)."""
+    return jax.tree_util.tree_map(
+        lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
+
+
+def digest(tree) -> str | None:
+    """A short hash of a pytree of arrays (structure, shapes, dtypes and values), for
+    fingerprints; ``None`` for ``None``; strings and numbers by value."""
+    if tree is None:
+        return None
+    h = hashlib.sha1()
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    h.update(str(treedef).encode())
+    for leaf in leaves:
+        if isinstance(leaf, (str, bool, int, float)):
+            h.update(repr(leaf).encode())
+            continue
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _plain(v):
+    """A setting as a plain Python value (NumPy scalars as ints and floats)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v)
+    return v
+
+
+def fingerprint(problem, policy, **settings) -> dict:
+    """What a checkpoint must share with the run that resumes it: the problem's (model,
+    data digest, solver, tolerances, step capacity; `Problem.fingerprint`), the mesh
+    policy's fields (``policy_*``) and the driver's ``settings`` (plain values, digests)."""
+    return dict(**problem.fingerprint(),
+                **{f"policy_{k}": v for k, v in dataclasses.asdict(policy).items()},
+                **{k: _plain(v) for k, v in settings.items()})
+
+
+def save(path, fingerprint: dict, state) -> None:
+    """Write ``Checkpoint(fingerprint, state)`` to ``path`` atomically (a temporary file,
+    then a rename: an interrupted write never leaves a broken checkpoint)."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        pickle.dump(Checkpoint(dict(fingerprint, version=VERSION), to_host(state)), fh,
+                    protocol=pickle.HIGHEST_PROTOCOL)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def load(path, fingerprint: dict, what: str):
+    """The state saved at ``path`` (``None`` if there is none); a ``ValueError`` if it was
+    saved with other settings (naming them), ``what`` naming the kind of run."""
+    if path is None or not os.path.exists(path):
+        return None
+    with open(path, "rb") as fh:
+        ckpt = pickle.load(fh)
+    want = dict(fingerprint, version=VERSION)
+    got = ckpt.fingerprint if isinstance(ckpt, Checkpoint) else {}
+    diff = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
+    if diff:
+        raise ValueError(
+            f"checkpoint {os.fspath(path)!r} belongs to a different {what} "
+            f"(saved vs requested: {diff}); remove it or pass another path."
+        )
+    return ckpt.state

@@ -1,0 +1,68 @@
+"""The sampler's result as ``arviz.InferenceData``: posterior draws under the model's
+parameter names and shapes, NUTS statistics, observations, and how the run was made."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._chains import ChainKernel, Draws, SampleState
+
+__all__ = ["inference_data"]
+
+
+def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
+    """``arviz.InferenceData`` of the sampling phase of ``s``; ``attrs`` (the run's
+    settings and timings) are added to every group's attributes with the mesh policy's,
+    the error ratios' and the counters'."""
+    import arviz as az
+
+    problem, policy, model = kernel.problem, kernel.policy, kernel.problem.model
+    d = Draws(*(np.concatenate(parts, axis=1) for parts in zip(*s.draws)))
+    shared = s.mesh.row(0)
+    if policy.solves_each_evaluation:
+        err = np.full(d.z.shape[:2], np.nan)
+    else:
+        err = kernel.error_ratios(shared, d.z)
+    max_err = float(np.nanmax(err)) if np.isfinite(err).any() else float("nan")
+    if np.isfinite(max_err) and max_err > policy.error_ratio_max:
+        warnings.warn(
+            f"inference.sample: the frozen mesh's error ratio reached {max_err:.3g} > "
+            f"{policy.error_ratio_max:g} at some draws (the fixed-mesh posterior there is "
+            "less accurate than rtol/atol); use a smaller frozen_tol_factor or "
+            "rerecord='always'.", RuntimeWarning, stacklevel=3)
+    space = problem.space
+    stats = {
+        "diverging": np.asarray(d.diverging, bool),
+        "n_steps": d.num_steps.astype(np.int64),
+        "tree_depth": np.ceil(np.log2(d.num_steps.astype(float) + 1)).astype(np.int64),
+        "step_size": d.step_size, "energy": d.energy, "lp": -d.potential_energy,
+        "acceptance_rate": d.accept_prob, "error_ratio": err,
+    }
+    dims = {k: [f"{k}_dim_{i}" for i in range(len(shape))] for k, shape in space.shapes.items()}
+    dims["obs"] = ["time", "observed_state"]
+    idata = az.from_dict(
+        posterior={k: np.asarray(v) for k, v in
+                   space.from_unconstrained(jnp.asarray(d.z)).items()},
+        sample_stats=stats, observed_data={"obs": np.asarray(problem.ys_obs)}, dims=dims,
+        coords={"time": problem.ts_np, "observed_state": list(model.observed_names)})
+    counted = attrs["count_failures"]
+    attrs = dict(
+        inference_library="gradsolve.inference", model=model.name, **attrs,
+        mesh_policy=policy.rerecord, mesh_policy_description=policy.describe_sampling(),
+        sampling_mesh_steps=-1 if policy.solves_each_evaluation else int(np.max(shared.n_steps)),
+        sampling_mesh=s.sampling_mesh, n_records=s.n_records,
+        solve_max_steps=s.solve_max_steps if policy.solves_each_evaluation else -1,
+        init=s.init, frozen_tol_factor=policy.record_tol_factor,
+        solver=type(problem.solver).__name__, warmup_time_s=s.warmup_time,
+        sampling_time_s=s.sampling_time, max_error_ratio=max_err,
+        solver_failures_warmup=s.failures_warmup if counted else -1,
+        solver_failures_sampling=s.failures_sampling if counted else -1,
+        record_failures=s.record_failures, divergences=int(np.sum(d.diverging)),
+        **{f"init_fit_{k}": v for k, v in s.init_fit.items()})
+    del attrs["count_failures"]
+    for group in (idata.posterior, idata.sample_stats, idata.observed_data):
+        group.attrs.update(attrs)
+    return idata

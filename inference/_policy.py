@@ -1,0 +1,169 @@
+"""`MeshPolicy`: when a fitter or sampler records, re-records, or keeps a mesh.
+
+A recorded mesh (`gradsolve.Mesh`) is the step sequence an adaptive solve accepted at some
+parameters. Replaying it at other parameters is a fixed-step solve whose gradient is exact
+for that discretisation; the replay's ``error_ratio`` (in units of ``rtol``/``atol``; ``<=
+1``: the adaptive controller would still accept every step) says how well the mesh holds.
+`inference.fit`, `inference.fit_least_squares` and `inference.sample` ask one policy
+object the same questions:
+
+- at which tolerances to record (`record_tol_factor` times the requested ones, so a fresh
+  mesh starts at ``error_ratio <= record_tol_factor`` and parameters can move before it
+  must be re-recorded; a mesh recorded at the tolerance itself holds steps accepted at
+  ratio ~0.99 and would trigger at once);
+- which trajectories to re-record after a step (`rerecord_after`: relative parameter
+  drift since the record beyond `drift_tol`, or ``error_ratio`` beyond
+  `error_ratio_max`);
+- which steps to redo at once on a fresh mesh (`redo`: a replay that is not finite or an
+  ``error_ratio`` beyond ``redo_factor * error_ratio_max``: no gradient is taken on a mesh
+  worse than that);
+- when a least-squares solution has settled on its mesh (`settled`: the mesh holds there
+  and the solution moved less than ``settle_factor * drift_tol`` from where it was
+  recorded, so the last solve ran on the solution's own mesh);
+- in a sampler, whether meshes change during warmup and sampling (`warmup_rerecords`,
+  `frozen_in_sampling`) and whether one mesh holds for every chain (`holds_for_all`).
+
+Why a sampler freezes its mesh while sampling: with the mesh fixed, the potential is a
+fixed smooth function of the parameters and its replay gradient is exact, so NUTS/HMC is
+an exact MCMC for that fixed-mesh posterior; re-recording during sampling would make the
+target depend on the chain's path and break detailed balance. During warmup the draws are
+discarded, so each chain's mesh may follow it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["MeshPolicy"]
+
+_MODES = {"fit": ("auto", "always", "never"), "sample": ("warmup", "always", "never")}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshPolicy:
+    """The re-record rule shared by fits and samplers (see the module docstring).
+
+    Attributes:
+        rerecord: ``"auto"`` (on drift or error ratio), ``"always"`` (every step: the
+            plain adaptive-solve gradient, or ``gs.solve`` in every sampler evaluation),
+            ``"never"`` (one mesh throughout) or, for samplers, ``"warmup"`` (per-chain
+            meshes re-recorded between warmup windows, one frozen mesh for sampling).
+        drift_tol: relative parameter change (constrained space, largest over coordinates)
+            since a trajectory's record that triggers a re-record.
+        error_ratio_max: re-record where the replay's ``error_ratio`` exceeds this.
+        record_tol_factor: meshes are recorded at this times ``rtol``/``atol``.
+        redo_factor: redo a step at once beyond ``redo_factor * error_ratio_max``.
+        settle_factor: a least-squares solution has settled within
+            ``settle_factor * drift_tol`` of its mesh's parameters.
+        fill_urgency: a partial re-record is padded to a fixed ensemble size; the padding
+            slots re-record, for free, the others whose urgency exceeds this (most urgent
+            first).
+        shared_margin: one sampling mesh serves every chain if its error ratio is at most
+            ``shared_margin * error_ratio_max`` at each chain's position.
+
+    Example:
+        >>> policy = inference.MeshPolicy(drift_tol=0.1, error_ratio_max=1.0)
+        >>> policy.rerecord_after(alive, drift, err)     # (n,) bool: re-record these
+        >>> inference.fit(model, data, drift_tol=0.05)   # fit builds its policy itself
+    """
+
+    rerecord: str = "auto"
+    drift_tol: float = 0.1
+    error_ratio_max: float = 1.0
+    record_tol_factor: float = 0.5
+    redo_factor: float = 4.0
+    settle_factor: float = 0.1
+    shared_margin: float = 0.5
+    fill_urgency: float = 0.25
+
+    @classmethod
+    def checked(cls, kind: str, rerecord: str, **fields) -> "MeshPolicy":
+        """A policy for a ``kind`` of run (``"fit"`` or ``"sample"``), its arguments
+        validated (``ValueError`` naming the bad one)."""
+        modes = _MODES[kind]
+        if rerecord not in modes:
+            allowed = ", ".join(repr(m) for m in modes[:-1]) + f" or {modes[-1]!r}"
+            raise ValueError(f"`rerecord` must be {allowed}, got {rerecord!r}")
+        for name in ("drift_tol", "error_ratio_max"):
+            v = fields.get(name, 1.0)
+            if not (isinstance(v, (int, float, np.number)) and v > 0):
+                raise ValueError(f"`{name}` must be a positive number, got {v!r}")
+        return cls(rerecord=rerecord, **fields)
+
+    # -------------------------------------------------------------- measurements
+    def error_ratio(self, raw):
+        """A replay's error ratio on a mesh recorded by this policy, in units of the
+        requested tolerances (the mesh's own are ``record_tol_factor`` tighter)."""
+        return raw * self.record_tol_factor
+
+    @staticmethod
+    def drift(x, x_rec):
+        """Relative drift ``max |x - x_rec| / |x_rec|`` over the last axis of flat
+        constrained parameters ``(..., D)`` (NumPy or JAX)."""
+        xp = np if isinstance(x, np.ndarray) else jnp
+        return xp.max(xp.abs(x - x_rec) / xp.maximum(xp.abs(x_rec), 1e-12), axis=-1)
+
+    def urgency(self, drift: np.ndarray, err: np.ndarray) -> np.ndarray:
+        """How close each trajectory is to a re-record (1 = at the bound)."""
+        return np.maximum(drift / self.drift_tol, err / self.error_ratio_max)
+
+    def fill(self, alive: np.ndarray, trig: np.ndarray, urgency: np.ndarray) -> np.ndarray:
+        """The rows worth re-recording in the padding of a record of ``trig``: alive, not
+        triggered, urgency above `fill_urgency`, most urgent first."""
+        urgency = np.where(alive & ~trig, urgency, -1.0)
+        order = np.argsort(-urgency, kind="stable")
+        return order[urgency[order] > self.fill_urgency]
+
+    # -------------------------------------------------------------- fit decisions
+    def redo(self, alive: np.ndarray, loss: np.ndarray, err: np.ndarray) -> np.ndarray:
+        """``(n,)`` the trajectories whose step must be redone on a fresh mesh now."""
+        if self.rerecord == "never":
+            return np.zeros_like(alive)
+        return alive & (~np.isfinite(loss) | ~(err <= self.redo_factor * self.error_ratio_max))
+
+    def rerecord_after(self, alive: np.ndarray, drift: np.ndarray, err: np.ndarray
+                       ) -> np.ndarray:
+        """``(n,)`` the trajectories to re-record before the next step."""
+        if self.rerecord == "always":
+            return alive.copy()
+        if self.rerecord == "never":
+            return np.zeros_like(alive)
+        return alive & ((drift > self.drift_tol) | ~(err <= self.error_ratio_max))
+
+    def settled(self, drift: float, err: float) -> bool:
+        """Whether a least-squares solution ran on its own mesh (see the class)."""
+        return err <= self.error_ratio_max and drift <= self.drift_tol * self.settle_factor
+
+    # -------------------------------------------------------------- sampler decisions
+    @property
+    def warmup_rerecords(self) -> bool:
+        """Per-chain meshes re-recorded between warmup windows."""
+        return self.rerecord == "warmup"
+
+    @property
+    def solves_each_evaluation(self) -> bool:
+        """``gs.solve`` in every evaluation (no mesh is kept)."""
+        return self.rerecord == "always"
+
+    def holds_for_all(self, err: np.ndarray) -> bool:
+        """Whether one mesh with error ratios ``err`` (requested units) at the chains'
+        positions may serve them all."""
+        return bool(np.all(err <= self.shared_margin * self.error_ratio_max))
+
+    def describe_sampling(self) -> str:
+        """What the sampler's target is under this policy, and why it is exact."""
+        f = self.record_tol_factor
+        return {
+            "warmup": "warmup: per-chain meshes re-recorded between warmup windows (10, 20, "
+                      "40, ... iterations); sampling: ONE mesh recorded at the chains' mean "
+                      f"after warmup (rtol*{f}, atol*{f}) and frozen: exact MCMC for the "
+                      "fixed-mesh posterior",
+            "always": "gs.solve (record + replay) in every evaluation: exact MCMC for the "
+                      "adaptive-solution posterior",
+            "never": f"one mesh recorded at the initial points' mean (rtol*{f}, atol*{f}), "
+                     "frozen throughout: exact MCMC for the fixed-mesh posterior",
+        }[self.rerecord]
+
