@@ -35,6 +35,8 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ._checks import is_concrete
+from ._misc import tree_where
+from ._savetimes import node_times, save_roles
 
 _sg = jax.lax.stop_gradient
 
@@ -250,8 +252,53 @@ def reset_state(solver, f, t, y, params, st, mask):
     ``lax.cond`` so a step with no event pays nothing; solvers that carry no state skip."""
     if not jax.tree_util.tree_leaves(st):
         return st
-    from ._misc import tree_where
-
     fresh = lambda: tree_where(mask, jax.vmap(lambda t, y, p: solver.init(f, t, y, p))(
         t, y, params), st)
     return jax.lax.cond(jnp.any(mask), fresh, lambda: st)
+
+
+def events_out_of_order(bm, times, tsave, subst, events, t0, t1, jumps):
+    """Per trajectory, on a mesh with events: do the moved nodes (save times, jump times)
+    leave the nodes out of order, or a jump time outside ``[t0, t1]``, or its ``+inf``
+    padding where the mesh has a jump (or the other way round)?"""
+    nodes = node_times(times, bm.save_index, _sg(tsave), subst)[0]
+    ev = events._replace(jump_times=_sg(events.jump_times))
+    nodes = jump_node_times(nodes, ev)
+    bad = nodes_out_of_order(nodes, bm.n_steps, t0, t1, ev)
+    if jumps is not None:
+        given = jnp.isfinite(_sg(jumps[0]))
+        bad = bad | jnp.any(given != jnp.isfinite(bm.jump_times), axis=1)
+    return bad
+
+
+def check_moved_events(bm, ts, events) -> None:
+    """On concrete inputs: `events_out_of_order` as a ``ValueError`` (a mesh with events,
+    given new save times or jumps)."""
+    dtype = bm.times.dtype if events is None else events.jump_times.dtype
+    times = jnp.asarray(bm.times).astype(dtype)
+    rec_ts = jnp.asarray(bm.ts).astype(dtype)
+    moving = save_roles(rec_ts, jnp.asarray(bm.t0, dtype), jnp.asarray(bm.t1, dtype),
+                        bm.save_index)[3]
+    subst = moving if ts is not None else jnp.zeros(rec_ts.shape, bool)
+    tsave = ts if ts is not None else rec_ts
+    if ts is not None:
+        idx = np.asarray(bm.save_index)
+        shared = idx[:, 1:] == idx[:, :-1]
+        if np.any(shared & (np.asarray(ts)[:, 1:] != np.asarray(ts)[:, :-1])):
+            raise ValueError(
+                "gs.replay: `ts` separates save times that were equal when the mesh was "
+                "recorded (they share one mesh point); re-record the mesh for these save times."
+            )
+    jt = events.jump_times if events is not None else jnp.asarray(bm.jump_times, dtype)
+    js = events.jump_sizes if events is not None else jnp.asarray(bm.jump_sizes, dtype)
+    ev = replay_events(bm, times, jt, js)
+    jumps = None if events is None else (jt, js)
+    bad = np.asarray(events_out_of_order(bm, times, tsave, subst, ev, bm.t0, bm.t1, jumps))
+    rows = np.flatnonzero(bad)
+    if rows.size:
+        raise ValueError(
+            f"gs.replay: `ts` or `jumps` times of trajectory {int(rows[0])} moved past "
+            "neighbouring mesh points (or out of [t0, t1]); a jump time stays between the "
+            "nodes around it, and a save time equal to a jump time stays before it. "
+            "Re-record the mesh for these times."
+        )

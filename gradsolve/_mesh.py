@@ -42,7 +42,10 @@ class Status(enum.IntEnum):
         INVALID_INPUT: 4, an input that could only be checked at run time (a traced value
             under ``jax.jit``/``vmap``) was invalid: ``ts`` unsorted, outside ``[t0, t1]``
             or non-finite; ``t1 <= t0``; ``rtol``/``atol`` not positive; ``dt0`` not
-            positive and finite. Outside ``jit`` the same inputs raise ``ValueError``.
+            positive and finite; ``jumps`` times or ``tstops`` unsorted or outside
+            ``[t0, t1]``, ``jumps`` sizes not finite; in a replay, save or jump times
+            moved past a neighbouring mesh node. Outside ``jit`` the same inputs raise
+            ``ValueError``.
 
     Example:
         >>> mesh = gs.record(f, 0.0, 10.0, y0, params, throw=False)
@@ -69,7 +72,8 @@ class Mesh(eqx.Module):
             unspecified, because the compiled record leaves them unwritten so that its cost
             follows the steps taken, not ``max_steps``. Readers mask with ``n_steps``;
             `Mesh.padded` fills them.
-        n_steps: ``(n,)`` accepted steps.
+        n_steps: ``(n,)`` accepted steps (with jumps: each jump's own node counts as one,
+            a zero-length step).
         n_rejected: ``(n,)`` rejected step attempts.
         status: ``(n,)`` `Status` codes (0 = ok).
         save_index: ``(n, k)`` index into ``times`` of each save time. Save times are

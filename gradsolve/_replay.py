@@ -21,11 +21,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import batch, check_vector_field, is_concrete, split_static
-from ._events import (
-    Events, batch_events, jump_node_times, nodes_out_of_order, replay_events,
-)
+from ._events import Events, batch_events, check_moved_events, events_out_of_order, replay_events
 from ._mesh import Mesh, Status
-from ._savetimes import check_moved_ts, moved_out_of_order, node_times, save_roles, taylor2
+from ._savetimes import check_moved_ts, moved_out_of_order, save_roles, taylor2
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
 from .drivers import AbstractDriver
@@ -217,8 +215,9 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
     status = bm.status
     events = None
     if mesh.has_events:
+        # (`replay` always passes jumps for a mesh with them; internal callers may not.)
         jt, js = (jumps if jumps is not None else
-                  (jnp.zeros(bm.jump_times.shape, dtype), jnp.zeros(bm.jump_sizes.shape, dtype)))
+                  (_sg(bm.jump_times).astype(dtype), _sg(bm.jump_sizes).astype(dtype)))
         events = replay_events(bm, times, jt, js)
     if ts is not None and check_moved and events is None:
         # Moved save times checked on device too (outside jit `replay` raises instead): a
@@ -272,49 +271,3 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
     out_ts = ts if ts is not None else rec_ts
     return ys, y1, err, _sg(work), out_ts, status
 
-
-def events_out_of_order(bm, times, tsave, subst, events, t0, t1, jumps):
-    """Per trajectory, on a mesh with events: do the moved nodes (save times, jump times)
-    leave the nodes out of order, or a jump time outside ``[t0, t1]``, or its ``+inf``
-    padding where the mesh has a jump (or the other way round)?"""
-    nodes = node_times(times, bm.save_index, _sg(tsave), subst)[0]
-    ev = events._replace(jump_times=_sg(events.jump_times))
-    nodes = jump_node_times(nodes, ev)
-    bad = nodes_out_of_order(nodes, bm.n_steps, t0, t1, ev)
-    if jumps is not None:
-        given = jnp.isfinite(_sg(jumps[0]))
-        bad = bad | jnp.any(given != jnp.isfinite(bm.jump_times), axis=1)
-    return bad
-
-
-def check_moved_events(bm, ts, events) -> None:
-    """On concrete inputs: `events_out_of_order` as a ``ValueError`` (a mesh with events,
-    given new save times or jumps)."""
-    dtype = bm.times.dtype if events is None else events.jump_times.dtype
-    times = jnp.asarray(bm.times).astype(dtype)
-    rec_ts = jnp.asarray(bm.ts).astype(dtype)
-    moving = save_roles(rec_ts, jnp.asarray(bm.t0, dtype), jnp.asarray(bm.t1, dtype),
-                        bm.save_index)[3]
-    subst = moving if ts is not None else jnp.zeros(rec_ts.shape, bool)
-    tsave = ts if ts is not None else rec_ts
-    if ts is not None:
-        idx = np.asarray(bm.save_index)
-        shared = idx[:, 1:] == idx[:, :-1]
-        if np.any(shared & (np.asarray(ts)[:, 1:] != np.asarray(ts)[:, :-1])):
-            raise ValueError(
-                "gs.replay: `ts` separates save times that were equal when the mesh was "
-                "recorded (they share one mesh point); re-record the mesh for these save times."
-            )
-    jt = events.jump_times if events is not None else jnp.asarray(bm.jump_times, dtype)
-    js = events.jump_sizes if events is not None else jnp.asarray(bm.jump_sizes, dtype)
-    ev = replay_events(bm, times, jt, js)
-    jumps = None if events is None else (jt, js)
-    bad = np.asarray(events_out_of_order(bm, times, tsave, subst, ev, bm.t0, bm.t1, jumps))
-    rows = np.flatnonzero(bad)
-    if rows.size:
-        raise ValueError(
-            f"gs.replay: `ts` or `jumps` times of trajectory {int(rows[0])} moved past "
-            "neighbouring mesh points (or out of [t0, t1]); a jump time stays between the "
-            "nodes around it, and a save time equal to a jump time stays before it. "
-            "Re-record the mesh for these times."
-        )
