@@ -155,11 +155,16 @@ def test_ragged_ensemble_equals_single_solves():
         np.testing.assert_allclose(sol.ys[i], one.ys, rtol=1e-12, atol=1e-12)
         ref = closed_form(TS, times[i, :c], doses[i, :c], p[i])
         np.testing.assert_allclose(sol.ys[i], ref, rtol=1e-5, atol=1e-5)
-    # Row algebra keeps the events: a selected sub-ensemble replays as its rows.
-    sub = sol.mesh.select(jnp.array([2, 0]))
-    r = gs.replay(pk, sub, jnp.zeros((2, 2)), p[jnp.array([2, 0])],
-                  jumps=(times[jnp.array([2, 0])], gut_sizes(doses[jnp.array([2, 0])])))
-    np.testing.assert_allclose(r.ys, sol.ys[jnp.array([2, 0])], rtol=1e-12, atol=1e-12)
+    # Row 2 unpadded (two doses at one time, no tstops): the same solution.
+    one = gs.solve(pk, T0, T1, Y0, p[2], ts=TS, jumps=(times[2, :2], gut_sizes(doses[2, :2])),
+                   **tol)
+    np.testing.assert_allclose(sol.ys[2], one.ys, rtol=1e-12, atol=1e-12)
+    # Row algebra keeps the events with their rows (declared in Mesh.PER_TRAJECTORY).
+    rows = jnp.array([2, 0])
+    sub = sol.mesh.select(rows)
+    for k in ("jump_times", "jump_sizes", "jump_index", "tstops", "tstop_index"):
+        np.testing.assert_array_equal(getattr(sub, k), getattr(sol.mesh, k)[rows])
+    assert sol.mesh.row(1).jump_index.shape == (3,)
     both = gs.Mesh.concatenate([sol.mesh.select(jnp.array([0])), sol.mesh.select(jnp.array([1, 2]))])
     np.testing.assert_array_equal(both.jump_index, sol.mesh.jump_index)
     with pytest.raises(ValueError, match="jumps"):
@@ -181,6 +186,13 @@ def test_jit_vmap_and_forward_mode(grad_mesh, grads):
     vm = jax.vmap(rep)(jnp.stack([DOSE, 2 * DOSE, 0 * DOSE]))
     np.testing.assert_allclose(vm[1], 2 * vm[0] - vm[2], rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(loss_of(vm[0]), value, rtol=1e-12)
+    # vmap over gs.solve itself (each element records its own mesh).
+    ds = jnp.stack([DOSE, 2 * DOSE])
+    vs = jax.vmap(lambda d: gs.solve(pk, T0, T1, Y0, P, ts=TS_GRAD, jumps=(DOSE_T, gut_sizes(d)),
+                                     tstops=TSTOPS, **TOL).ys)(ds)
+    np.testing.assert_allclose(vs[0], vm[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(vs[1], closed_form(TS_GRAD, DOSE_T, 2 * DOSE, P), rtol=1e-7,
+                               atol=1e-7)
     # Forward mode (jacfwd) equals reverse mode, for jump times and sizes.
     jf = jax.jacfwd(lambda t, d: loss_of(gs.replay(
         pk, grad_mesh, Y0, P, jumps=(t, gut_sizes(d))).ys), argnums=(0, 1))(DOSE_T, DOSE)
