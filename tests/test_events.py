@@ -200,12 +200,18 @@ def test_jit_vmap_and_forward_mode(grad_mesh, grads):
     np.testing.assert_allclose(jf[1], grads[1], rtol=1e-10)
 
 
-def test_traced_invalid_events_give_status_and_nan():
+def test_traced_invalid_events_give_status_and_nan(grad_mesh):
     bad_t = jnp.array([0.0, 24.0, 12.0])
     out = jax.jit(lambda t: gs.solve(pk, T0, T1, Y0, P, ts=TS_GRAD,
                                      jumps=(t, gut_sizes(DOSE)), rtol=1e-6, atol=1e-6))(bad_t)
     assert int(out.stats["status"]) == gs.Status.INVALID_INPUT
     assert bool(jnp.all(jnp.isnan(out.ys)))
+    # A replay whose traced jump time moves past a neighbouring node: the same.
+    rep = jax.jit(lambda t: gs.replay(pk, grad_mesh, Y0, P, jumps=(t, gut_sizes(DOSE))))
+    out = rep(DOSE_T.at[1].set(20.0))
+    assert int(out.stats["status"]) == gs.Status.INVALID_INPUT
+    assert bool(jnp.all(jnp.isnan(out.ys)))
+    assert int(rep(DOSE_T).stats["status"]) == gs.Status.OK
 
 
 def test_drivers_that_refuse_events_say_why(grad_mesh):

@@ -51,9 +51,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from .._controller import PIDController, error_norm, initial_step
+from .._events import Events, apply_jumps, empty_events, jump_node_times, reset_state
 from .._mesh import Mesh, Status
 from .._misc import length_groups, tree_where
-from .._events import Events, apply_jumps, empty_events, jump_node_times, reset_state
 from .._savetimes import node_times
 from .._solver.base import AbstractSolver
 from .base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
@@ -181,7 +181,7 @@ def record_loop(
         h_next = h_eff * fac
         h_next = jnp.where(accept & clipped, jnp.maximum(h_next, s.h), h_next)
 
-        node = accept | is_jump if has_events else accept
+        node = (accept | is_jump) if has_events else accept  # a new mesh node
         n_acc = s.n_accepted + node
         n_rej = s.n_rejected + (~accept & ~idle)
         col = jnp.where(node, n_acc, max_steps + 1)  # out of bounds: dropped
