@@ -107,10 +107,17 @@ def check_dt0(dt0, where: str) -> None:
             )
 
 
-def check_save_count(t0, t1, ts, max_steps: int, where: str) -> None:
+def check_save_count(t0, t1, ts, max_steps: int, where: str, n_events: int = 0) -> None:
     """Save times are forced mesh points: each distinct one after ``t0`` (and ``t1``) costs
-    an accepted step, so more of them than ``max_steps`` can never be recorded."""
+    an accepted step, so more of them than ``max_steps`` can never be recorded.
+    ``n_events``: forced nodes the events add at most (two per jump, one per tstop)."""
     k = ts.shape[-1]
+    if n_events and k + n_events >= max_steps:
+        raise ValueError(
+            f"{where}: {k} save times and events needing up to {n_events} more mesh points "
+            f"(two per jump, one per tstop) but `max_steps`={max_steps}; pass e.g. "
+            f"max_steps={k + n_events + 4096}."
+        )
     if k < max_steps:  # at most k + 1 forced points (with t1): always room
         return
     if is_concrete(ts, t0, t1):

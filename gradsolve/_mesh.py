@@ -42,7 +42,10 @@ class Status(enum.IntEnum):
         INVALID_INPUT: 4, an input that could only be checked at run time (a traced value
             under ``jax.jit``/``vmap``) was invalid: ``ts`` unsorted, outside ``[t0, t1]``
             or non-finite; ``t1 <= t0``; ``rtol``/``atol`` not positive; ``dt0`` not
-            positive and finite. Outside ``jit`` the same inputs raise ``ValueError``.
+            positive and finite; ``jumps`` times or ``tstops`` unsorted or outside
+            ``[t0, t1]``, ``jumps`` sizes not finite; in a replay, save or jump times
+            moved past a neighbouring mesh node. Outside ``jit`` the same inputs raise
+            ``ValueError``.
 
     Example:
         >>> mesh = gs.record(f, 0.0, 10.0, y0, params, throw=False)
@@ -69,7 +72,8 @@ class Mesh(eqx.Module):
             unspecified, because the compiled record leaves them unwritten so that its cost
             follows the steps taken, not ``max_steps``. Readers mask with ``n_steps``;
             `Mesh.padded` fills them.
-        n_steps: ``(n,)`` accepted steps.
+        n_steps: ``(n,)`` accepted steps (with jumps: each jump's own node counts as one,
+            a zero-length step).
         n_rejected: ``(n,)`` rejected step attempts.
         status: ``(n,)`` `Status` codes (0 = ok).
         save_index: ``(n, k)`` index into ``times`` of each save time. Save times are
@@ -79,6 +83,13 @@ class Mesh(eqx.Module):
         dt_next: ``(n,)`` the step size the controller would try next (diagnostics).
         y_last: ``(n, d)`` state at the last accepted time (diagnostics).
         y0, params: the initial state and parameters the mesh was recorded at.
+        jump_times, jump_sizes: ``(n, J)``, ``(n, J, d)`` the jumps (``jumps=``) it was
+            recorded with (``+inf`` times pad ragged schedules); ``J = 0`` without jumps.
+        jump_index: ``(n, J)`` the node of each jump: every jump has a node of its own,
+            after the node (at the same time) that a save time equal to it reads, so a
+            save time reads the state before the jump. ``0`` for a padded (inert) jump.
+        tstops, tstop_index: ``(n, L)`` the ``tstops=`` it was recorded with and their
+            nodes; ``L = 0`` without them. See `gradsolve._events` for the semantics.
         solver, rtol, atol, controller: how it was recorded.
         PER_TRAJECTORY: (class variable) names of the fields with the leading ensemble
             axis; every leaf of ``params`` has it too. All other fields (``t0``, ``t1``,
@@ -106,6 +117,11 @@ class Mesh(eqx.Module):
     dt_next: Float[Array, "*n"]
     y_last: Float[Array, "*n d"]
     y0: Float[Array, "*n d"]
+    jump_times: Float[Array, "*n J"]
+    jump_sizes: Float[Array, "*n J d"]
+    jump_index: Int[Array, "*n J"]
+    tstops: Float[Array, "*n L"]
+    tstop_index: Int[Array, "*n L"]
     params: PyTree
     solver: AbstractSolver
     rtol: Any
@@ -114,8 +130,18 @@ class Mesh(eqx.Module):
 
     PER_TRAJECTORY: ClassVar[tuple[str, ...]] = (
         "times", "n_steps", "n_rejected", "status", "save_index", "ts", "dt_next", "y_last",
-        "y0",
+        "y0", "jump_times", "jump_sizes", "jump_index", "tstops", "tstop_index",
     )
+
+    @property
+    def n_jumps(self) -> int:
+        """``J``, the number of jump slots per trajectory it was recorded with (0: none)."""
+        return self.jump_times.shape[-1]
+
+    @property
+    def has_events(self) -> bool:
+        """Whether it was recorded with jumps or tstops."""
+        return self.jump_times.shape[-1] > 0 or self.tstops.shape[-1] > 0
 
     # ------------------------------------------------------------------ shape and kind
 
@@ -205,6 +231,10 @@ class Mesh(eqx.Module):
             fail(f"mixes states of shape {self.y0.shape[1:]} and {other.y0.shape[1:]}")
         if self.ts.shape[1:] != other.ts.shape[1:]:
             fail(f"mixes {self.ts.shape[-1]} and {other.ts.shape[-1]} save times")
+        for k in ("jump_times", "tstops"):
+            if getattr(self, k).shape[1:] != getattr(other, k).shape[1:]:
+                fail(f"mixes {getattr(self, k).shape[-1]} and {getattr(other, k).shape[-1]} "
+                     f"`{k}` slots")
         a, b = jax.tree_util.tree_flatten(self.params), jax.tree_util.tree_flatten(other.params)
         if a[1] != b[1] or any(np.shape(x)[1:] != np.shape(y)[1:] for x, y in zip(a[0], b[0])):
             fail("mixes params of different structures or shapes")
@@ -497,6 +527,11 @@ class Mesh(eqx.Module):
         parts = [m.to_host() for m in meshes]
         if not parts:
             raise ValueError("Mesh.union: `meshes` is empty.")
+        if any(m.n_jumps for m in parts):
+            raise ValueError(
+                "Mesh.union: meshes recorded with `jumps` are not supported (each jump owns a "
+                "node of its own that a union of times would merge); re-record instead."
+            )
         times = []
         for m in parts:
             b = m.batch()
@@ -521,6 +556,9 @@ class Mesh(eqx.Module):
             n_rejected=np.zeros_like(np.asarray(first.n_rejected)),
             status=np.zeros_like(np.asarray(first.status)),
             save_index=save_index,
+            tstop_index=np.where(np.isfinite(first.tstops),
+                                 np.searchsorted(union, np.asarray(first.tstops)), 0).astype(
+                np.asarray(first.tstop_index).dtype),
         )
 
     # ------------------------------------------------------------------ step slots

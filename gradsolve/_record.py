@@ -22,6 +22,7 @@ from ._checks import (
 )
 from ._controller import PIDController, check_controller
 from ._errors import error_if_failed, raise_if_failed
+from ._events import Events, batch_events, runtime_event_checks
 from ._mesh import Mesh, Status
 from ._solver import Tsit5
 from ._solver.diffrax_adapter import DiffraxSolver, as_solver
@@ -33,13 +34,17 @@ _MAX_STEPS = 4096
 
 @eqx.filter_jit
 def record_batched(driver: AbstractDriver, f, solver, controller: PIDController, t0, t1, y0,
-                   params, ts, rtol, atol, dt0, max_steps: int, fill: bool = True) -> Mesh:
+                   params, ts, rtol, atol, dt0, max_steps: int, fill: bool = True,
+                   events: Events | None = None) -> Mesh:
     """``driver.record`` on batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation),
     compiled, with the scalars in the state's dtype."""
     dtype = y0.dtype
     t0, t1, rtol, atol = (jnp.asarray(x, dtype) for x in (t0, t1, rtol, atol))
+    if events is None:
+        return driver.record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                             max_steps, fill)
     return driver.record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                         max_steps, fill)
+                         max_steps, fill, events=events)
 
 
 def record(
@@ -58,6 +63,8 @@ def record(
     controller: PIDController | None = None,
     throw: bool | None = None,
     driver: AbstractDriver | None = None,
+    jumps=None,
+    tstops=None,
 ) -> Mesh:
     """Adaptive solve that keeps each trajectory's accepted step times.
 
@@ -94,6 +101,21 @@ def record(
             (the compiled CPU kernel where it applies, else the XLA loop). Every driver
             records the same mesh; an explicit one that does not apply is a
             ``ValueError`` saying why.
+        jumps: ``None`` or ``(times, sizes)``, known-time additive state jumps (a bolus
+            dose): ``y(tau+) = y(tau-) + size``. ``times`` ``(J,)`` shared or ``(n, J)`` per
+            trajectory, sorted, in ``[t0, t1]``, ragged schedules padded with ``+inf`` at
+            the end (inert); ``sizes`` ``(J, d)`` or ``(n, J, d)``. Each jump time is a
+            forced mesh node, and the jump gets a node of its own right after it, so a
+            save time equal to a jump time reads the state *before* the jump (the
+            pre-dose trough, as NONMEM orders an observation and a dose at one time); a
+            jump at ``t0`` applies to ``y0`` after a save time at ``t0`` has read it.
+            After each jump the solver's first-same-as-last stage is recomputed. Only
+            `gradsolve.drivers.Batched` (and `gradsolve.drivers.Lanes`, which records
+            with it) applies events; `gradsolve.drivers.Auto` then picks it.
+        tstops: ``None`` or times ``(L,)`` / ``(n, L)`` (sorted, in ``[t0, t1]``,
+            ``+inf`` padding) where ``f`` is discontinuous (an infusion starts or stops):
+            forced mesh nodes, never stepped across, with the carried stage recomputed
+            after them. Not differentiable (kept in the mesh; a replay uses them).
 
     Returns:
         A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest trajectory's
@@ -109,13 +131,14 @@ def record(
     where = "gs.record"
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
                                        controller, where, dt0)
+    events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)
     if isinstance(solver, DiffraxSolver) and not solver.adaptive:
         raise ValueError(
             f"{where}: `solver` {type(solver.solver).__name__} has no embedded error estimate, "
             "so it cannot record an adaptive mesh; use gs.solve(..., dt0=...) for fixed steps."
         )
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
-                           where, driver)
+                           where, driver, events)
     return mesh.unbatch() if b.single else mesh
 
 
@@ -149,15 +172,17 @@ class RuntimeChecks(NamedTuple):
     rtol: Array
     atol: Array
     dt0: Array | None
+    events: Events | None = None
 
 
-def runtime_checks(t0, t1, ts, rtol, atol, dt0) -> RuntimeChecks | None:
+def runtime_checks(t0, t1, ts, rtol, atol, dt0, events: Events | None = None
+                   ) -> RuntimeChecks | None:
     """``None`` when every input is concrete (then `batch` and the ``check_*`` functions
     have validated them at trace time). Otherwise the traced ones are checked on device:
     invalid trajectories get `Status.INVALID_INPUT` (NaN outputs), and the inputs are
     replaced by harmless ones for them (``ts`` at ``t1``, a unit interval, ``rtol = atol =
     1e-3``, ``dt0`` the whole interval), so their record is short and well defined."""
-    if is_concrete(t0, t1, ts, rtol, atol, dt0):
+    if is_concrete(t0, t1, ts, rtol, atol, dt0, events):
         return None
     n = ts.shape[0]
     dtype = ts.dtype
@@ -184,18 +209,25 @@ def runtime_checks(t0, t1, ts, rtol, atol, dt0) -> RuntimeChecks | None:
         failed["`ts` must be finite"] = ~jnp.all(jnp.isfinite(ts), axis=1)
         failed["`ts` must be sorted (non-decreasing)"] = jnp.any(jnp.diff(ts, axis=1) < 0, axis=1)
         failed["`ts` must lie inside [t0, t1]"] = jnp.any((ts < t0) | (ts > t1), axis=1)
+    if events is not None:
+        ev_failed, events = runtime_event_checks(events, t0a, t1a)
+        failed.update(ev_failed)
     invalid = jnp.zeros((n,), bool)
     for bad in failed.values():
         invalid = invalid | bad
     ts = jnp.where(invalid[:, None], t1a, ts)
-    return RuntimeChecks(failed, invalid, t0a, t1a, ts, tols[0], tols[1], dt0)
+    if events is not None:  # invalid rows: no events (a short, well defined record)
+        events = Events(jnp.where(invalid[:, None], jnp.inf, events.jump_times),
+                        jnp.where(invalid[:, None, None], 0.0, events.jump_sizes),
+                        jnp.where(invalid[:, None], jnp.inf, events.tstops))
+    return RuntimeChecks(failed, invalid, t0a, t1a, ts, tols[0], tols[1], dt0, events)
 
 
 _FIRST_CAPACITY = 256
 
 
 def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw, where,
-                    driver: AbstractDriver | None = None):
+                    driver: AbstractDriver | None = None, events: Events | None = None):
     """Record batched, validated inputs (no gradient flows into the mesh) and finalize.
 
     Outside ``jit`` the mesh buffer starts at ``min(max_steps, 256)`` slots and grows only if
@@ -203,23 +235,26 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
     so the common short solve never writes an ``n * max_steps`` buffer. The steps taken do
     not depend on the capacity, so the result equals a single record at ``max_steps``.
     """
-    check_save_count(t0, t1, b.ts, max_steps, where)
+    n_events = 0 if events is None else 2 * events.n_jumps + events.tstops.shape[1]
+    check_save_count(t0, t1, b.ts, max_steps, where, n_events)
     sg = jax.lax.stop_gradient
-    rc = runtime_checks(t0, t1, b.ts, rtol, atol, dt0)
+    rc = runtime_checks(t0, t1, b.ts, rtol, atol, dt0, events)
     rec_t0, rec_t1, rec_ts, rec_rtol, rec_atol, rec_dt0 = (
         (t0, t1, b.ts, rtol, atol, dt0) if rc is None
         else (rc.t0, rc.t1, rc.ts, sg(rc.rtol), sg(rc.atol), rc.dt0)
     )
+    rec_events = events if rc is None else rc.events
+    rec_events = None if rec_events is None else jax.tree_util.tree_map(sg, rec_events)
     args = (sg(rec_t0), sg(rec_t1), sg(b.y0), jax.tree_util.tree_map(sg, b.params), sg(rec_ts))
-    driver = resolve(driver, "record", f, solver, b.y0, b.params, where)
-    eager = is_concrete(args, rtol, atol, dt0)
+    driver = resolve(driver, "record", f, solver, b.y0, b.params, where, events is not None)
+    eager = is_concrete(args, rtol, atol, dt0, rec_events)
     cap = max_steps
     if max_steps > _FIRST_CAPACITY and eager:
         cap = _FIRST_CAPACITY
     while True:
         # Under jit the padding slots stay unwritten (Mesh.times); eager meshes are filled.
         mesh = record_batched(driver, f, solver, controller, *args, rec_rtol, rec_atol,
-                              rec_dt0, cap, eager)
+                              rec_dt0, cap, eager, rec_events)
         if eager and not is_concrete(mesh.status):
             # Concrete arguments but traced results: `f` closes over tracers (e.g. a value
             # under jax.vmap). Behave as under jit: full capacity, no host round trip.
@@ -243,6 +278,9 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
             (status, sg(b.ts), jnp.asarray(sg(t0), dtype), jnp.asarray(sg(t1), dtype),
              jnp.asarray(sg(rtol), dtype), jnp.asarray(sg(atol), dtype)),
         )
+        if events is not None:
+            mesh = eqx.tree_at(lambda m: (m.jump_times, m.jump_sizes, m.tstops), mesh,
+                               (sg(events.jump_times), sg(events.jump_sizes), sg(events.tstops)))
     return finalize(mesh, f, where, throw, None if rc is None else rc.failed)
 
 

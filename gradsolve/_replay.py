@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import batch, check_vector_field, is_concrete, split_static
+from ._events import Events, batch_events, check_moved_events, events_out_of_order, replay_events
 from ._mesh import Mesh, Status
 from ._savetimes import check_moved_ts, moved_out_of_order, save_roles, taylor2
 from ._solution import Solution
@@ -42,6 +43,7 @@ def replay(
     group_size: int | None = None,
     chunk_size: int = 8,
     driver: AbstractDriver | None = None,
+    jumps=None,
 ) -> Solution:
     """Fixed-step replay of a recorded mesh at (possibly new) ``y0``, ``params`` and ``ts``.
 
@@ -66,6 +68,19 @@ def replay(
             the compiled kernel, else the lanes replay, else the batched one, whichever
             applies first. An explicit driver that does not apply is a ``ValueError``
             saying why.
+        jumps: ``(times, sizes)`` of the recorded shapes (times ``(J,)`` or ``(n, J)``,
+            sizes ``(J, d)`` or ``(n, J, d)``, ``+inf`` padding where it was recorded),
+            required exactly when the mesh was recorded with ``jumps`` (sizes are data a
+            user differentiates, so they are never taken from the mesh silently). New
+            sizes apply at the recorded jump nodes; a new jump time moves its node (and
+            the landing node before it, unless that also holds a save time, a tstop,
+            another jump or ``t0``), so gradients w.r.t. sizes and times are the exact
+            discrete adjoint of the replayed steps. A jump time moved past a
+            neighbouring node, or outside ``[t0, t1]``, is a ``ValueError`` (under
+            ``jit``: NaN and ``Status.INVALID_INPUT``). Save times equal to a jump time
+            read the state before the jump; the mesh's ``tstops`` are replayed as
+            recorded (their stages recomputed). Only `gradsolve.drivers.Batched` applies
+            events.
 
     Returns:
         `Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.
@@ -101,29 +116,67 @@ def replay(
             f"{where}: `ts` must have the recorded save-time shape {tuple(mesh.ts.shape)}, got "
             f"{tuple(jnp.shape(ts))}. Save times are mesh points: re-record for other times."
         )
-    if ts is not None and is_concrete(b.ts, bm.times):
+    events = None
+    if mesh.n_jumps and jumps is None:
+        raise ValueError(
+            f"{where}: the mesh was recorded with `jumps` ({mesh.n_jumps} per trajectory); pass "
+            "them again, jumps=(times, sizes) (sizes are data you may differentiate, so they "
+            "are not taken from the mesh), e.g. jumps=(mesh.jump_times, mesh.jump_sizes)."
+        )
+    if jumps is not None:
+        if not mesh.n_jumps:
+            raise ValueError(
+                f"{where}: `jumps` given but the mesh was recorded without jumps; jump times "
+                "are mesh nodes: record with gs.record(..., jumps=...)."
+            )
+        events = batch_events(jumps, None, mesh.t0, mesh.t1, b.n, b.d, b.single, b.y0.dtype,
+                              where)
+        if events.jump_times.shape != bm.jump_times.shape:
+            raise ValueError(
+                f"{where}: `jumps` times must have the recorded shape "
+                f"{tuple(mesh.jump_times.shape)}, got {tuple(jnp.shape(jumps[0]))}. Jump "
+                "times are mesh nodes: re-record for another schedule."
+            )
+        if is_concrete(events.jump_times, bm.jump_times):
+            given = np.isfinite(np.asarray(events.jump_times))
+            rows = np.flatnonzero(np.any(given != np.isfinite(np.asarray(bm.jump_times)), axis=1))
+            if rows.size:
+                raise ValueError(
+                    f"{where}: `jumps` times of trajectory {int(rows[0])} are +inf (padding) "
+                    "where the mesh has a jump or the other way round; the schedule must keep "
+                    "its recorded padding."
+                )
+    if ts is not None and is_concrete(b.ts, bm.times) and not mesh.has_events:
         # Concrete inputs may still sit inside a jit/vmap trace (a mesh and ts closed
         # over): evaluate the check now, on the host, rather than staging it out.
         with jax.ensure_compile_time_eval():
             check_moved_ts(bm, b.ts)
-    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size, driver=driver)
+    if mesh.has_events and (ts is not None or events is not None) and \
+            is_concrete(b.ts, bm.times, events):
+        with jax.ensure_compile_time_eval():
+            check_moved_events(bm, b.ts if ts is not None else None, events)
+    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size, driver=driver,
+                           events=events)
 
 
 def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
                     chunk_size: int, check_moved: bool = True,
-                    driver: AbstractDriver | None = None, where: str = "gs.replay") -> Solution:
+                    driver: AbstractDriver | None = None, where: str = "gs.replay",
+                    events: Events | None = None) -> Solution:
     """Replay validated, batched inputs ``b`` (see `gradsolve._checks.batch`).
-    ``check_moved=False`` skips the on-device check of moved save times (`gradsolve.solve`,
-    whose ``ts`` are the recorded nodes)."""
+    ``check_moved=False`` skips the on-device check of moved save times and jump times
+    (`gradsolve.solve`, whose ``ts`` and jumps are the recorded nodes). ``events``: the
+    validated jumps (`batch_events`) of a mesh recorded with them."""
     if not (group_size is None or isinstance(group_size, (int, np.integer)) and group_size >= 1):
         raise ValueError(f"`group_size` must be a positive int or None, got {group_size!r}.")
     if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
         raise ValueError(f"`chunk_size` must be a positive int, got {chunk_size!r}.")
-    driver = resolve(driver, "replay", f, mesh.solver, b.y0, b.params, where)
+    driver = resolve(driver, "replay", f, mesh.solver, b.y0, b.params, where, mesh.has_events)
     layout = ReplayLayout(None if group_size is None else int(group_size), int(chunk_size),
                           jax.default_backend())
+    jumps = None if events is None else (events.jump_times, events.jump_sizes)
     ys, y1, err, work, out_ts, status = _replay_core(
-        driver, f, mesh, b.y0, b.params, b.ts if ts_given else None, layout, check_moved)
+        driver, f, mesh, b.y0, b.params, b.ts if ts_given else None, layout, check_moved, jumps)
     stats = {
         "num_accepted_steps": mesh.n_steps,
         "num_rejected_steps": mesh.n_rejected,
@@ -143,8 +196,9 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
 
 @eqx.filter_jit
 def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: ReplayLayout,
-                 check_moved: bool = True):
-    """Jitted body of `replay` on batched, validated inputs, ``driver`` concrete."""
+                 check_moved: bool = True, jumps=None):
+    """Jitted body of `replay` on batched, validated inputs, ``driver`` concrete;
+    ``jumps`` ``(times (n, J), sizes (n, J, d))`` for a mesh recorded with jumps."""
     bm = mesh.batch()
     dtype = y0.dtype
     failed = bm.status != Status.OK
@@ -159,7 +213,13 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
     subst = moving if ts is not None else jnp.zeros(rec_ts.shape, bool)
     tsave = ts if ts is not None else rec_ts
     status = bm.status
-    if ts is not None and check_moved:
+    events = None
+    if mesh.has_events:
+        # (`replay` always passes jumps for a mesh with them; internal callers may not.)
+        jt, js = (jumps if jumps is not None else
+                  (_sg(bm.jump_times).astype(dtype), _sg(bm.jump_sizes).astype(dtype)))
+        events = replay_events(bm, times, jt, js)
+    if ts is not None and check_moved and events is None:
         # Moved save times checked on device too (outside jit `replay` raises instead): a
         # save time moved past a neighbouring node leaves no valid mesh, so the trajectory
         # is neutralised like a failed one and reported INVALID_INPUT. (Separated equal
@@ -167,6 +227,15 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
         invalid = moved_out_of_order(times, bm.save_index, _sg(ts), subst)
         status = jnp.where(invalid & ~failed, Status.INVALID_INPUT, status).astype(jnp.int32)
         failed = failed | invalid
+    if events is not None and check_moved and (ts is not None or jumps is not None):
+        # With events: every moved node (save times, jump times) checked at once.
+        invalid = events_out_of_order(bm, times, tsave, subst, events, t0, t1, jumps)
+        status = jnp.where(invalid & ~failed, Status.INVALID_INPUT, status).astype(jnp.int32)
+        failed = failed | invalid
+    if events is not None:
+        # Failed or invalid trajectories replay no jumps (their outputs become NaN).
+        events = events._replace(jump_sizes=jnp.where(failed[:, None, None], 0.0,
+                                                      events.jump_sizes))
     n_eff = jnp.where(failed, 0, bm.n_steps).astype(jnp.int32)
     rtol, atol = jnp.asarray(mesh.rtol, dtype), jnp.asarray(mesh.atol, dtype)
 
@@ -176,7 +245,7 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
     s0 = jnp.broadcast_to(t0_live - _sg(t0_live), y0.shape[:1])
     y0 = jax.vmap(lambda y, p, s: taylor2(f, t0[None], y[None], p, -s[None])[0])(y0, params, s0)
 
-    nodes = ReplayNodes(times, n_eff, bm.save_index, tsave, subst)
+    nodes = ReplayNodes(times, n_eff, bm.save_index, tsave, subst, events)
     out = driver.replay(f, mesh.solver, nodes, y0, params, rtol, atol, moved=ts is not None,
                         layout=layout)
     ys, y1, err, work = out
@@ -201,3 +270,4 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
     err = jnp.where(failed, jnp.inf, _sg(err))
     out_ts = ts if ts is not None else rec_ts
     return ys, y1, err, _sg(work), out_ts, status
+

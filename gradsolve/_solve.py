@@ -6,12 +6,14 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from ._controller import PIDController
+from ._events import batch_events
 from ._record import _MAX_STEPS, prepare, record_prepared
 from ._replay import replay_prepared
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
 from .drivers import AbstractDriver, Auto, Diffrax
 from .drivers.auto import resolve
+from .drivers.diffrax import EVENTS_REASON as DIFFRAX_EVENTS
 from .drivers.diffrax import solve_batched
 
 
@@ -19,7 +21,7 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
           atol: float = 1e-9, dt0=None, max_steps: int = _MAX_STEPS,
           controller: PIDController | None = None, throw: bool | None = None,
           group_size: int | None = None, chunk_size: int = 8,
-          driver: AbstractDriver | None = None) -> Solution:
+          driver: AbstractDriver | None = None, jumps=None, tstops=None) -> Solution:
     """Adaptive solve whose derivative is the discrete adjoint of its accepted steps.
 
     Records the mesh (no gradient flows through step-size selection, as in Diffrax's
@@ -51,6 +53,11 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             replays); another gradsolve driver does both; `gradsolve.drivers.Diffrax` runs
             ``diffrax.diffeqsolve`` with its own adaptive steps (``Solution.mesh`` is then
             ``None``). An explicit driver that does not apply is a ``ValueError``.
+        jumps, tstops: known-time events, as in `gradsolve.record` (a save time equal to a
+            jump time reads the state before the jump; a jump at ``t0`` applies to ``y0``;
+            ``y1`` is the state after every jump). Differentiable w.r.t. jump sizes and jump
+            times (each jump's node moves with its time); tstops are not. Events run on
+            `gradsolve.drivers.Batched` (``Solution.route == "gradsolve-batched"``).
 
     Returns:
         A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
@@ -70,7 +77,15 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
     where = "gs.solve"
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
                                        controller, where, dt0)
+    events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)
     fixed_steps = isinstance(solver, DiffraxSolver) and not solver.adaptive
+    if events is not None and (isinstance(driver, Diffrax) or fixed_steps):
+        raise ValueError(
+            f"{where}: known-time events (jumps=, tstops=) need a recorded mesh: "
+            + (f"`driver` Diffrax() does not apply here: {DIFFRAX_EVENTS}" if isinstance(
+                driver, Diffrax) else f"`solver` {type(solver.solver).__name__} has no error "
+               "estimate. Use an adaptive solver with gs.drivers.Auto() or Batched().")
+        )
     if isinstance(driver, Diffrax) or (fixed_steps and (driver is None or isinstance(driver, Auto))):
         resolve(Diffrax(), "replay", f, solver, b.y0, b.params, where)  # refuses Vern7, ...
         return solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps, controller, throw,
@@ -83,7 +98,7 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             "driver picks."
         )
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
-                           where, driver)
+                           where, driver, events)
     if b.single:
         mesh = mesh.unbatch()
     # The record stops gradients; the replay differentiates w.r.t. the interval's ends.
@@ -92,4 +107,4 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
     # The record's inputs are already validated and batched, and its nodes sit at ``ts``:
     # replay them as they are.
     return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size,
-                           check_moved=False, driver=driver, where=where)
+                           check_moved=False, driver=driver, where=where, events=events)

@@ -16,7 +16,7 @@ say) is one new module with one final subclass.
 
 from __future__ import annotations
 
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 from jaxtyping import Array, Bool, Float, Int, PyTree
@@ -33,6 +33,9 @@ class ReplayNodes(NamedTuple):
         tsave: ``(n, k)`` save times, differentiable.
         subst: ``(n, k)`` save slots whose node moves to ``tsave`` (interior, first of equal
             save times, and ``ts`` given); `gradsolve._savetimes.node_times` applies it.
+        events: ``None`` (no known-time events), or the jumps and tstops to apply
+            (`gradsolve._events.ReplayEvents`; differentiable w.r.t. jump times and sizes).
+            Only drivers whose ``replay_reason(..., events=True)`` is ``None`` get them.
     """
 
     times: Float[Array, "n S1"]
@@ -40,6 +43,7 @@ class ReplayNodes(NamedTuple):
     save_index: Int[Array, "n k"]
     tsave: Float[Array, "n k"]
     subst: Bool[Array, "n k"]
+    events: Any = None
 
 
 class ReplayOutput(NamedTuple):
@@ -96,22 +100,25 @@ class AbstractDriver(eqx.Module):
 
     name: ClassVar[str]
 
-    def record_reason(self, f, solver, y0, params) -> str | None:
+    def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         """``None`` if this driver can record ``f`` with ``solver`` on batched ``y0 (n, d)``
-        and ``params`` (abstract values are enough), else why not."""
+        and ``params`` (abstract values are enough), else why not. ``events=True``: the
+        record has known-time events (``jumps=`` or ``tstops=``); the keyword is passed
+        only then, so a driver that never handles events may leave it out."""
         return f"{self.name} does not record a mesh."
 
-    def replay_reason(self, f, solver, y0, params) -> str | None:
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         """``None`` if this driver can replay a mesh of ``solver`` for ``f`` on batched
-        ``y0 (n, d)`` and ``params``, else why not."""
+        ``y0 (n, d)`` and ``params``, else why not. ``events`` as in `record_reason`."""
         return f"{self.name} does not replay a mesh."
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-               max_steps: int, fill: bool):
+               max_steps: int, fill: bool, events=None):
         """The adaptive record of batched inputs as a `gradsolve.Mesh` (no validation):
         ``y0 (n, d)``, ``ts (n, k)``, scalars ``t0``, ``t1``, ``rtol``, ``atol``;
         ``dt0`` ``None`` or a scalar; ``max_steps`` the mesh capacity. ``fill=False``
-        leaves the slots past each trajectory's ``n_steps`` unspecified."""
+        leaves the slots past each trajectory's ``n_steps`` unspecified. ``events``:
+        ``None`` or the validated `gradsolve._events.Events` (forced nodes, jumps)."""
         raise ValueError(self.record_reason(None, solver, None, None))
 
     def replay(self, f, solver, nodes: ReplayNodes, y0: Float[Array, "n d"], params: PyTree,

@@ -51,6 +51,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from .._controller import PIDController, error_norm, initial_step
+from .._events import Events, apply_jumps, empty_events, jump_node_times, reset_state
 from .._mesh import Mesh, Status
 from .._misc import length_groups, tree_where
 from .._savetimes import node_times
@@ -73,6 +74,10 @@ class _RecordState(NamedTuple):
     times: Float[Array, "n S1"]
     save_index: Int[Array, "n k"]
     iters: Int[Array, ""]
+    jump_ptr: Int[Array, " n"]
+    jump_index: Int[Array, "n J"]
+    stop_ptr: Int[Array, " n"]
+    tstop_index: Int[Array, "n L"]
 
 
 def record_chunk(backend: str | None = None) -> int:
@@ -89,12 +94,21 @@ def record_chunk(backend: str | None = None) -> int:
 
 def record_loop(
     f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params, ts, rtol, atol,
-    dt0, max_steps: int, fill: bool = True,
+    dt0, max_steps: int, fill: bool = True, events: Events | None = None,
 ) -> Mesh:
     """The XLA record of batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation), as
     described in the module docstring. ``fill=False`` leaves the mesh slots past
-    ``n_steps`` unspecified."""
+    ``n_steps`` unspecified.
+
+    ``events`` (`gradsolve._events.Events`): jump times and tstops are forced nodes like
+    save times; an iteration that finds a jump pending at its current time takes no step
+    but adds a node at that time (the jump's own), applies the jump there and recomputes
+    the solver's carried state, as it does after landing on a tstop. Without events the
+    loop is the one above, unchanged."""
     n, d = y0.shape
+    has_events = events is not None
+    ev = events if has_events else empty_events(n, d, y0.dtype)
+    J, L = ev.jump_times.shape[1], ev.tstops.shape[1]
     k = ts.shape[1]
     dtype = y0.dtype
     rows = jnp.arange(n)
@@ -104,8 +118,11 @@ def record_loop(
 
     vstep = jax.vmap(lambda t, h, y, p, s: solver.step(f, t, h, y, p, s))
     state0 = jax.vmap(lambda y, p: solver.init(f, t0, y, p))(y0, params)
+    # With jumps at t0 the first step is taken from the jumped state: pick h0 there.
+    y_start = y0 if not J else y0 + jnp.sum(
+        jnp.where((ev.jump_times <= t0)[..., None], ev.jump_sizes, 0.0), axis=1)
     if dt0 is None:
-        h0 = jax.vmap(lambda y, p: initial_step(f, t0, y, p, order, rtol, atol))(y0, params)
+        h0 = jax.vmap(lambda y, p: initial_step(f, t0, y, p, order, rtol, atol))(y_start, params)
     else:
         h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
     h0 = jnp.minimum(h0, t1 - t0)
@@ -126,7 +143,17 @@ def record_loop(
         times=times,
         save_index=jnp.zeros((n, k), jnp.int32),
         iters=jnp.zeros((), jnp.int32),
+        jump_ptr=jnp.zeros((n,), jnp.int32),
+        jump_index=jnp.zeros((n, J), jnp.int32),
+        stop_ptr=jnp.sum(ev.tstops <= t0, axis=1).astype(jnp.int32),
+        tstop_index=jnp.zeros((n, L), jnp.int32),
     )
+
+    def next_of(x, ptr):
+        """``x[row, ptr]``, ``+inf`` past the end of the row."""
+        if x.shape[1] == 0:
+            return jnp.full((n,), jnp.inf, dtype)
+        return jnp.where(ptr < x.shape[1], x[rows, jnp.minimum(ptr, x.shape[1] - 1)], jnp.inf)
 
     def cond(s: _RecordState):
         return (~jnp.all(s.done)) & (s.iters < attempts_cap)
@@ -134,21 +161,30 @@ def record_loop(
     def body(s: _RecordState) -> _RecordState:
         nxt = jnp.minimum(s.save_ptr, k - 1)
         target = jnp.where(s.save_ptr < k, ts[rows, nxt], t1)
+        if has_events:
+            # A jump pending at the current time: this iteration is its node, not a step.
+            jump_next = next_of(ev.jump_times, s.jump_ptr)
+            is_jump = ~s.done & (jump_next <= s.t)
+            target = jnp.minimum(target, jnp.minimum(jump_next, next_of(ev.tstops, s.stop_ptr)))
+            idle = s.done | is_jump
+        else:
+            idle = s.done
         t_try = s.t + s.h
         clipped = t_try >= target
-        t_new = jnp.where(s.done, s.t, jnp.where(clipped, target, t_try))
+        t_new = jnp.where(idle, s.t, jnp.where(clipped, target, t_try))
         h_eff = t_new - s.t  # the replay recomputes h this way: bitwise the same step
         y1, y_err, st1 = vstep(s.t, h_eff, s.y, params, s.solver_state)
         err = error_norm(y_err, s.y, y1, rtol, atol)
-        err = jnp.where(s.done, 0.0, err)
-        accept = (err <= 1.0) & ~s.done
+        err = jnp.where(idle, 0.0, err)
+        accept = (err <= 1.0) & ~idle
         fac = controller.factor(err, s.err_prev, accept, order)
         h_next = h_eff * fac
         h_next = jnp.where(accept & clipped, jnp.maximum(h_next, s.h), h_next)
 
-        n_acc = s.n_accepted + accept
-        n_rej = s.n_rejected + (~accept & ~s.done)
-        col = jnp.where(accept, n_acc, max_steps + 1)  # out of bounds: dropped
+        node = (accept | is_jump) if has_events else accept  # a new mesh node
+        n_acc = s.n_accepted + node
+        n_rej = s.n_rejected + (~accept & ~idle)
+        col = jnp.where(node, n_acc, max_steps + 1)  # out of bounds: dropped
         times = s.times.at[rows, col].set(t_new, mode="drop")
         reached = jnp.sum(ts <= t_new[:, None], axis=1).astype(jnp.int32)
         new_ptr = jnp.where(accept, reached, s.save_ptr)
@@ -156,7 +192,33 @@ def record_loop(
         newly = (jj >= s.save_ptr[:, None]) & (jj < new_ptr[:, None])
         save_index = jnp.where(newly, n_acc[:, None], s.save_index)
 
-        finished = accept & (t_new >= t1)
+        y_new = jnp.where(accept[:, None], y1, s.y)
+        st_new = tree_where(accept, st1, s.solver_state)
+        jump_ptr, jump_index = s.jump_ptr, s.jump_index
+        stop_ptr, tstop_index = s.stop_ptr, s.tstop_index
+        if has_events:
+            if J:
+                jslot = jnp.minimum(s.jump_ptr, J - 1)
+                y_new = jnp.where(is_jump[:, None], s.y + ev.jump_sizes[rows, jslot], y_new)
+                jump_index = s.jump_index.at[rows, jnp.where(is_jump, s.jump_ptr, J)].set(
+                    n_acc, mode="drop")
+                jump_ptr = s.jump_ptr + is_jump
+            if L:
+                stop_reached = jnp.sum(ev.tstops <= t_new[:, None], axis=1).astype(jnp.int32)
+                stop_ptr = jnp.where(accept, stop_reached, s.stop_ptr)
+                ll = jnp.arange(L)[None]
+                hit = (ll >= s.stop_ptr[:, None]) & (ll < stop_ptr[:, None])
+                tstop_index = jnp.where(hit, n_acc[:, None], s.tstop_index)
+                reset = is_jump | (stop_ptr > s.stop_ptr)
+            else:
+                reset = is_jump
+            # After a jump or a tstop: the carried stage at the new state and exact time.
+            st_new = reset_state(solver, f, t_new, y_new, params, st_new, reset)
+            h_next = jnp.where(is_jump, s.h, h_next)
+            pending = next_of(ev.jump_times, jump_ptr) <= t_new
+            finished = node & (t_new >= t1) & ~pending
+        else:
+            finished = accept & (t_new >= t1)
         active = ~s.done & ~finished
         # underflow: the next step would no longer move the time (relative to the time
         # where it starts, not to t1: a long horizon must not forbid small early steps)
@@ -170,9 +232,9 @@ def record_loop(
         status = jnp.where(over & ~underflow, Status.MAX_STEPS, status)
         return _RecordState(
             t=jnp.where(accept, t_new, s.t),
-            y=jnp.where(accept[:, None], y1, s.y),
+            y=y_new,
             h=jnp.where(s.done, s.h, h_next),
-            solver_state=tree_where(accept, st1, s.solver_state),
+            solver_state=st_new,
             err_prev=jnp.where(accept, jnp.maximum(err, 1e-4), s.err_prev),
             n_accepted=n_acc,
             n_rejected=n_rej,
@@ -182,6 +244,10 @@ def record_loop(
             times=times,
             save_index=save_index,
             iters=s.iters + 1,
+            jump_ptr=jump_ptr,
+            jump_index=jump_index,
+            stop_ptr=stop_ptr,
+            tstop_index=tstop_index,
         )
 
     chunk = record_chunk()
@@ -209,6 +275,11 @@ def record_loop(
         dt_next=s.h,
         y_last=s.y,
         y0=y0,
+        jump_times=ev.jump_times,
+        jump_sizes=ev.jump_sizes,
+        jump_index=s.jump_index,
+        tstops=ev.tstops,
+        tstop_index=s.tstop_index,
         params=params,
         solver=solver,
         rtol=rtol,
@@ -242,9 +313,14 @@ def default_group_size(backend: str | None = None) -> int:
 
 def _replay_block(
     f, solver, times: Float[Array, "g S1"], n_eff: Int[Array, " g"], y0: Float[Array, "g d"],
-    params: PyTree, save_index: Int[Array, "g k"], rtol, atol, chunk: int,
+    params: PyTree, save_index: Int[Array, "g k"], rtol, atol, chunk: int, events=None,
 ):
-    """Replay one group of trajectories. Returns ``(ys (g,k,d), y1 (g,d), err (g,), work)``."""
+    """Replay one group of trajectories. Returns ``(ys (g,k,d), y1 (g,d), err (g,), work)``.
+
+    ``events``: ``None`` or ``(jump_index (g, J), jump_sizes (g, J, d), reset_index (g, R))``
+    (`gradsolve._events.ReplayEvents`): after the step into a jump's node the state jumps
+    (the saved state there is the one before), and after a jump or tstop node the carried
+    solver state is recomputed, as in the record."""
     g, d = y0.shape
     k = save_index.shape[1]
     s1 = times.shape[1]
@@ -275,7 +351,13 @@ def _replay_block(
         emax = jnp.maximum(emax, jnp.where(active, err, 0.0))
         y = jnp.where(active[:, None], y1, y)
         st = tree_where(active, st1, st)
-        return (y, st, emax), y
+        out = y
+        if events is not None:
+            jump_index, jump_sizes, reset_index = events
+            y = apply_jumps(y, i + 1, active, jump_index, jump_sizes)
+            reset = jnp.any(reset_index == i + 1, axis=1) & active
+            st = reset_state(solver, f, tb, y, params, st, reset)
+        return (y, st, emax), out
 
     @jax.checkpoint
     def one_chunk(carry, xs):
@@ -315,19 +397,20 @@ def _replay_block(
 
 def replay_batched(
     f, solver, times, n_eff, y0, params, save_index, rtol, atol, *, group_size: int,
-    chunk_size: int,
+    chunk_size: int, events=None,
 ):
     """Replay batched inputs over the node ``times`` as they are, grouping trajectories of
-    similar length. Returns ``(ys, y1, err, work)``."""
+    similar length. ``events`` as in `_replay_block`. Returns ``(ys, y1, err, work)``."""
     n = y0.shape[0]
     if n <= group_size:
         return _replay_block(f, solver, times, n_eff, y0, params, save_index, rtol, atol,
-                             chunk_size)
+                             chunk_size, events)
     group, ungroup, n_pad = length_groups(n_eff, group_size)
-    args = jax.tree_util.tree_map(group, (times, n_eff, y0, params, save_index))
+    args = jax.tree_util.tree_map(group, (times, n_eff, y0, params, save_index, events))
 
     def body(a):
-        return _replay_block(f, solver, *a, rtol, atol, chunk_size)
+        *a, ev = a
+        return _replay_block(f, solver, *a, rtol, atol, chunk_size, ev)
 
     ys, y1, emax, work = jax.lax.map(body, args)
     return ungroup(ys), ungroup(y1), ungroup(emax), jnp.sum(work) * n / n_pad
@@ -338,17 +421,22 @@ def replay_nodes(f, solver, nodes: ReplayNodes, y0, params, rtol, atol, moved: b
     """The batched replay of ``nodes`` (moved save nodes applied when ``moved``)."""
     times = node_times(nodes.times, nodes.save_index, nodes.tsave, nodes.subst)[0] \
         if moved else nodes.times
+    ev = nodes.events
+    if ev is not None:
+        times = jump_node_times(times, ev)
+        ev = (ev.jump_index, ev.jump_sizes, ev.reset_index)
     group_size = layout.group_size or default_group_size(layout.backend)
     return ReplayOutput(*replay_batched(
         f, solver, times, nodes.n_eff, y0, params, nodes.save_index, rtol, atol,
-        group_size=group_size, chunk_size=layout.chunk_size))
+        group_size=group_size, chunk_size=layout.chunk_size, events=ev))
 
 
 class Batched(AbstractDriver):
     """The XLA record loop and the replay of vmapped solver steps (``lax.scan`` in
     rematerialised chunks), differentiated by JAX.
 
-    Applies to every solver and vector field; the slowest of the replays for explicit
+    Applies to every solver and vector field, and the one that applies known-time events
+    (``jumps=``, ``tstops=``, SPEC §8.1); the slowest of the replays for explicit
     solvers on CPU, and the only one for stiff (Rosenbrock) and Diffrax solvers, for
     forward mode and for second derivatives. ``Solution.route == "gradsolve-batched"``.
 
@@ -358,16 +446,16 @@ class Batched(AbstractDriver):
 
     name: ClassVar[str] = "gradsolve-batched"
 
-    def record_reason(self, f, solver, y0, params) -> str | None:
+    def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         return None
 
-    def replay_reason(self, f, solver, y0, params) -> str | None:
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         return None
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-               max_steps: int, fill: bool) -> Mesh:
+               max_steps: int, fill: bool, events=None) -> Mesh:
         return record_loop(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                           max_steps, fill)
+                           max_steps, fill, events)
 
     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
         return replay_nodes(f, solver, nodes, y0, params, rtol, atol, moved, layout)

@@ -59,6 +59,12 @@ def _status(result):
     ).astype(jnp.int32)
 
 
+EVENTS_REASON = (
+    "its diffrax.StepTo replay does not apply known-time events (jumps= or tstops=); "
+    "gs.drivers.Batched() does, and gs.drivers.Auto() picks it."
+)
+
+
 class Diffrax(AbstractDriver):
     """``jax.vmap(diffrax.diffeqsolve)`` with ``RecursiveCheckpointAdjoint``.
 
@@ -74,12 +80,14 @@ class Diffrax(AbstractDriver):
 
     name: ClassVar[str] = "diffrax-diffeqsolve"
 
-    def record_reason(self, f, solver, y0, params) -> str | None:
+    def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         return ("diffrax.diffeqsolve records no mesh (it reaches save times by dense output, "
                 "not as forced nodes); record with gs.drivers.Auto() and replay with "
                 "gs.drivers.Diffrax(), or solve with it directly.")
 
-    def replay_reason(self, f, solver, y0, params) -> str | None:
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        if events:
+            return EVENTS_REASON
         if diffrax_twin(solver) is None:
             return (f"it runs Diffrax solvers and gs.Tsit5/gs.Dopri5 (their Diffrax twins), "
                     f"not {type(solver).__name__}.")

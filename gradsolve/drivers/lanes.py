@@ -441,16 +441,20 @@ class Lanes(AbstractDriver):
 
     name: ClassVar[str] = "gradsolve-lanes"
 
-    def record_reason(self, f, solver, y0, params) -> str | None:
+    def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         return None
 
-    def replay_reason(self, f, solver, y0, params) -> str | None:
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        if events:
+            return ("the lanes replay's hand-written adjoint does not apply known-time events "
+                    "yet (jumps= or tstops=); gs.drivers.Batched() does, and "
+                    "gs.drivers.Auto() picks it.")
         return lane_field(f, solver, y0, params).reason
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-               max_steps: int, fill: bool) -> Mesh:
+               max_steps: int, fill: bool, events=None) -> Mesh:
         return record_loop(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                           max_steps, fill)
+                           max_steps, fill, events)
 
     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
         field = lane_field(f, solver, y0, params).field

@@ -12,11 +12,21 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import jax.numpy as jnp
+
 from ..._config import kernel_enabled
+from ..._events import empty_events
 from ..._mesh import Mesh
 from ..base import AbstractDriver
 from .ffi_record import kernel_record
 from .ffi_replay import kernel_replay, kernel_target
+
+
+EVENTS_REASON = (
+    "the compiled kernel does not apply known-time events yet (jumps= or tstops=: its C++ "
+    "record and adjoint have no jump nodes or stage resets); gs.drivers.Batched() does, and "
+    "gs.drivers.Auto() picks it."
+)
 
 
 class Kernel(AbstractDriver):
@@ -35,19 +45,29 @@ class Kernel(AbstractDriver):
 
     name: ClassVar[str] = "gradsolve-kernel"
 
-    def record_reason(self, f, solver, y0, params) -> str | None:
+    def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        if events:
+            return EVENTS_REASON
         return kernel_target(f, solver, y0, params).reason
 
-    def replay_reason(self, f, solver, y0, params) -> str | None:
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        if events:
+            return EVENTS_REASON
         return kernel_target(f, solver, y0, params).reason
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-               max_steps: int, fill: bool) -> Mesh:
+               max_steps: int, fill: bool, events=None) -> Mesh:
+        if events is not None:
+            raise ValueError(EVENTS_REASON)
         prefix = kernel_target(f, solver, y0, params).prefix
         out = kernel_record(prefix, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
                             dt0, max_steps, fill)
-        return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, params=params, solver=solver,
-                    rtol=rtol, atol=atol, controller=controller)
+        none = empty_events(*y0.shape, y0.dtype)
+        n = y0.shape[0]
+        return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, jump_times=none.jump_times,
+                    jump_sizes=none.jump_sizes, jump_index=jnp.zeros((n, 0), jnp.int32),
+                    tstops=none.tstops, tstop_index=jnp.zeros((n, 0), jnp.int32),
+                    params=params, solver=solver, rtol=rtol, atol=atol, controller=controller)
 
     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
         prefix = kernel_target(f, solver, y0, params).prefix
