@@ -243,7 +243,7 @@ def test_params_with_non_array_leaves():
     import diffrax
     import equinox as eqx
 
-    from gradsolve.drivers.kernel.ffi_replay import _sources
+    from gradsolve.drivers.kernel.driver import _sources
 
     def f(t, y, p):
         assert p["name"] == "decay"

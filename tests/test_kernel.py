@@ -18,7 +18,7 @@ import pytest
 import gradsolve as gs
 from conftest import lotka_volterra
 from gradsolve import _config
-from gradsolve.drivers.kernel import build, ffi_replay as kernel_replay_mod
+from gradsolve.drivers.kernel import build, driver as kernel_replay_mod
 
 
 

@@ -1,24 +1,32 @@
-"""The compiled replay as a differentiable JAX function, and where the kernel applies.
+"""The `Kernel` driver: where the compiled kernel applies, and its record and replay as
+JAX functions (``jax.ffi`` calls of the generated handlers).
 
-``kernel_replay`` returns the same `gradsolve.drivers.base.ReplayOutput` as the batched
-driver, computed by the generated C++ kernel. Differentiation is
-`gradsolve._adjoint.adjoint_replay`'s: ``grad`` runs the compiled adjoint, forward mode and
-second derivatives the batched driver.
+``kernel_record`` returns the `gradsolve.Mesh` fields the record handler computes (lanes run
+independent trajectories, one step attempt per lane per iteration, refilled as trajectories
+finish; the controller is `gradsolve._controller`'s, written per lane). ``kernel_replay``
+returns the same `gradsolve.drivers.base.ReplayOutput` as the batched driver. The replay's
+differentiation is `gradsolve._adjoint.adjoint_replay`'s: ``grad`` runs the compiled
+adjoint, forward mode and second derivatives the batched driver.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import NamedTuple
+from functools import partial
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
+from ..._adjoint import (adjoint_replay, cache_key, flat_field, flat_params, flatten_spec,
+                        per_trajectory)
 from ..._caches import cache
+from ..._config import kernel_enabled
+from ..._events import empty_events
+from ..._mesh import Mesh
 from ..._solver.base import AbstractExplicitRK
-from ..base import ReplayLayout, ReplayNodes, ReplayOutput
+from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
 from . import build
 from .codegen import Unsupported
 from .source import generate
@@ -160,3 +168,93 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
     ), n)
     return adjoint_replay(fwd_call, bwd_call, f, solver, nodes, y0, params, rtol, atol, layout,
                           moved, before_bwd=lambda: build.load_part(prefix, bwd_part))
+
+
+def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                  max_steps: int, fill: bool = True) -> dict:
+    """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)`` through the kernel ``prefix``;
+    returns the `gradsolve.Mesh` fields it computes.
+
+    ``fill=False`` leaves mesh slots past each trajectory's ``n_steps`` unwritten (see
+    `gradsolve.Mesh`), so the cost follows the steps taken, not ``max_steps``.
+    """
+    n, d = y0.shape
+    k = ts.shape[1]
+    dtype = y0.dtype
+    leaves = flatten_spec(params)[0]
+    pflat = flat_params(leaves, n, dtype)
+    t01 = per_trajectory((t0, t1), n, dtype)
+    tol = per_trajectory((rtol, atol), n, dtype)
+    dt0 = per_trajectory((jnp.nan if dt0 is None else dt0,), n, dtype)[:, 0]  # NaN: pick h0
+    ctrl = per_trajectory((controller.pcoeff, controller.icoeff, controller.safety,
+                           controller.factormin, controller.factormax), n, dtype)
+    i32 = jnp.int32
+    call = spread(lambda m: partial(jax.ffi.ffi_call(
+        f"{prefix}_rec",
+        (jax.ShapeDtypeStruct((m, max_steps + 1), dtype), jax.ShapeDtypeStruct((m,), i32),
+         jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32),
+         jax.ShapeDtypeStruct((m, k), i32), jax.ShapeDtypeStruct((m,), dtype),
+         jax.ShapeDtypeStruct((m, d), dtype)),
+        vmap_method="broadcast_all",
+    ), fill=bool(fill)), n)
+    times, n_steps, n_rej, status, save_index, dt_next, y_last = call(
+        t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl)
+    return dict(times=times, n_steps=n_steps, n_rejected=n_rej, status=status,
+                save_index=save_index, dt_next=dt_next, y_last=y_last)
+
+
+EVENTS_REASON = (
+    "the compiled kernel does not apply known-time events yet (jumps= or tstops=: its C++ "
+    "record and adjoint have no jump nodes or stage resets); gs.drivers.Batched() does, and "
+    "gs.drivers.Auto() picks it."
+)
+
+
+class Kernel(AbstractDriver):
+    """The compiled CPU kernel: record, replay and the replay's discrete adjoint in C++.
+
+    Applies on CPU to explicit Runge–Kutta solvers (`gradsolve.Tsit5`, `gradsolve.Dopri5`,
+    `gradsolve.Vern7`) with float32/float64 states and a vector field the translator handles
+    (no loops or traced indexing), where a C++ compiler is found. Several times faster than
+    the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
+    mode and second derivatives are the batched driver's. ``Solution.route ==
+    "gradsolve-kernel"``.
+
+    Example:
+        >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Kernel())
+    """
+
+    name: ClassVar[str] = "gradsolve-kernel"
+
+    def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        if events:
+            return EVENTS_REASON
+        return kernel_target(f, solver, y0, params).reason
+
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        if events:
+            return EVENTS_REASON
+        return kernel_target(f, solver, y0, params).reason
+
+    def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+               max_steps: int, fill: bool, events=None) -> Mesh:
+        if events is not None:
+            raise ValueError(EVENTS_REASON)
+        prefix = kernel_target(f, solver, y0, params).prefix
+        out = kernel_record(prefix, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
+                            dt0, max_steps, fill)
+        none = empty_events(*y0.shape, y0.dtype)
+        n = y0.shape[0]
+        return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, jump_times=none.jump_times,
+                    jump_sizes=none.jump_sizes, jump_index=jnp.zeros((n, 0), jnp.int32),
+                    tstops=none.tstops, tstop_index=jnp.zeros((n, 0), jnp.int32),
+                    params=params, solver=solver, rtol=rtol, atol=atol, controller=controller)
+
+    def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
+        prefix = kernel_target(f, solver, y0, params).prefix
+        return kernel_replay(prefix, f, solver, nodes, y0, params, rtol, atol, moved, layout)
+
+
+def kernel_allowed() -> bool:
+    """Whether `gradsolve.drivers.Auto` may pick the kernel (`gradsolve.use_compiled_kernel`)."""
+    return kernel_enabled()
