@@ -116,7 +116,23 @@ def replay(
             f"{where}: `ts` must have the recorded save-time shape {tuple(mesh.ts.shape)}, got "
             f"{tuple(jnp.shape(ts))}. Save times are mesh points: re-record for other times."
         )
-    events = None
+    events = _replay_jumps(mesh, bm, b, jumps, where)
+    if ts is not None and is_concrete(b.ts, bm.times) and not mesh.has_events:
+        # Concrete inputs may still sit inside a jit/vmap trace (a mesh and ts closed
+        # over): evaluate the check now, on the host, rather than staging it out.
+        with jax.ensure_compile_time_eval():
+            check_moved_ts(bm, b.ts)
+    if mesh.has_events and (ts is not None or events is not None) and \
+            is_concrete(b.ts, bm.times, events):
+        with jax.ensure_compile_time_eval():
+            check_moved_events(bm, b.ts if ts is not None else None, events)
+    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size, driver=driver,
+                           events=events)
+
+
+def _replay_jumps(mesh: Mesh, bm: Mesh, b, jumps, where: str):
+    """The batched jumps of a replay, checked against the mesh's (``None`` without any):
+    a mesh recorded with jumps needs them again, of the recorded shape and padding."""
     if mesh.n_jumps and jumps is None:
         raise ValueError(
             f"{where}: the mesh was recorded with `jumps` ({mesh.n_jumps} per trajectory); pass "
@@ -146,17 +162,7 @@ def replay(
                     "where the mesh has a jump or the other way round; the schedule must keep "
                     "its recorded padding."
                 )
-    if ts is not None and is_concrete(b.ts, bm.times) and not mesh.has_events:
-        # Concrete inputs may still sit inside a jit/vmap trace (a mesh and ts closed
-        # over): evaluate the check now, on the host, rather than staging it out.
-        with jax.ensure_compile_time_eval():
-            check_moved_ts(bm, b.ts)
-    if mesh.has_events and (ts is not None or events is not None) and \
-            is_concrete(b.ts, bm.times, events):
-        with jax.ensure_compile_time_eval():
-            check_moved_events(bm, b.ts if ts is not None else None, events)
-    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size, driver=driver,
-                           events=events)
+    return None if jumps is None else events
 
 
 def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
