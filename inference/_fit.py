@@ -66,6 +66,8 @@ class FitState(NamedTuple):
         u_rec: ``(n, D)`` the parameters each start's mesh was recorded at.
         opt_state: the Optax state.
         mesh: the ensemble's mesh (JAX arrays).
+        mesh_host: the same mesh on the host (NumPy): re-records are merged into it, so a
+            re-record copies only the new rows to the device, not the whole mesh back.
         alive: ``(n,)`` False for starts frozen after a failed record.
         pending: ``(n,)`` starts to re-record before the next step (the policy's verdict
             on the last step).
@@ -87,6 +89,7 @@ class FitState(NamedTuple):
     u_rec: Float[np.ndarray, "n D"]
     opt_state: Any
     mesh: gs.Mesh
+    mesh_host: gs.Mesh
     alive: Bool[np.ndarray, " n"]
     pending: Bool[np.ndarray, " n"]
     urgency: Float[np.ndarray, " n"]
@@ -171,11 +174,14 @@ class FitKernel:
         mesh = self.problem.record(u[idx], self.policy.record_tol_factor).to_host()
         return mesh.select(np.arange(len(distinct))), distinct
 
-    def merge(self, s: FitState, rows: np.ndarray, sub: gs.Mesh) -> gs.Mesh:
-        """The ensemble mesh of ``s`` with its rows ``rows`` replaced by host mesh ``sub``."""
+    @staticmethod
+    def merge(s: FitState, rows: np.ndarray, sub: gs.Mesh) -> dict:
+        """The meshes of ``s`` (host and device) with rows ``rows`` replaced by host mesh
+        ``sub``, as `FitState` fields."""
         if not len(rows):
-            return s.mesh
-        return s.mesh.to_host().scatter(rows, sub).trim().to_device()
+            return dict(mesh=s.mesh, mesh_host=s.mesh_host)
+        host = s.mesh_host.scatter(rows, sub).trim()
+        return dict(mesh=host.to_device(), mesh_host=host)
 
     def rerecord(self, s: FitState, trig: np.ndarray, urgency: np.ndarray) -> FitState:
         """``s`` with the starts ``trig`` (and, in the padding, the most urgent others)
@@ -187,7 +193,7 @@ class FitKernel:
         alive[rows[~ok]] = False
         u[rows[~ok]] = s.u_rec[rows[~ok]]
         u_rec[rows[ok]] = s.u[rows[ok]]
-        return s._replace(mesh=self.merge(s, rows[ok], sub.select(ok)), alive=alive,
+        return s._replace(**self.merge(s, rows[ok], sub.select(ok)), alive=alive,
                           u=u, u_rec=u_rec, **self._counted(s, rows))
 
     @staticmethod
@@ -204,7 +210,7 @@ class FitKernel:
         u = np.array(u, dtype=np.result_type(float), copy=True)
         mesh, _ = self.record(u, np.arange(n))
         s = FitState(u=u, u_rec=u.copy(), opt_state=self.init_optimizer(jnp.asarray(u)),
-                     mesh=mesh.to_device(), alive=np.ones(n, bool),
+                     mesh=mesh.to_device(), mesh_host=mesh, alive=np.ones(n, bool),
                      pending=np.zeros(n, bool), urgency=np.zeros(n), step=0, history=(),
                      max_error_ratio=np.zeros(n), n_records=1,
                      n_records_per_start=np.ones(n, np.int64), n_grad_evals=0, n_redrawn=0,
@@ -219,7 +225,7 @@ class FitKernel:
             u, rows = s.u.copy(), np.nonzero(bad)[0]
             u[rows] = prior_draws(self.problem.model, self.problem.space, kd, n)[rows]
             sub, rows = self.record(u, rows)
-            s = s._replace(u=u, mesh=self.merge(s, rows, sub),
+            s = s._replace(u=u, **self.merge(s, rows, sub),
                            n_redrawn=s.n_redrawn + len(rows), **self._counted(s, rows))
         if bad.all():
             _no_start_left(bad, np.asarray(s.mesh.status) != 0, max_redraws, can_redraw)
@@ -268,7 +274,7 @@ class FitKernel:
             sub, rows = self.record(s.u, live)
             ok = sub.status == 0
             # the final record is counted in n_records, not per start (as re-records are)
-            s = s._replace(mesh=self.merge(s, rows[ok], sub.select(ok)),
+            s = s._replace(**self.merge(s, rows[ok], sub.select(ok)),
                            n_records=s.n_records + 1)
             e = self.evaluate(s._replace(u_rec=s.u))
             s = s._replace(n_grad_evals=s.n_grad_evals + 1)
