@@ -73,3 +73,22 @@ def pytest_configure(config):
     cache = os.environ.get("GRADSOLVE_TEST_JAX_CACHE") or os.path.join(tempfile.gettempdir(), "gradsolve-jax-cache")
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def killed_then_resumed(monkeypatch, run, path, die_after):
+    """``run(path)`` interrupted (``KeyboardInterrupt``) right after the checkpoint whose
+    state satisfies ``die_after(state)``, then ``run(path)`` again: the resumed result."""
+    import inference._checkpoint as ckpt
+
+    real_save = ckpt.save
+
+    def save_then_die(p, fingerprint, state):
+        real_save(p, fingerprint, state)
+        if die_after(state):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "save", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(path)
+    monkeypatch.setattr(ckpt, "save", real_save)
+    return run(path)

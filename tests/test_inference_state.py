@@ -18,6 +18,7 @@ from scipy import stats
 import gradsolve as gs
 import inference
 import models
+from conftest import killed_then_resumed
 from inference import MeshPolicy
 
 
@@ -179,26 +180,20 @@ def test_fit_checkpoint_is_the_state_and_resumes_a_pending_rerecord(tmp_path):
 def test_sample_killed_in_warmup_resumes_to_the_same_draws(tmp_path, monkeypatch):
     """The sampler's checkpoint is its state: killed right after the first warmup window
     (its per-chain meshes just re-recorded), a resumed run gives the uninterrupted draws."""
-    import inference._checkpoint as ckpt
-
     m, data = Decay(), models.Dataset(ts=TS, ys=YS)
     kw = dict(num_warmup=30, num_samples=60, num_chains=2, seed=4, progress=False,
               init={"k": jnp.asarray(0.8), "sigma": jnp.asarray(0.1)})
     clean = inference.sample(m, data, **kw)
-    real_save = ckpt.save
 
-    def save_then_die(path, fingerprint, state):
-        real_save(path, fingerprint, state)
-        if state.iteration == 10:
-            assert isinstance(state, inference.SampleState) and state.window == 1
-            raise KeyboardInterrupt
+    def first_window_done(state):
+        if state.iteration != 10:
+            return False
+        assert isinstance(state, inference.SampleState) and state.window == 1
+        return True
 
-    path = tmp_path / "warm.pkl"
-    monkeypatch.setattr(ckpt, "save", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        inference.sample(m, data, checkpoint=path, **kw)
-    monkeypatch.setattr(ckpt, "save", real_save)
-    resumed = inference.sample(m, data, checkpoint=path, **kw)
+    resumed = killed_then_resumed(
+        monkeypatch, lambda path: inference.sample(m, data, checkpoint=path, **kw),
+        tmp_path / "warm.pkl", first_window_done)
     for k in ("k", "sigma"):
         np.testing.assert_array_equal(resumed.posterior[k].values, clean.posterior[k].values)
     np.testing.assert_array_equal(resumed.sample_stats["n_steps"].values,

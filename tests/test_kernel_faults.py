@@ -131,30 +131,27 @@ def _decay_problem():
     return y0, p, jnp.exp(-p * 2.0)
 
 
-@requires_compiler
-def test_build_timeout_falls_back_with_its_reason(monkeypatch, tmp_path):
-    _fresh_settings(monkeypatch, tmp_path, kernel_build_timeout=1e-3)
+def _slow_to_build(t, y, p):
+    return -p * y + 0.0 * jnp.sin(t)
 
-    def slow_to_build(t, y, p):
-        return -p * y + 0.0 * jnp.sin(t)
 
-    y0, p, exact = _decay_problem()
-    with pytest.warns(RuntimeWarning, match=r"took longer than 0.001 s"):
-        sol = gs.solve(slow_to_build, 0.0, 2.0, y0, p, rtol=1e-10, atol=1e-12)
-    assert sol.route == "gradsolve-lanes"
-    np.testing.assert_allclose(sol.y1, exact, rtol=1e-8)
+def _big_field(t, y, p):
+    return -p * y + 0.0 * jnp.cos(t)
 
 
 @requires_compiler
-def test_oversized_source_is_not_built(monkeypatch, tmp_path):
-    _fresh_settings(monkeypatch, tmp_path, kernel_max_source_mb=1e-4)
-
-    def big_field(t, y, p):
-        return -p * y + 0.0 * jnp.cos(t)
-
+@pytest.mark.parametrize("field, limit, message", [
+    (_slow_to_build, {"kernel_build_timeout": 1e-3}, r"took longer than 0.001 s"),
+    (_big_field, {"kernel_max_source_mb": 1e-4}, r"over the 0.0001 MB limit"),
+], ids=["timeout", "source-size"])
+def test_bounded_builds_fall_back_with_their_reason(monkeypatch, tmp_path, field, limit,
+                                                    message):
+    """A compiler past its timeout, or a generated source over the size limit, leaves the
+    kernel unbuilt: an XLA driver runs, with a warning saying which limit."""
+    _fresh_settings(monkeypatch, tmp_path, **limit)
     y0, p, exact = _decay_problem()
-    with pytest.warns(RuntimeWarning, match=r"over the 0.0001 MB limit"):
-        sol = gs.solve(big_field, 0.0, 2.0, y0, p, rtol=1e-10, atol=1e-12)
+    with pytest.warns(RuntimeWarning, match=message):
+        sol = gs.solve(field, 0.0, 2.0, y0, p, rtol=1e-10, atol=1e-12)
     assert sol.route == "gradsolve-lanes"
     np.testing.assert_allclose(sol.y1, exact, rtol=1e-8)
     assert not list((tmp_path / "kernels").glob("gs_*.so"))

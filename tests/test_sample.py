@@ -12,7 +12,7 @@ import pytest
 import inference
 import models
 
-from conftest import REF_MEAN, REF_SD  # noqa: E402  (Carpenter's posterior)
+from conftest import killed_then_resumed, REF_MEAN, REF_SD  # noqa: E402  (Carpenter's posterior)
 
 
 def test_sample_lynx_hare_short_run(lynx):
@@ -49,28 +49,16 @@ def test_sample_lynx_hare_short_run(lynx):
 
 def test_sample_checkpoint_resume(lynx, tmp_path, monkeypatch):
     """A run killed right after a checkpoint resumes to the same draws as a clean run."""
-    import inference._checkpoint as ckpt
-
     m, data = lynx
     kw = dict(num_warmup=50, num_samples=200, num_chains=2, seed=1, progress=False,
               init=dict(m.defaults), checkpoint_every=100)
     clean = inference.sample(m, data, checkpoint=tmp_path / "clean.pkl", **kw)
 
-    real_save = ckpt.save
-    calls = {"n": 0}
-
-    def save_then_die(path, fingerprint, state):
-        real_save(path, fingerprint, state)
-        calls["n"] += 1
-        if state.iteration == 150:  # 50 warmup + 100 draws: killed right after this checkpoint
-            raise KeyboardInterrupt
-
     path = tmp_path / "killed.pkl"
-    monkeypatch.setattr(ckpt, "save", save_then_die)
-    with pytest.raises(KeyboardInterrupt):
-        inference.sample(m, data, checkpoint=path, **kw)
-    monkeypatch.setattr(ckpt, "save", real_save)
-    resumed = inference.sample(m, data, checkpoint=path, **kw)
+    # 50 warmup + 100 draws: killed right after this checkpoint
+    resumed = killed_then_resumed(
+        monkeypatch, lambda p: inference.sample(m, data, checkpoint=p, **kw), path,
+        lambda state: state.iteration == 150)
     for k in ("theta", "z_init", "sigma"):
         np.testing.assert_allclose(resumed.posterior[k].values, clean.posterior[k].values,
                                    rtol=1e-10)
