@@ -15,6 +15,8 @@ cannot move a node, and NaN for failed trajectories.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -181,8 +183,14 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
     layout = ReplayLayout(None if group_size is None else int(group_size), int(chunk_size),
                           jax.default_backend())
     jumps = None if events is None else (events.jump_times, events.jump_sizes)
+    # The Taylor terms that differentiate t0, t1 and save times that cannot move a node
+    # evaluate f in forward mode (jax.jvp); only where those times are traced, so a vector
+    # field that forward mode cannot enter (a jax.custom_vjp) still solves and replays.
+    taylor = TaylorTerms(t0=not is_concrete(mesh.t0), t1=not is_concrete(mesh.t1),
+                         ts=ts_given and not is_concrete(b.ts))
     ys, y1, err, work, out_ts, status = _replay_core(
-        driver, f, mesh, b.y0, b.params, b.ts if ts_given else None, layout, check_moved, jumps)
+        driver, f, mesh, b.y0, b.params, b.ts if ts_given else None, layout, check_moved, jumps,
+        taylor)
     stats = {
         "num_accepted_steps": mesh.n_steps,
         "num_rejected_steps": mesh.n_rejected,
@@ -200,11 +208,23 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
                     route=route)
 
 
+class TaylorTerms(NamedTuple):
+    """Which of ``t0``, ``t1`` and the save times ``ts`` are traced (may carry derivatives),
+    so `_replay_core` adds their Taylor terms; concrete ones get none (they would add zero
+    and need ``f`` in forward mode)."""
+
+    t0: bool = True
+    t1: bool = True
+    ts: bool = True
+
+
 @eqx.filter_jit
 def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: ReplayLayout,
-                 check_moved: bool = True, jumps=None):
+                 check_moved: bool = True, jumps=None, taylor: "TaylorTerms" = None):
     """Jitted body of `replay` on batched, validated inputs, ``driver`` concrete;
-    ``jumps`` ``(times (n, J), sizes (n, J, d))`` for a mesh recorded with jumps."""
+    ``jumps`` ``(times (n, J), sizes (n, J, d))`` for a mesh recorded with jumps;
+    ``taylor`` which times are traced (their Taylor terms run; default all)."""
+    taylor = TaylorTerms() if taylor is None else taylor
     bm = mesh.batch()
     dtype = y0.dtype
     failed = bm.status != Status.OK
@@ -247,9 +267,11 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
 
     # Derivatives w.r.t. t0 (a traced mesh.t0, e.g. gs.solve differentiated w.r.t. t0):
     # y(t; t0 + s, y0) = y(t; t0, y0 - s f + s^2/2 f'), so replay from that y0.
-    t0_live = jnp.asarray(mesh.t0, dtype)
-    s0 = jnp.broadcast_to(t0_live - _sg(t0_live), y0.shape[:1])
-    y0 = jax.vmap(lambda y, p, s: taylor2(f, t0[None], y[None], p, -s[None])[0])(y0, params, s0)
+    if taylor.t0:
+        t0_live = jnp.asarray(mesh.t0, dtype)
+        s0 = jnp.broadcast_to(t0_live - _sg(t0_live), y0.shape[:1])
+        y0 = jax.vmap(lambda y, p, s: taylor2(f, t0[None], y[None], p, -s[None])[0])(
+            y0, params, s0)
 
     nodes = ReplayNodes(times, n_eff, bm.save_index, tsave, subst, events)
     out = driver.replay(f, mesh.solver, nodes, y0, params, rtol, atol, moved=ts is not None,
@@ -261,15 +283,18 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
         # around the first equal save time (whose node they share).
         shared = dup & interior
         node_t = jnp.where(shared, ts[rows, first], _sg(ts))
-        shift = jnp.where(subst, 0.0, ts - node_t)
-        ys = jax.vmap(lambda t, y, p, s: taylor2(f, t, y, p, s))(node_t, ys, params, shift)
+        if taylor.ts:
+            shift = jnp.where(subst, 0.0, ts - node_t)
+            ys = jax.vmap(lambda t, y, p, s: taylor2(f, t, y, p, s))(node_t, ys, params, shift)
         # Replayed at new times, duplicates that no longer coincide have no node of their
         # own: NaN (outside jit, `replay` raises instead).
         ys = jnp.where((shared & (ts != node_t))[..., None], jnp.nan, ys)
     # Derivatives w.r.t. t1: y1 = y(t1) moves with t1.
-    t1_live = jnp.asarray(mesh.t1, dtype)
-    s1 = jnp.broadcast_to(t1_live - _sg(t1_live), y1.shape[:1])
-    y1 = jax.vmap(lambda y, p, s: taylor2(f, t1[None], y[None], p, s[None])[0])(y1, params, s1)
+    if taylor.t1:
+        t1_live = jnp.asarray(mesh.t1, dtype)
+        s1 = jnp.broadcast_to(t1_live - _sg(t1_live), y1.shape[:1])
+        y1 = jax.vmap(lambda y, p, s: taylor2(f, t1[None], y[None], p, s[None])[0])(
+            y1, params, s1)
     nan = jnp.asarray(jnp.nan, dtype)
     ys = jnp.where(failed[:, None, None], nan, ys)
     y1 = jnp.where(failed[:, None], nan, y1)

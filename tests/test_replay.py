@@ -435,3 +435,24 @@ def test_replay_with_closed_over_per_trajectory_ts_under_jit_and_vmap(kernel):
             jax.jit(lambda q: gs.replay(f, mesh, y0, q, ts=bad).ys)(p)
     np.testing.assert_allclose(np.asarray(g), (-np.asarray(ts) * exact(p)).sum(axis=1), rtol=1e-7)
     np.testing.assert_allclose(np.asarray(ys[1, :, :, 0]), exact(1.01 * p), rtol=1e-8)
+
+
+@pytest.mark.parametrize("driver", [gs.drivers.Auto(), gs.drivers.Batched()], ids=["auto", "batched"])
+def test_field_with_custom_vjp_solves_and_differentiates(driver):
+    """A vector field containing a ``jax.custom_vjp`` (which forward mode cannot enter)
+    solves, replays and differentiates: the Taylor terms of t0/t1/ts, which need forward
+    mode, run only where those times are traced."""
+    @jax.custom_vjp
+    def rate(p):
+        return p
+
+    rate.defvjp(lambda p: (p, None), lambda _, g: (g,))
+    f = lambda t, y, p: -rate(p) * y
+    y0, p, ts = jnp.ones((3, 1)), jnp.array([[0.5], [1.0], [2.0]]), jnp.linspace(0.0, 1.0, 5)
+    exact = jnp.exp(-p * ts[None, :])[..., None]
+    sol = gs.solve(f, 0.0, 1.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12, driver=driver)
+    np.testing.assert_allclose(sol.ys, exact, rtol=1e-8)
+    mesh = gs.record(f, 0.0, 1.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12, driver=driver)
+    g = jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q, ts=ts, driver=driver).ys))(p)
+    np.testing.assert_allclose(g, jnp.sum(-ts * jnp.exp(-p * ts), axis=1, keepdims=True),
+                               rtol=1e-7)
