@@ -79,24 +79,29 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
                                        controller, where, dt0)
     events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)
     fixed_steps = isinstance(solver, DiffraxSolver) and not solver.adaptive
-    if events is not None and (isinstance(driver, Diffrax) or fixed_steps):
-        raise ValueError(
-            f"{where}: known-time events (jumps=, tstops=) need a recorded mesh: "
-            + (f"`driver` Diffrax() does not apply here: {DIFFRAX_EVENTS}" if isinstance(
-                driver, Diffrax) else f"`solver` {type(solver.solver).__name__} has no error "
-               "estimate. Use an adaptive solver with gs.drivers.Auto() or Batched().")
-        )
-    if isinstance(driver, Diffrax) or (fixed_steps and (driver is None or isinstance(driver, Auto))):
-        resolve(Diffrax(), "replay", f, solver, b.y0, b.params, where)  # refuses Vern7, ...
-        return solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps, controller, throw,
-                             where)
-    if fixed_steps:
+    # diffrax.diffeqsolve runs when asked for, and for a solver without an error estimate
+    # (no mesh to record), which only it can run.
+    on_diffrax = isinstance(driver, Diffrax) or (
+        fixed_steps and isinstance(driver, (type(None), Auto)))
+    if fixed_steps and not on_diffrax:
         raise ValueError(
             f"{where}: `driver` {type(driver).__name__}() does not apply here: `solver` "
             f"{type(solver.solver).__name__} has no error estimate, so it records no mesh; "
             "only gs.drivers.Diffrax() runs it (constant steps dt0), which the default "
             "driver picks."
         )
+    if on_diffrax:
+        if events is not None:
+            raise ValueError(
+                f"{where}: known-time events (jumps=, tstops=) need a recorded mesh: "
+                + (f"`driver` Diffrax() does not apply here: {DIFFRAX_EVENTS}"
+                   if isinstance(driver, Diffrax) else f"`solver` {type(solver.solver).__name__} "
+                   "has no error estimate. Use an adaptive solver with gs.drivers.Auto() or "
+                   "Batched().")
+            )
+        resolve(Diffrax(), "replay", f, solver, b.y0, b.params, where)  # refuses Vern7, ...
+        return solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps, controller, throw,
+                             where)
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
                            where, driver, events)
     if b.single:

@@ -26,6 +26,7 @@ from .._mesh import Status
 from .._savetimes import node_times
 from .._solution import Solution
 from .._solver.diffrax_adapter import DiffraxSolver
+from .._traced import runtime_checks
 from .base import AbstractDriver, ReplayOutput
 
 
@@ -141,8 +142,6 @@ def solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps: int, control
     ``stats["status"]`` with NaN outputs; outside ``jit`` (or with ``throw=True``) a failure
     raises."""
     import diffrax
-
-    from .._record import runtime_checks
 
     adaptive = not (isinstance(solver, DiffraxSolver) and not solver.adaptive)
     dsolver = diffrax_twin(solver)
