@@ -34,7 +34,6 @@ def diffrax_numpyro_model(model, data, *, rtol: float = TOLERANCES.rtol,
     ts = jnp.asarray(data.ts, dtype=float)
     t_end = float(np.asarray(data.ts)[-1])
     ys = jnp.asarray(data.ys)
-    observed = np.asarray(model.observed)
     term = diffrax.ODETerm(lambda t, y, args: model.vector_field(t, y, args))
 
     def program():
@@ -45,7 +44,7 @@ def diffrax_numpyro_model(model, data, *, rtol: float = TOLERANCES.rtol,
             stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol),
             max_steps=max_steps, throw=False,
         )
-        pred = sol.ys[:, observed]
+        pred = model.observe(p, ts, sol.ys)
         ok = jnp.all(jnp.isfinite(pred))  # a failed solve: -inf, as users of Diffrax do
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
         numpyro.sample("obs", model.observations(p, jnp.where(ok, pred, 1.0)), obs=ys)

@@ -109,11 +109,11 @@ def numpyro_model(
         if ts is None:
             raise ValueError("numpyro_model: pass `ts` (no data given)")
         ts = np.asarray(ts, dtype=float)
-        obs = np.full((ts.shape[0], len(model.observed)), np.nan) if ys is None else ys
+        obs = np.full((ts.shape[0], len(model.observed_names)), np.nan) if ys is None else ys
         prob = Problem(model, _Data(ts, obs), solver=solver, rtol=rtol, atol=atol,
                        max_steps=max_steps)
         params = {k: numpyro.sample(k, d) for k, d in model.priors.items()}
-        y_pred, ok = prob.predictions(prob.solve(params).ys)
+        y_pred, ok = prob.predictions(params, prob.solve(params).ys)
         numpyro.deterministic("y_pred", y_pred)
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
         numpyro.sample("obs", model.observations(params, y_pred), obs=ys)

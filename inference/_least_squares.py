@@ -51,7 +51,7 @@ class LeastSquaresState(NamedTuple):
 
 
 def _is_lognormal(model, params) -> bool:
-    d = model.noise(params, jnp.ones((2, len(model.observed))))
+    d = model.noise(params, jnp.ones((2, len(model.observed_names))))
     while isinstance(d, (dist.Independent, dist.ExpandedDistribution)):
         d = d.base_dist
     return isinstance(d, dist.LogNormal)
@@ -97,8 +97,9 @@ class LeastSquaresKernel:
     def predict(self, u, mesh=None):
         """Predicted observed states ``(k, m)`` at ``u (D,)`` (replay of ``mesh``, or an
         adaptive solve) and the replay's error ratio."""
-        sol = self.problem.states(self.problem.space.from_unconstrained(u), mesh)
-        return self.problem.observe(sol.ys), sol.error_ratio
+        x = self.problem.space.from_unconstrained(u)
+        sol = self.problem.states(x, mesh)
+        return self.problem.observe(x, sol.ys), sol.error_ratio
 
     def residuals(self, y_pred) -> jax.Array:
         """``(k * m,)`` residuals, zero at missing observations."""

@@ -54,7 +54,8 @@ MAX_STEPS = 4096  # default step capacity of a record or a solve
 class InferenceModel(Protocol):
     """The interface between a model and `inference` (`models.ODEModel` satisfies it).
 
-    Shapes: ``d`` states, ``m`` observed states, ``k`` observation times; a parameter dict
+    Shapes: ``d`` states, ``m`` observed quantities (``len(observed_names)``: observed
+    states, or the outputs of an observation function), ``k`` observation times; a parameter dict
     has the keys of ``priors``, each leaf of the prior's shape, or with a leading axis
     ``n`` for an ensemble.
 
@@ -67,8 +68,9 @@ class InferenceModel(Protocol):
     priors: Mapping[str, dist.Distribution]   # parameter name -> NumPyro prior
     defaults: Mapping[str, Any]               # a parameter dict (inside the support)
     t0: float                                 # initial time
-    observed: tuple[int, ...]                 # indices of the m observed states
-    observed_names: tuple[str, ...]           # their names (the data columns)
+    observed: tuple[int, ...]                 # indices of observed states; () if observe
+                                              # applies an observation function
+    observed_names: tuple[str, ...]           # the m observed quantities (data columns)
     vector_field: Callable                    # f(t, y (d,), params) -> (d,)
     solver: Any                               # the default gradsolve solver
 
@@ -83,6 +85,10 @@ class InferenceModel(Protocol):
 
     def log_prior(self, params: Mapping[str, Any]) -> jax.Array:
         """Sum of the priors' log densities: scalar, or ``(n,)``."""
+
+    def observe(self, params: Mapping[str, Any], ts: Any, ys: jax.Array) -> jax.Array:
+        """The ``m`` observed quantities of solved states at times ``ts (k,)``: ``ys (k, d)
+        -> (k, m)``, ``(n, k, d) -> (n, k, m)`` (an ensemble of ``params``)."""
 
     def log_likelihood_from_prediction(self, params, y_pred, ys) -> jax.Array:
         """``log p(ys (k, m) | y_pred)``: scalar, or ``(n,)`` for ``y_pred (n, k, m)``."""
@@ -175,16 +181,19 @@ class Problem:
         return gs.replay(self.model.vector_field, mesh, self.model.initial_state(x), x)
 
     # --------------------------------------------------------------------- densities
-    def observe(self, ys: jax.Array) -> jax.Array:
-        """The observed states ``(..., k, m)`` of solved states ``ys (..., k, d)``."""
-        obs = tuple(self.model.observed)
-        return ys if obs == tuple(range(ys.shape[-1])) else ys[..., np.asarray(obs)]
+    def observe(self, x: Mapping[str, jax.Array], ys: jax.Array) -> jax.Array:
+        """The observed quantities ``(..., k, m)`` of solved states ``ys (..., k, d)`` at
+        the constrained dict ``x`` (``model.observe`` at the data's times: an observation
+        function may depend on the parameters, e.g. ``amount / volume``)."""
+        return self.model.observe(x, self.ts, ys)
 
-    def predictions(self, ys: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Predicted observed states of solved states ``ys (..., k, d)``: ``(y_pred, ok)``,
-        ``y_pred (..., k, m)`` with non-finite rows (a failed solve) replaced by ones so the
-        noise model stays finite, ``ok (...)`` False there."""
-        y = self.observe(ys)
+    def predictions(self, x: Mapping[str, jax.Array], ys: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
+        """Predicted observed quantities of solved states ``ys (..., k, d)`` at the
+        constrained dict ``x``: ``(y_pred, ok)``, ``y_pred (..., k, m)`` with non-finite
+        rows (a failed solve) replaced by ones so the noise model stays finite, ``ok (...)``
+        False there."""
+        y = self.observe(x, ys)
         ok = jnp.all(jnp.isfinite(y), axis=(-2, -1))
         return jnp.where(ok[..., None, None], y, 1.0), ok
 
@@ -193,7 +202,7 @@ class Problem:
         """``log p(x) + log p(data | states ys)`` (without the prior: ``prior=False``), for a
         constrained dict ``x`` and solved states ``ys (..., k, d)``. A failed solve or a
         non-finite likelihood gives ``-inf`` with a zero (not NaN) gradient."""
-        y, ok = self.predictions(ys)
+        y, ok = self.predictions(x, ys)
         ll = self.model.log_likelihood_from_prediction(x, y, self.ys_obs)
         good = ok & jnp.isfinite(ll)
         ll = jnp.where(good, jnp.where(good, ll, 0.0), -jnp.inf)
@@ -229,11 +238,11 @@ def _checked_data(model, data) -> tuple[np.ndarray, Any]:
             "over the Dataset instead (its `ys` may be traced)"
         )
     ts = np.asarray(ts, dtype=float)
-    m_obs = len(model.observed)
+    m_obs = len(model.observed_names)
     if np.ndim(ys) != 2 or np.shape(ys) != (ts.shape[0], m_obs):
         raise ValueError(
             f"`data.ys` has shape {np.shape(ys)}; expected ({ts.shape[0]}, {m_obs}) for "
-            f"the observed states {tuple(model.observed)} of model {model.name!r}"
+            f"the observed quantities {tuple(model.observed_names)} of model {model.name!r}"
         )
     if ts.ndim != 1 or ts.size == 0:
         raise ValueError(f"`data.ts` must have shape (k,) with k >= 1, got {ts.shape}")

@@ -167,6 +167,28 @@ def _wrap_log_likelihood(fn):
     return noise
 
 
+def _observation_size(observation, t0: float, y0_struct, params) -> int:
+    """``m``, the length of ``observation(t, y (d,), params)``, read by ``jax.eval_shape``
+    (ValueError naming `observation` if it fails or is not of shape ``(m,)``, ``m >= 1``)."""
+    if not callable(observation):
+        raise ValueError("`observation` must be a callable observation(t, y, params) -> (m,)")
+    t_struct = jax.ShapeDtypeStruct((), jnp.result_type(float))
+    try:
+        out = jax.eval_shape(observation, t_struct, y0_struct, params)
+    except Exception as e:  # surface the user's error with context
+        raise ValueError(
+            f"`observation` failed on (t, y of shape {y0_struct.shape}, defaults): {e}"
+        ) from e
+    shape = getattr(out, "shape", None)
+    if shape is None or len(shape) != 1 or shape[0] < 1:
+        raise ValueError(
+            f"`observation` must return shape (m,) with m >= 1 for ONE time and ONE "
+            f"trajectory (y of shape {y0_struct.shape}); got "
+            f"{shape if shape is not None else type(out).__name__}"
+        )
+    return int(shape[0])
+
+
 @eqx.filter_jit
 def _sample_prior(priors, key, n):
     # compiled once per prior structure (eager NumPyro sampling costs seconds)
@@ -182,7 +204,7 @@ class ODEModel(eqx.Module):
 
         ODEModel(name=..., vector_field=..., priors=..., y0=..., t0=0.0, noise=None,
                  observed=None, stiff=False, defaults=None, state_names=None,
-                 log_likelihood=None)
+                 log_likelihood=None, observation=None, observed_names=None)
 
     Arguments:
         name: a short name.
@@ -199,7 +221,8 @@ class ODEModel(eqx.Module):
             samples have shape ``(k, m)`` (use ``.to_event(2)``). Default (``None``):
             independent ``Normal(y_pred, params["sigma"])``, which needs a ``sigma`` prior.
             Give either ``noise`` or ``log_likelihood``.
-        observed: indices of the measured states (tuple); default all states, in order.
+        observed: indices of the measured states (tuple); default all states, in order
+            (unless ``observation`` is given: then leave it ``None``; `observed` is ``()``).
         stiff: picks the default solver (``gs.Rodas5P()`` if stiff, else ``gs.Tsit5()``).
         defaults: a parameter dict (e.g. a sensible or literature value); missing entries are
             the prior medians (see `prior_median`).
@@ -209,6 +232,12 @@ class ODEModel(eqx.Module):
             ``(k, m)``), for observation models that are not a NumPyro distribution.
             Fitting, `inference.log_density` and sampling use it as is; `simulate` needs
             ``noise`` (a log-likelihood does not say how to draw data).
+        observation: instead of ``observed``, a function ``observation(t, y, params) ->
+            (m,)`` for ONE time and ONE trajectory (``y`` of shape ``(d,)``): what is
+            measured, e.g. a concentration ``amount / volume``. ``m`` (>= 1) is read from
+            ``jax.eval_shape`` at construction. `observe` applies it at every time.
+        observed_names: names of the ``m`` observed quantities (the data columns); default
+            the observed states' names, or ``("obs0", "obs1", ...)`` with ``observation``.
 
     Parameters are passed as dicts with exactly the keys of ``priors``. A dict whose every
     value has one extra leading axis ``n`` is an ensemble of ``n`` parameter sets: then
@@ -250,6 +279,9 @@ class ODEModel(eqx.Module):
     stiff: bool = eqx.field(static=True)
     defaults: dict[str, jax.Array]
     state_names: tuple[str, ...] = eqx.field(static=True)
+    observation: Callable[[Any, jax.Array, Mapping[str, Any]], jax.Array] | None = eqx.field(
+        static=True)
+    observed_names: tuple[str, ...] = eqx.field(static=True)
 
     def __init__(
         self,
@@ -265,6 +297,8 @@ class ODEModel(eqx.Module):
         defaults: Mapping[str, Any] | None = None,
         state_names: Any = None,
         log_likelihood: Callable | None = None,
+        observation: Callable | None = None,
+        observed_names: Any = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}")
@@ -345,7 +379,15 @@ class ODEModel(eqx.Module):
                 f"`vector_field` returns shape {f_shape} for y of shape {(d,)}; it must return (d,)"
             )
 
-        if observed is None:
+        if observation is not None:
+            if observed is not None and tuple(np.atleast_1d(np.asarray(observed))) != ():
+                raise ValueError(
+                    "give either `observed` (state indices) or `observation` (a function "
+                    "observation(t, y, params) -> (m,)), not both"
+                )
+            m = _observation_size(observation, t0, y0_struct, full_defaults)
+            observed = ()
+        elif observed is None:
             observed = tuple(range(d))
         else:
             try:
@@ -367,6 +409,17 @@ class ODEModel(eqx.Module):
             state_names = tuple(str(s) for s in state_names)
             if len(state_names) != d:
                 raise ValueError(f"`state_names` has {len(state_names)} names for {d} states")
+        if observed_names is None:
+            observed_names = (tuple(f"obs{i}" for i in range(m)) if observation is not None
+                              else tuple(state_names[i] for i in observed))
+        else:
+            observed_names = tuple(str(s) for s in observed_names)
+            want = m if observation is not None else len(observed)
+            if len(observed_names) != want:
+                raise ValueError(
+                    f"`observed_names` has {len(observed_names)} names for {want} observed "
+                    "quantities"
+                )
 
         self.name = name
         self.vector_field = vector_field
@@ -378,6 +431,8 @@ class ODEModel(eqx.Module):
         self.stiff = bool(stiff)
         self.defaults = full_defaults
         self.state_names = state_names
+        self.observation = observation
+        self.observed_names = observed_names
 
     # ---------------------------------------------------------------- descriptive properties
 
@@ -395,11 +450,6 @@ class ODEModel(eqx.Module):
     def n_states(self) -> int:
         """``d``, the number of states."""
         return len(self.state_names)
-
-    @property
-    def observed_names(self) -> tuple[str, ...]:
-        """Names of the observed states, in the order of the data columns."""
-        return tuple(self.state_names[i] for i in self.observed)
 
     @property
     def solver(self):
@@ -426,6 +476,8 @@ class ODEModel(eqx.Module):
             defaults=self.defaults,
             state_names=self.state_names,
             log_likelihood=getattr(self.noise, "log_likelihood", None),
+            observation=self.observation,
+            observed_names=self._given_observed_names(),
         )
         unknown = sorted(set(changes) - set(kwargs))
         if unknown:
@@ -438,14 +490,30 @@ class ODEModel(eqx.Module):
             }
         if ("y0" in changes or "vector_field" in changes) and "state_names" not in changes:
             kwargs["state_names"] = None
-            if "observed" not in changes:
+            if "observed" not in changes and self.observation is None:
                 kwargs["observed"] = None
+        if "observed" in changes and changes["observed"] is not None and (
+                "observation" not in changes):
+            kwargs["observation"] = None
+        elif "observation" in changes and "observed" not in changes:
+            kwargs["observed"] = None
+        if "observed_names" not in changes and any(
+                k in changes for k in ("observed", "observation", "state_names", "y0",
+                                       "vector_field")):
+            kwargs["observed_names"] = None
         if "noise" in changes and "log_likelihood" not in changes:
             kwargs["log_likelihood"] = None
         elif "log_likelihood" in changes and "noise" not in changes:
             kwargs["noise"] = None
         kwargs.update(changes)
         return ODEModel(**kwargs)
+
+    def _given_observed_names(self) -> tuple[str, ...] | None:
+        """`observed_names` if they differ from the default (what `replace` passes on)."""
+        default = (tuple(f"obs{i}" for i in range(len(self.observed_names)))
+                   if self.observation is not None
+                   else tuple(self.state_names[i] for i in self.observed))
+        return None if self.observed_names == default else self.observed_names
 
     # ---------------------------------------------------------------- parameter handling
 
@@ -571,12 +639,49 @@ class ODEModel(eqx.Module):
             return ys
         return ys[..., np.asarray(self.observed)]
 
-    def predict(self, params: Mapping[str, Any], ts: Any, **solve_kwargs: Any) -> jax.Array:
-        """Noise-free observed states at ``ts``: shape ``(k, m)``, or ``(n, k, m)``.
+    def observe(self, params: Mapping[str, Any], ts: Any, ys: jax.Array) -> jax.Array:
+        """The observed quantities of solved states: ``(k, m)``, or ``(n, k, m)``.
 
-        Keywords as in `solve` (``solver``, ``rtol=1e-8``, ``atol=1e-10``, ...).
+        Args:
+            params: a parameter dict (one set, or an ensemble of ``n`` for ``ys (n, k, d)``).
+            ts: ``(k,)`` the times of the rows of ``ys`` (or ``(n, k)`` per trajectory).
+            ys: ``(k, d)`` or ``(n, k, d)`` solved states at ``ts`` (``Solution.ys``).
+
+        With an ``observation`` function it is applied at every time (and trajectory);
+        without, the observed states are selected by index (`observed`). Jittable and
+        differentiable; `predict`, `log_likelihood` and `inference` all observe through it.
         """
-        return self._observe(self.solve(params, ts, **solve_kwargs).ys)
+        if self.observation is None:
+            return self._observe(ys)
+        if jnp.ndim(ys) not in (2, 3) or jnp.shape(ys)[-1] != self.n_states:
+            raise ValueError(
+                f"{self.name}: `ys` must have shape (k, {self.n_states}) or (n, k, "
+                f"{self.n_states}), got {jnp.shape(ys)}"
+            )
+        ts = jnp.asarray(ts, dtype=jnp.result_type(float))
+        params = self._as_arrays(params)
+
+        def one(p, t, y):  # ONE trajectory: (k,), (k, d) -> (k, m)
+            return jax.vmap(self.observation, in_axes=(0, 0, None))(t, y, p)
+
+        if jnp.ndim(ys) == 2:
+            return one(params, jnp.broadcast_to(ts, jnp.shape(ys)[:1]), ys)
+        n, k = jnp.shape(ys)[:2]
+        if self.check_params(params) != n:
+            raise ValueError(
+                f"{self.name}: `ys` holds an ensemble of {n} trajectories, so `params` must "
+                f"be an ensemble of {n} (every leaf with leading axis {n})"
+            )
+        return jax.vmap(one)(params, jnp.broadcast_to(ts, (n, k)), ys)
+
+    def predict(self, params: Mapping[str, Any], ts: Any, **solve_kwargs: Any) -> jax.Array:
+        """Noise-free observed quantities at ``ts``: shape ``(k, m)``, or ``(n, k, m)``.
+
+        Keywords as in `solve` (``solver``, ``rtol=1e-8``, ``atol=1e-10``, ...); the
+        solved states go through `observe`.
+        """
+        sol = self.solve(params, ts, **solve_kwargs)
+        return self.observe(params, sol.ts if self.observation is not None else ts, sol.ys)
 
     # ---------------------------------------------------------------- densities
 
@@ -601,12 +706,12 @@ class ODEModel(eqx.Module):
                 f"{self.name}: `data` must be a models.Dataset (with .ts and .ys), "
                 f"got {type(data).__name__}"
             ) from None
-        m = len(self.observed)
+        m = len(self.observed_names)
         if np.ndim(ys) != 2 or np.shape(ys)[1] != m or np.shape(ys)[0] != np.shape(ts)[0]:
             raise ValueError(
                 f"{self.name}: `data.ys` has shape {np.shape(ys)}; "
                 f"expected ({np.shape(ts)[0]}, {m}) "
-                f"for observed states {self.observed_names}"
+                f"for the observed quantities {self.observed_names}"
             )
         return ts, jnp.asarray(ys)
 

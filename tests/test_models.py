@@ -790,3 +790,113 @@ def test_numpyro_program_matches_log_joint():
 
     a, b = jax.jit(lambda p: (log_density(program, (), {}, p)[0], m.log_joint(p, d)))(m.defaults)
     np.testing.assert_allclose(float(a), float(b), rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- observation=
+
+
+def _two_compartment_amounts(**kw):
+    """IV bolus two-compartment model in amounts (a_c, a_p), observed as a_c / V."""
+
+    def f(t, y, p):
+        a_c, a_p = y[0], y[1]
+        return jnp.stack([-(p["k10"] + p["k12"]) * a_c + p["k21"] * a_p,
+                          p["k12"] * a_c - p["k21"] * a_p])
+
+    priors = {
+        "k10": dist.LogNormal(math.log(0.2), 0.3),
+        "k12": dist.LogNormal(math.log(0.5), 0.3),
+        "k21": dist.LogNormal(math.log(0.3), 0.3),
+        "V": dist.LogNormal(math.log(20.0), 0.3),
+        "sigma": dist.LogNormal(math.log(0.1), 0.3),
+    }
+    return models.ODEModel(name="two_cpt_amounts", vector_field=f, priors=priors,
+                           y0=jnp.array([100.0, 0.0]), state_names=("a_c", "a_p"), **kw)
+
+
+def _two_compartment_conc(p, ts, dose=100.0):
+    """Closed form of the IV bolus two-compartment concentration (Gibaldi & Perrier):
+    c(t) = D/V [(alpha - k21) e^{-alpha t} + (k21 - beta) e^{-beta t}] / (alpha - beta),
+    alpha, beta the roots of s^2 - (k10 + k12 + k21) s + k10 k21."""
+    k10, k12, k21, V = (float(p[k]) for k in ("k10", "k12", "k21", "V"))
+    b = k10 + k12 + k21
+    disc = math.sqrt(b * b - 4 * k10 * k21)
+    alpha, beta = (b + disc) / 2, (b - disc) / 2
+    ts = np.asarray(ts)
+    return dose / V * ((alpha - k21) * np.exp(-alpha * ts)
+                       + (k21 - beta) * np.exp(-beta * ts)) / (alpha - beta)
+
+
+def test_observation_function_concentration_matches_closed_form():
+    m = _two_compartment_amounts(observation=lambda t, y, p: y[:1] / p["V"],
+                                 observed_names=("conc",))
+    assert m.observed == () and m.observed_names == ("conc",)
+    ts = jnp.linspace(0.25, 24.0, 12)
+    c = jax.jit(lambda p: m.predict(p, ts))(m.defaults)
+    assert c.shape == (12, 1)
+    np.testing.assert_allclose(np.asarray(c[:, 0]), _two_compartment_conc(m.defaults, ts),
+                               rtol=1e-6)
+    # observe on given states, and an ensemble of 3 parameter sets: (3, k, m)
+    sol = m.solve(m.defaults, ts)
+    np.testing.assert_allclose(np.asarray(m.observe(m.defaults, ts, sol.ys)),
+                               np.asarray(sol.ys[:, :1] / m.defaults["V"]), rtol=1e-14)
+    ens = {k: jnp.stack([v, 1.5 * v, 0.8 * v]) for k, v in m.defaults.items()}
+    ce = jax.jit(lambda p: m.predict(p, ts))(ens)
+    assert ce.shape == (3, 12, 1)
+    for i in range(3):
+        pi = {k: v[i] for k, v in ens.items()}
+        np.testing.assert_allclose(np.asarray(ce[i, :, 0]), _two_compartment_conc(pi, ts),
+                                   rtol=1e-6)
+    # default names; replace keeps the observation function and checks the rest again
+    m2 = _two_compartment_amounts(observation=lambda t, y, p: jnp.stack([y[0] / p["V"], y[1]]))
+    assert m2.observed_names == ("obs0", "obs1")
+    m3 = m.replace(name="renamed")
+    assert m3.observation is m.observation and m3.observed_names == ("conc",)
+    m4 = m.replace(observed=(1,))
+    assert m4.observation is None and m4.observed == (1,) and m4.observed_names == ("a_p",)
+    m5 = _two_compartment_amounts().replace(observation=m.observation)
+    assert m5.observed == () and m5.observed_names == ("obs0",)
+    # index observation is unchanged: observe == selection
+    mi = _two_compartment_amounts(observed=(1,))
+    np.testing.assert_array_equal(np.asarray(mi.observe(mi.defaults, ts, sol.ys)),
+                                  np.asarray(sol.ys[:, 1:]))
+
+
+def test_observation_function_errors():
+    obs = lambda t, y, p: y[:1] / p["V"]  # noqa: E731
+    with pytest.raises(ValueError, match="either `observed`.*or `observation`"):
+        _two_compartment_amounts(observed=(0,), observation=obs)
+    with pytest.raises(ValueError, match=r"`observation` must return shape \(m,\)"):
+        _two_compartment_amounts(observation=lambda t, y, p: y[0] / p["V"])
+    with pytest.raises(ValueError, match=r"`observation` must return shape \(m,\)"):
+        _two_compartment_amounts(observation=lambda t, y, p: y[:0])
+    with pytest.raises(ValueError, match="`observation` failed"):
+        _two_compartment_amounts(observation=lambda t, y, p: y[:1] / p["volume"])
+    with pytest.raises(ValueError, match="`observation` must be a callable"):
+        _two_compartment_amounts(observation=3.0)
+    with pytest.raises(ValueError, match="`observed_names` has 2 names for 1"):
+        _two_compartment_amounts(observation=obs, observed_names=("a", "b"))
+    m = _two_compartment_amounts(observation=obs)
+    with pytest.raises(ValueError, match="data.ys"):
+        m.log_likelihood(m.defaults, models.Dataset(ts=[1.0, 2.0], ys=np.ones((2, 2))))
+
+
+def test_observation_function_log_density_matches_closed_form():
+    import inference
+
+    m = _two_compartment_amounts(observation=lambda t, y, p: y[:1] / p["V"])
+    ts = np.linspace(0.5, 24.0, 10)
+    truth = dict(m.defaults)
+    rng = np.random.default_rng(1)
+    ys = _two_compartment_conc(truth, ts) + 0.1 * rng.standard_normal(10)
+    ys[3] = np.nan  # a missing observation is skipped
+    data = models.Dataset(ts=ts, ys=ys[:, None])
+    p = {k: v * 1.1 for k, v in m.defaults.items()}
+    lp = jax.jit(lambda q: inference.log_density(m, data, q, rtol=1e-10, atol=1e-12))(p)
+    c = _two_compartment_conc(p, ts)
+    ok = ~np.isnan(ys)
+    ll_ref = stats.norm.logpdf(ys[ok], c[ok], float(p["sigma"])).sum()
+    lprior_ref = sum(
+        stats.lognorm.logpdf(float(p[k]), s=0.3, scale=float(mu))
+        for k, mu in (("k10", 0.2), ("k12", 0.5), ("k21", 0.3), ("V", 20.0), ("sigma", 0.1)))
+    np.testing.assert_allclose(float(lp), ll_ref + lprior_ref, rtol=1e-8)
