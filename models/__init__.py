@@ -2,16 +2,24 @@
 
 ``import models`` gives `ODEModel` (vector field, priors, initial state, noise model,
 defaults; ``simulate``, ``predict``, ``log_prior``, ``log_likelihood``), `Dataset` and,
-for many subjects with doses, `PopulationDataset`, with `load_dataset` / `list_datasets`
+for many subjects with doses, `PopulationDataset` and `PopulationModel` (``theophylline``, ``two_compartment_oral``,
+``simulated_study``), with `load_dataset` / `list_datasets`
 (files shipped in ``models/data``, no download), and one constructor per zoo model. ``models`` uses ``gradsolve`` to solve;
 ``gradsolve`` never imports ``models``. Importing this package changes no JAX config.
 """
 
-from . import _zoo
+from . import _pk_population, _zoo
 from ._dataset import Dataset, list_datasets, load_dataset
 from ._lynx_hare import lynx_hare
 from ._model import ODEModel, prior_median
+from ._pk_population import (
+    simulated_study,
+    theophylline,
+    theophylline_closed_form,
+    two_compartment_oral,
+)
 from ._population import PopulationDataset, Subject
+from ._population_model import PopulationModel
 from ._zoo import (
     brusselator,
     fitzhugh_nagumo,
@@ -30,4 +38,15 @@ from ._zoo import (
 ZOO = tuple(_zoo.__all__) + ("lynx_hare",)
 """Names of the zoo constructors (each ``models.<name>()`` returns an `ODEModel`)."""
 
-__all__ = ["ODEModel", "Dataset", "PopulationDataset", "Subject", "load_dataset", "list_datasets", "prior_median", "ZOO", *ZOO]
+TWO_COMPARTMENT_TRUTH = _pk_population.TWO_COMPARTMENT_TRUTH
+"""The population values `simulated_study` draws from (``lKa`` = log 1/h, ``lCl`` = log 5
+L/h at 70 kg, ``lV1`` = log 50 L, ``lQ`` = log 10 L/h, ``lV2`` = log 100 L, ``omega`` = (0.3,
+0.25, 0.2), ``sigma_add`` = 0.05 mg/L, ``sigma_prop`` = 0.1)."""
+
+POPULATION_ZOO = ("theophylline", "two_compartment_oral")
+"""Names of the population model constructors (each returns a `PopulationModel`)."""
+
+__all__ = ["ODEModel", "Dataset", "PopulationDataset", "Subject", "PopulationModel",
+           "load_dataset", "list_datasets", "prior_median", "theophylline_closed_form",
+           "simulated_study", "TWO_COMPARTMENT_TRUTH", "ZOO", "POPULATION_ZOO", *ZOO,
+           *POPULATION_ZOO]

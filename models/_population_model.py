@@ -1,0 +1,357 @@
+"""`PopulationModel`: a many-subject ODE model (one trajectory per subject), as data.
+
+A population model says, for a `PopulationDataset` of ``S`` subjects:
+
+- which latent variables there are and their priors (``latent(data)``: a NumPyro program
+  fragment that ``numpyro.sample``-s every latent site and returns them as a dict
+  ``theta``), population-level ones and per-subject ones (random effects) alike;
+- each subject's ODE parameters (``individual(theta, data)``: a dict whose every leaf has the
+  leading subject axis ``S``, as an ensemble solve of gradsolve requires);
+- the doses (``dosing(theta, p, data)``: the initial state ``(S, d)`` and the later doses as
+  bolus jumps);
+- what is observed (``observation(theta, p, ts, ys)``: ``(S, K, d) -> (S, K)``) and the
+  noise (``noise(theta, pred)``: an elementwise distribution of batch shape ``(S, K)``).
+
+`inference` builds the NumPyro program from these (``models`` never imports ``inference``)::
+
+    theta = model.latent(data)
+    p = model.individual(theta, data)
+    y0, jumps = model.dosing(theta, p, data)
+    ts, ys = data.observations()
+    sol = gs.solve(model.vector_field, model.t0, ts.max(), y0, p, ts=ts, jumps=jumps,
+                   solver=model.solver)
+    pred = model.observation(theta, p, ts, sol.ys)
+    numpyro.sample("obs", model.observations(theta, pred), obs=ys)
+
+`PopulationModel.simulate` runs exactly this with ``gs.solve`` to draw synthetic data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro.distributions as dist
+
+from ._model import MissingObservations
+from ._population import PopulationDataset
+
+__all__ = ["PopulationModel"]
+
+
+def _identity_doses(theta, p, sizes):
+    return sizes
+
+
+def _checked_data(data: Any, where: str) -> PopulationDataset:
+    if not isinstance(data, PopulationDataset):
+        raise ValueError(
+            f"{where}: `data` must be a models.PopulationDataset (e.g. "
+            f"PopulationDataset.from_table(...) or models.load_dataset('theophylline')), got "
+            f"{type(data).__name__}"
+        )
+    return data
+
+
+def _callable(name: str, fn: Any, signature: str) -> Callable:
+    if not callable(fn):
+        raise ValueError(f"`{name}` must be a callable {signature}, got {type(fn).__name__}")
+    return fn
+
+
+class PopulationModel(eqx.Module):
+    """A many-subject ODE model, as data: priors of the latent variables, per-subject ODE
+    parameters, doses, the observation and the noise (see the module docstring for the
+    NumPyro program `inference` builds from it).
+
+    Arguments:
+        name: a short name.
+        vector_field: ``f(t, y (d,), p) -> (d,)`` for ONE subject, ``p`` the dict of that
+            subject's individual parameters (one entry of each leaf of `individual`).
+        state_names: names of the ``d`` states (their number is ``d``).
+        latent: ``latent(data) -> theta``, a NumPyro program fragment: ``numpyro.sample``
+            every latent site (per-subject ones inside ``numpyro.plate("subjects", S)``)
+            and return the dict site name -> value.
+        individual: ``individual(theta, data) -> p``, a dict of per-subject ODE parameters,
+            every leaf of shape ``(S,)`` or ``(S, ...)``.
+        observation: ``observation(theta, p, ts (S, K), ys (S, K, d)) -> (S, K)``, the
+            predicted observed value (e.g. ``a_central / v``).
+        noise: ``noise(theta, pred (S, K)) -> distribution`` elementwise, batch shape
+            ``(S, K)`` (e.g. ``dist.Normal(pred, theta["sigma"])``).
+        t0: initial time (doses at ``t0`` go into the initial state).
+        stiff: picks the default `solver` (``gs.Rodas5P()`` if stiff, else ``gs.Tsit5()``).
+        obs_name: what the observed value (``DV``) is, e.g. ``"concentration mg/L"``.
+        dose_scale: ``(d,)`` a dose of amount ``a`` into compartment ``c`` adds ``a *
+            dose_scale[c]`` to state ``c`` (default ones; a unit change).
+        dose_sizes: ``dose_sizes(theta, p, sizes (S, J, d)) -> sizes``, e.g. a
+            bioavailability estimated from the data; default the identity.
+
+    Example:
+        >>> model = models.theophylline()
+        >>> data = models.load_dataset("theophylline")
+        >>> theta = model.sample_latent(jax.random.key(0), data)     # lKa (), eta (12, 2)
+        >>> p = model.individual(theta, data)                        # ka, ke, cl: (12,)
+        >>> y0, jumps = model.dosing(theta, p, data)                 # (12, 2), None
+        >>> sim = model.simulate(jax.random.key(1), theta, data)     # a PopulationDataset
+
+    The user callables are kept as the static fields ``latent_fn``, ``individual_fn``,
+    ``observation_fn``, ``noise_fn`` and ``dose_sizes_fn``; the methods of the same names
+    (without ``_fn``) validate their input and output around them. `replace` makes a
+    changed copy.
+    """
+
+    name: str = eqx.field(static=True)
+    vector_field: Callable = eqx.field(static=True)
+    state_names: tuple[str, ...] = eqx.field(static=True)
+    t0: float = eqx.field(static=True)
+    stiff: bool = eqx.field(static=True)
+    obs_name: str = eqx.field(static=True)
+    dose_scale: tuple[float, ...] = eqx.field(static=True)
+    latent_fn: Callable = eqx.field(static=True)
+    individual_fn: Callable = eqx.field(static=True)
+    observation_fn: Callable = eqx.field(static=True)
+    noise_fn: Callable = eqx.field(static=True)
+    dose_sizes_fn: Callable = eqx.field(static=True)
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        vector_field: Callable,
+        state_names: Sequence[str],
+        latent: Callable,
+        individual: Callable,
+        observation: Callable,
+        noise: Callable,
+        t0: float = 0.0,
+        stiff: bool = False,
+        obs_name: str = "DV",
+        dose_scale: Sequence[float] | None = None,
+        dose_sizes: Callable | None = None,
+    ):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"`name` must be a non-empty string, got {name!r}")
+        self.vector_field = _callable("vector_field", vector_field, "f(t, y, p) -> dy/dt")
+        if isinstance(state_names, str) or not state_names:
+            raise ValueError(f"`state_names` must be a non-empty tuple of names, got "
+                             f"{state_names!r}")
+        self.state_names = tuple(str(s) for s in state_names)
+        d = len(self.state_names)
+        self.latent_fn = _callable("latent", latent, "latent(data) -> dict")
+        self.individual_fn = _callable("individual", individual,
+                                       "individual(theta, data) -> dict")
+        self.observation_fn = _callable("observation", observation,
+                                        "observation(theta, p, ts, ys) -> (S, K)")
+        self.noise_fn = _callable("noise", noise, "noise(theta, pred) -> distribution")
+        self.dose_sizes_fn = _identity_doses if dose_sizes is None else _callable(
+            "dose_sizes", dose_sizes, "dose_sizes(theta, p, sizes) -> sizes")
+        try:
+            self.t0 = float(t0)
+        except (TypeError, ValueError):
+            raise ValueError(f"`t0` must be a Python float (a scalar), got {t0!r}") from None
+        scale = np.ones(d) if dose_scale is None else np.asarray(dose_scale, dtype=np.float64)
+        if scale.shape != (d,) or not np.all(np.isfinite(scale)):
+            raise ValueError(f"`dose_scale` must be {d} finite numbers (one per state), got "
+                             f"{dose_scale!r}")
+        self.dose_scale = tuple(float(x) for x in scale)
+        if not isinstance(obs_name, str):
+            raise ValueError(f"`obs_name` must be a string, got {obs_name!r}")
+        self.name, self.stiff, self.obs_name = name, bool(stiff), obs_name
+
+    # ------------------------------------------------------------------ descriptive
+    @property
+    def n_states(self) -> int:
+        """``d``, the number of states."""
+        return len(self.state_names)
+
+    @property
+    def solver(self):
+        """The default solver: ``gs.Rodas5P()`` if ``stiff`` else ``gs.Tsit5()``."""
+        import gradsolve as gs
+
+        return gs.Rodas5P() if self.stiff else gs.Tsit5()
+
+    def replace(self, **changes: Any) -> "PopulationModel":
+        """A copy with some constructor arguments changed (validated again), e.g.
+        ``model.replace(dose_sizes=lambda theta, p, sizes: 0.8 * sizes)``."""
+        kwargs = dict(
+            name=self.name, vector_field=self.vector_field, state_names=self.state_names,
+            latent=self.latent_fn, individual=self.individual_fn,
+            observation=self.observation_fn, noise=self.noise_fn, t0=self.t0,
+            stiff=self.stiff, obs_name=self.obs_name, dose_scale=self.dose_scale,
+            dose_sizes=self.dose_sizes_fn,
+        )
+        unknown = sorted(set(changes) - set(kwargs))
+        if unknown:
+            raise ValueError(f"replace() got unknown arguments {unknown}")
+        if "state_names" in changes and "dose_scale" not in changes:
+            kwargs["dose_scale"] = None
+        kwargs.update(changes)
+        return PopulationModel(**kwargs)
+
+    # ------------------------------------------------------------------ the program's pieces
+    def latent(self, data: PopulationDataset) -> dict[str, jax.Array]:
+        """``numpyro.sample`` every latent site (inside a NumPyro program) and return the
+        dict ``theta``: site name -> value."""
+        data = _checked_data(data, f"{self.name}.latent")
+        theta = self.latent_fn(data)
+        if not isinstance(theta, Mapping):
+            raise ValueError(f"{self.name}: `latent` must return a dict of the latent values, "
+                             f"got {type(theta).__name__}")
+        return dict(theta)
+
+    def individual(self, theta: Mapping[str, Any], data: PopulationDataset
+                   ) -> dict[str, jax.Array]:
+        """Each subject's ODE parameters: a dict, every leaf ``(S,)`` or ``(S, ...)``."""
+        data = _checked_data(data, f"{self.name}.individual")
+        p = self.individual_fn(theta, data)
+        if not isinstance(p, Mapping):
+            raise ValueError(f"{self.name}: `individual` must return a dict of per-subject "
+                             f"parameters, got {type(p).__name__}")
+        S = data.n_subjects
+        p = {k: jnp.asarray(v) for k, v in p.items()}
+        bad = {k: tuple(v.shape) for k, v in p.items() if v.ndim == 0 or v.shape[0] != S}
+        if bad:
+            raise ValueError(
+                f"{self.name}: `individual` must give every parameter a leading subject axis "
+                f"of {S} (broadcast population values, e.g. jnp.broadcast_to(ke, ({S},))); "
+                f"got shapes {bad}"
+            )
+        return p
+
+    def dosing(self, theta: Mapping[str, Any], p: Mapping[str, Any], data: PopulationDataset
+               ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """The initial state and the doses after ``t0``: ``(y0 (S, d), jumps)``.
+
+        ``data.jumps(d, scale=dose_scale)``, through ``dose_sizes(theta, p, sizes)``. Doses
+        at exactly ``t0`` are added to ``y0 = zeros(d)`` (so a single dose at ``t0`` needs
+        no event; `observation` reads the pre-dose state at ``t0``, as for every dose). The
+        rest are ``jumps = (times (S, J'), sizes (S, J', d))`` for ``gs.solve``, padded with
+        ``inf`` times (inert), or ``None`` when no dose is left. Doses after the data's last
+        observation time change no prediction and are dropped (``gs.solve`` refuses jump
+        times past ``t1``). ``data`` is concrete; ``theta`` and ``p`` may be traced.
+        """
+        data = _checked_data(data, f"{self.name}.dosing")
+        d = self.n_states
+        times, sizes = data.jumps(d, scale=self.dose_scale)   # (S, J), (S, J, d) numpy
+        early = np.isfinite(times) & (times < self.t0)
+        if early.any():
+            i = int(np.flatnonzero(early.any(axis=1))[0])
+            raise ValueError(f"{self.name}: subject {data.ids[i]!r} has a dose at TIME "
+                             f"{times[i][early[i]][0]:g}, before the model's t0 = {self.t0}")
+        sizes = jnp.asarray(self.dose_sizes_fn(theta, p, jnp.asarray(sizes)))
+        if sizes.shape != times.shape + (d,):
+            raise ValueError(f"{self.name}: `dose_sizes` must return shape "
+                             f"{times.shape + (d,)}, got {sizes.shape}")
+        at_t0 = times == self.t0
+        y0 = jnp.sum(jnp.where(at_t0[..., None], sizes, 0.0), axis=1)
+        t_last = data.observations()[0].max()
+        keep = np.isfinite(times) & ~at_t0 & (times <= t_last)
+        J = int(keep.sum(axis=1).max())
+        if J == 0:
+            return y0, None
+        # concrete gather: each row's kept doses first (in time order), padding after
+        order = np.argsort(~keep, axis=1, kind="stable")[:, :J]
+        live = np.take_along_axis(keep, order, axis=1)
+        jt = np.where(live, np.take_along_axis(times, order, axis=1), np.inf)
+        js = jnp.take_along_axis(sizes, jnp.asarray(order)[..., None], axis=1)
+        js = jnp.where(jnp.asarray(live)[..., None], js, 0.0)
+        return y0, (jnp.asarray(jt, dtype=js.dtype), js)
+
+    def observation(self, theta: Mapping[str, Any], p: Mapping[str, Any], ts: Any,
+                    ys: jax.Array) -> jax.Array:
+        """The predicted observed values ``(S, K)`` of solved states ``ys (S, K, d)`` at
+        times ``ts (S, K)``.
+
+        At ``ts == t0`` the state read is the pre-dose one (``zeros(d)``: `dosing` folds
+        the doses at ``t0`` into ``y0``, which a solve saves at ``t0``), as everywhere else
+        a save time equal to a dose time reads the state before the dose (gradsolve's jump
+        rule, NONMEM's order of a pre-dose sample).
+        """
+        ts = jnp.asarray(ts, dtype=jnp.result_type(ys))
+        if ys.ndim != 3 or ys.shape[:2] != ts.shape or ys.shape[2] != self.n_states:
+            raise ValueError(f"{self.name}: `ys` must have shape (S, K, {self.n_states}) "
+                             f"matching ts {ts.shape}, got {ys.shape}")
+        ys = jnp.where((ts == self.t0)[..., None], 0.0, ys)   # pre-dose state at t0
+        pred = jnp.asarray(self.observation_fn(theta, p, ts, ys))
+        if pred.shape != ts.shape:
+            raise ValueError(f"{self.name}: `observation` must return shape {ts.shape} "
+                             f"(S, K), got {pred.shape}")
+        return pred
+
+    def noise(self, theta: Mapping[str, Any], pred: jax.Array) -> dist.Distribution:
+        """The elementwise observation distribution, batch shape ``(S, K)``."""
+        d = self.noise_fn(theta, pred)
+        if not isinstance(d, dist.Distribution):
+            raise ValueError(f"{self.name}: `noise` must return a NumPyro distribution, got "
+                             f"{type(d).__name__}")
+        if tuple(d.batch_shape) != tuple(jnp.shape(pred)) or tuple(d.event_shape) != ():
+            raise ValueError(f"{self.name}: `noise` must return an elementwise distribution "
+                             f"of batch shape {jnp.shape(pred)}; got batch shape "
+                             f"{tuple(d.batch_shape)}, event shape {tuple(d.event_shape)}")
+        return d
+
+    def observations(self, theta: Mapping[str, Any], pred: jax.Array) -> dist.Distribution:
+        """The distribution of all observations, event shape ``(S, K)``, whose
+        ``log_prob`` skips missing (NaN) entries (the padding of
+        ``PopulationDataset.observations``): `MissingObservations` of ``noise(theta,
+        pred).to_event(2)``."""
+        return MissingObservations(self.noise(theta, pred).to_event(2), pred)
+
+    # ------------------------------------------------------------------ drawing
+    def sample_latent(self, key: jax.Array, data: PopulationDataset) -> dict[str, jax.Array]:
+        """Draw every latent site of `latent` from its prior (``numpyro.handlers.seed``
+        and ``trace``): a dict site name -> value (per-subject sites with their ``S``)."""
+        from numpyro import handlers
+
+        data = _checked_data(data, f"{self.name}.sample_latent")
+        tr = handlers.trace(handlers.seed(self.latent_fn, rng_seed=key)).get_trace(data)
+        return {k: s["value"] for k, s in tr.items()
+                if s["type"] == "sample" and not s["is_observed"]}
+
+    def predict(self, theta: Mapping[str, Any], data: PopulationDataset, *,
+                rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any) -> jax.Array:
+        """Noise-free predictions ``(S, K)`` at ``data.observations()`` times, given all
+        latent values ``theta``: the program above with ``gradsolve.solve`` (tight default
+        tolerances: synthetic data should not carry a fit's discretisation error)."""
+        import gradsolve as gs
+
+        data = _checked_data(data, f"{self.name}.predict")
+        p = self.individual(theta, data)
+        y0, jumps = self.dosing(theta, p, data)
+        ts, _ = data.observations()
+        sol = gs.solve(self.vector_field, self.t0, float(ts.max()), y0, p,
+                       ts=jnp.asarray(ts, y0.dtype), jumps=jumps,
+                       solver=solve_kwargs.pop("solver", self.solver), rtol=rtol, atol=atol,
+                       **solve_kwargs)
+        return self.observation(theta, p, ts, sol.ys)
+
+    def simulate(self, key: jax.Array, theta: Mapping[str, Any], design: PopulationDataset,
+                 *, rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any
+                 ) -> PopulationDataset:
+        """Synthetic data: the observations drawn at the design's observation times given
+        ALL latent values ``theta`` (per-subject ones included).
+
+        Args:
+            key: a JAX PRNG key for the noise.
+            theta: the latent values (e.g. `sample_latent`, or a known truth).
+            design: a `PopulationDataset` giving subjects, doses, covariates and
+                observation times; its ``DV`` values are ignored.
+            rtol, atol: tolerances of ``gradsolve.solve`` (other keywords go to it too).
+
+        Returns:
+            A new `PopulationDataset` (same subjects, doses, covariates, times) with the
+            simulated values.
+        """
+        design = _checked_data(design, f"{self.name}.simulate")
+        pred = self.predict(theta, design, rtol=rtol, atol=atol, **solve_kwargs)
+        draws = np.asarray(self.noise(theta, pred).sample(key))
+        subjects = [s._replace(ys=draws[i, : s.ts.size].copy())
+                    for i, s in enumerate(design.subjects)]
+        return PopulationDataset(subjects, design.covariate_names, name=design.name,
+                                 units=design.units,
+                                 source=f"simulated from population model {self.name!r}")
