@@ -524,42 +524,26 @@ class Mesh(eqx.Module):
             >>> fine = gs.Mesh.union([mesh_at_mean, mesh_per_chain])
             >>> gs.replay(f, fine.to_device(), y0, p_mean)
         """
-        parts = [m.to_host() for m in meshes]
-        if not parts:
-            raise ValueError("Mesh.union: `meshes` is empty.")
-        if any(m.n_jumps for m in parts):
-            raise ValueError(
-                "Mesh.union: meshes recorded with `jumps` are not supported (each jump owns a "
-                "node of its own that a union of times would merge); re-record instead."
-            )
-        times = []
-        for m in parts:
-            b = m.batch()
-            for t, k, s in zip(b.times, b.n_steps, b.status):
-                if s == Status.OK:
-                    times.append(t[: int(k) + 1])
-        if not times:
-            raise ValueError("Mesh.union: no trajectory of `meshes` was recorded successfully.")
-        first = parts[0].row(0)
-        union = np.unique(np.concatenate(times))
-        ts = np.asarray(first.ts)
-        save_index = np.searchsorted(union, ts).astype(np.asarray(first.save_index).dtype)
-        if not np.array_equal(union[np.minimum(save_index, len(union) - 1)], ts):
-            raise RuntimeError(
-                "Mesh.union: save times missing from the union mesh (the parts were recorded "
-                "with different save times)."
-            )
-        return dataclasses.replace(
-            first,
-            times=union,
-            n_steps=np.asarray(len(union) - 1, np.asarray(first.n_steps).dtype),
-            n_rejected=np.zeros_like(np.asarray(first.n_rejected)),
-            status=np.zeros_like(np.asarray(first.status)),
-            save_index=save_index,
-            tstop_index=np.where(np.isfinite(first.tstops),
-                                 np.searchsorted(union, np.asarray(first.tstops)), 0).astype(
-                np.asarray(first.tstop_index).dtype),
-        )
+        return _combined(meshes, "union", thin=False)
+
+    @staticmethod
+    def merge(meshes: Sequence["Mesh"]) -> "Mesh":
+        """One single-trajectory host mesh whose every step is no longer than the step any
+        successful row of ``meshes`` takes at that time: as fine as the finest part
+        everywhere, with about as many steps as the finest part (a `union` of many meshes
+        recorded at different points has nearly the sum of their steps, since their nodes
+        rarely coincide).
+
+        Built from the union's nodes by a greedy walk: from each node, the farthest node
+        within the smallest step any part takes there, never stepping past a save time or
+        a tstop. Same arguments, fields and errors as `union`. For instance the one
+        sampling mesh of many chains and warmup draws.
+
+        Example:
+            >>> fine = gs.Mesh.merge([mesh_at_mean, mesh_at_draws])
+            >>> fine.n_steps <= gs.Mesh.union([mesh_at_mean, mesh_at_draws]).n_steps
+        """
+        return _combined(meshes, "merge", thin=True)
 
     # ------------------------------------------------------------------ step slots
 
@@ -631,6 +615,73 @@ class Mesh(eqx.Module):
             >>> mesh = jax.jit(lambda p: gs.record(f, 0.0, 1.0, y0, p))(p).padded()
         """
         return dataclasses.replace(self, times=pad_times(self.times, self.n_steps))
+
+
+def _combined(meshes, where: str, thin: bool) -> "Mesh":
+    """`Mesh.union` (``thin=False``) or `Mesh.merge` (``thin=True``)."""
+    parts = [m.to_host() for m in meshes]
+    if not parts:
+        raise ValueError(f"Mesh.{where}: `meshes` is empty.")
+    if any(m.n_jumps for m in parts):
+        raise ValueError(
+            f"Mesh.{where}: meshes recorded with `jumps` are not supported (each jump owns a "
+            "node of its own that a union of times would merge); re-record instead."
+        )
+    times = []
+    for m in parts:
+        b = m.batch()
+        for t, k, s in zip(b.times, b.n_steps, b.status):
+            if s == Status.OK:
+                times.append(t[: int(k) + 1])
+    if not times:
+        raise ValueError(f"Mesh.{where}: no trajectory of `meshes` was recorded successfully.")
+    first = parts[0].row(0)
+    union = np.unique(np.concatenate(times))
+    if thin:
+        forced = np.concatenate([np.ravel(np.asarray(first.ts)),
+                                 np.ravel(np.asarray(first.tstops))])
+        union = _thinned(union, [np.unique(t) for t in times], forced)
+    ts = np.asarray(first.ts)
+    save_index = np.searchsorted(union, ts).astype(np.asarray(first.save_index).dtype)
+    if not np.array_equal(union[np.minimum(save_index, len(union) - 1)], ts):
+        raise RuntimeError(
+            f"Mesh.{where}: save times missing from the union mesh (the parts were recorded "
+            "with different save times)."
+        )
+    return dataclasses.replace(
+        first,
+        times=union,
+        n_steps=np.asarray(len(union) - 1, np.asarray(first.n_steps).dtype),
+        n_rejected=np.zeros_like(np.asarray(first.n_rejected)),
+        status=np.zeros_like(np.asarray(first.status)),
+        save_index=save_index,
+        tstop_index=np.where(np.isfinite(first.tstops),
+                             np.searchsorted(union, np.asarray(first.tstops)), 0).astype(
+            np.asarray(first.tstop_index).dtype),
+    )
+
+
+def _thinned(nodes: np.ndarray, parts: list[np.ndarray], forced: np.ndarray) -> np.ndarray:
+    """The nodes of a greedy walk over sorted ``nodes``: from each node, the farthest one
+    within the smallest step any of ``parts`` (sorted node arrays) takes there, never
+    passing a ``forced`` node (save times, tstops) or the last node."""
+    cap = np.full(nodes.shape, np.inf)
+    for x in parts:
+        if x.size < 2:
+            continue
+        i = np.clip(np.searchsorted(x, nodes, side="right") - 1, 0, x.size - 2)
+        h = np.where(nodes < x[-1], x[i + 1] - x[i], np.inf)
+        cap = np.minimum(cap, h)
+    forced = np.unique(np.concatenate([forced[np.isfinite(forced)], nodes[-1:]]))
+    out, i, last = [0], 0, nodes.size - 1
+    tol = 1e-12 * max(1.0, float(np.max(np.abs(nodes))))
+    while i < last:
+        nxt = forced[np.searchsorted(forced, nodes[i] + tol, side="left"):][:1]
+        limit = min(nodes[i] + cap[i] + tol, nxt[0] if nxt.size else np.inf)
+        j = int(np.searchsorted(nodes, limit, side="right")) - 1
+        i = max(j, i + 1)
+        out.append(i)
+    return nodes[np.asarray(out)]
 
 
 def _is_host(x) -> bool:

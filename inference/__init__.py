@@ -7,6 +7,9 @@
   `fit_least_squares` (Optimistix Levenberg–Marquardt), `FitResult`.
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
+- `ode`: an ODE solve as a site of any NumPyro program (``gs.solve`` under plain
+  NumPyro; mesh-reusing under ``fit(program, data)`` and ``sample(program, data)``), and
+  `population_program`, the program of a many-subject `models.PopulationModel`.
 - `MeshPolicy`: the one rule by which fits and samplers record, reuse and re-record
   meshes; `InferenceModel`: what a model must provide (`models.ODEModel` does).
 
@@ -30,9 +33,11 @@ from ._chains import SampleState
 from ._density import log_density, numpyro_model
 from ._fit import FitState, fit
 from ._least_squares import fit_least_squares
+from ._ode import ode
 from ._policy import MeshPolicy
 from ._problem import TOLERANCES as _TOLERANCES
 from ._problem import InferenceModel
+from ._program import population_program
 from ._result import FitResult
 from ._sample import sample
 from ._space import ParamSpace
@@ -61,4 +66,6 @@ __all__ = [
     "InferenceModel",
     "TOLERANCES",
     "diffrax_numpyro_model",
+    "ode",
+    "population_program",
 ]

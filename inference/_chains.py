@@ -171,7 +171,7 @@ class ChainKernel:
         self._init = jax.jit(jax.vmap(init_one))
         self._loop = jax.jit(loop)
         self._error_ratio = jax.jit(lambda u, m: jax.vmap(
-            lambda uu: problem.states(problem.space.from_unconstrained(uu), m).error_ratio)(u))
+            lambda uu: problem.error_ratio(uu, m))(u))
 
     def meshes(self, s: SampleState):
         """The chains' meshes on device, every leaf with a leading chain axis."""

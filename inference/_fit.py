@@ -50,6 +50,7 @@ import gradsolve as gs
 from . import _checkpoint
 from ._policy import MeshPolicy
 from ._problem import MAX_STEPS, TOLERANCES, Problem
+from ._program import problem_for
 from ._progress import progress_bar
 from ._result import FAILED, FitResult, best_index
 from ._starts import fit_starts, prior_draws
@@ -390,7 +391,8 @@ def fit(
                                 error_ratio_max=error_ratio_max,
                                 record_tol_factor=record_tol_factor)
     t_start = time.perf_counter()
-    problem = Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
+    problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol,
+                          max_steps=max_steps)
     kernel = FitKernel(problem, policy, optimizer, objective, jacobian)
     # The optimizer is identified by the structure of its state (adam vs sgd, chained
     # transforms), not its hyperparameters: resuming with another learning rate is allowed.
@@ -402,7 +404,7 @@ def fit(
     state = _checkpoint.load(checkpoint, fingerprint, "fit")
     if state is None:
         key, k0 = jax.random.split(jax.random.PRNGKey(seed))
-        u0 = fit_starts(model, problem.space, init, int(n_starts), k0)
+        u0 = fit_starts(problem.model, problem.space, init, int(n_starts), k0)
         state = kernel.init(u0, key, max_redraws=max_redraws,
                             can_redraw=not (init is not None and len(u0) == 1))
     else:
@@ -415,7 +417,7 @@ def fit(
             _checkpoint.save(checkpoint, fingerprint,
                              s._replace(elapsed=elapsed + time.perf_counter() - t_start))
 
-    bar = progress_bar(progress, total=steps, done=state.step, desc=f"fit {model.name}")
+    bar = progress_bar(progress, total=steps, done=state.step, desc=f"fit {problem.model.name}")
     try:
         while state.step < steps:
             state = kernel.step(state)

@@ -42,12 +42,12 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
         "acceptance_rate": d.accept_prob, "error_ratio": err,
     }
     dims = {k: [f"{k}_dim_{i}" for i in range(len(shape))] for k, shape in space.shapes.items()}
-    dims["obs"] = ["time", "observed_state"]
+    observed, obs_dims, coords = problem.observed_data()
+    dims.update(obs_dims)
     idata = az.from_dict(
         posterior={k: np.asarray(v) for k, v in
                    space.from_unconstrained(jnp.asarray(d.z)).items()},
-        sample_stats=stats, observed_data={"obs": np.asarray(problem.ys_obs)}, dims=dims,
-        coords={"time": problem.ts_np, "observed_state": list(model.observed_names)})
+        sample_stats=stats, observed_data=observed, dims=dims, coords=coords)
     counted = attrs["count_failures"]
     attrs = dict(
         inference_library="gradsolve.inference", model=model.name, **attrs,

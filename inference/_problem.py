@@ -133,7 +133,7 @@ class Problem:
         _positive("atol", atol)
         if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
             raise ValueError(f"`max_steps` must be a positive int, got {max_steps!r}")
-        self.model = model
+        self.model = self.source = model
         self.solver = model.solver if solver is None else solver
         self.rtol, self.atol, self.max_steps = float(rtol), float(atol), int(max_steps)
         self.t0, self.t1 = float(model.t0), float(ts[-1])
@@ -221,6 +221,16 @@ class Problem:
         if jacobian:
             lp = lp + self.space.log_abs_det_jacobian(u)
         return lp, sol
+
+    def error_ratio(self, u: jax.Array, mesh: gs.Mesh) -> jax.Array:
+        """The replay error ratio of ``mesh`` at unconstrained ``u (D,)``."""
+        return self.states(self.space.from_unconstrained(u), mesh).error_ratio
+
+    def observed_data(self) -> tuple[dict, dict, dict]:
+        """``(values, dims, coords)`` of the observations, for ``arviz``: ``obs (time,
+        observed_state)``."""
+        return ({"obs": np.asarray(self.ys_obs)}, {"obs": ["time", "observed_state"]},
+                {"time": self.ts_np, "observed_state": list(self.model.observed_names)})
 
 
 def _checked_data(model, data) -> tuple[np.ndarray, Any]:

@@ -31,6 +31,18 @@ Mesh policy (``rerecord``; `MeshPolicy`), and why each is exact:
 - ``"never"``: one mesh recorded at the initial points' mean (tightened as above), frozen
   for warmup and sampling.
 
+The default (``rerecord=None``) is ``"warmup"`` for an `ODEModel` and ``"always"`` for a
+population model or a NumPyro program. A population's posterior spans a wide range of
+every subject's own time scales (a subject's absorption rate varies by several times
+across it), and NUTS trajectories reach beyond the warmup's draws; a fixed explicit mesh
+is then too coarse, even unstable, where a subject's dynamics are faster, and the
+fixed-mesh potential there is not smooth enough to sample. Measured on theophylline
+(4 chains x (500 + 500), Tsit5): under ``"warmup"`` 180 divergences, step sizes ~0.01
+and replay error ratios up to 1e6 at accepted draws, against 0 divergences and step sizes
+~0.11 under ``"always"`` (which then agrees with the closed-form posterior). A program's
+ode sites solve at their own ``max_steps`` under ``"always"`` (4,096 by default), since a
+population's subjects need far more steps in parts of the posterior than at the start.
+
 Solver failures and non-finite likelihoods give ``-inf`` log density with a finite gradient
 (NumPyro then marks the transition divergent, ``sample_stats["diverging"]``). Failed
 potential evaluations are counted (attributes ``solver_failures_warmup`` /
@@ -60,7 +72,8 @@ from . import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleState
 from ._idata import inference_data
 from ._policy import MeshPolicy
-from ._problem import MAX_STEPS, TOLERANCES, Problem
+from ._problem import MAX_STEPS, TOLERANCES
+from ._program import ProgramProblem, problem_for
 from ._progress import progress_bar
 from ._warmup import initial_state, install_sampling_mesh, warmup_window, windows
 
@@ -127,7 +140,7 @@ def _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint
 
 def sample(
     model, data, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2,
-    kernel: str = "nuts", rerecord: str = "warmup", seed: int = 0, init: Any = "map",
+    kernel: str = "nuts", rerecord: str | None = None, seed: int = 0, init: Any = "map",
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
     progress: bool | None = None, target_accept: float = 0.8,
     rtol: float = TOLERANCES.rtol, atol: float = TOLERANCES.atol, solver=None,
@@ -142,7 +155,8 @@ def sample(
         num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``; the chains run
             vectorised (``jax.vmap``, as ``chain_method="vectorized"``).
         kernel: ``"nuts"`` or ``"hmc"``.
-        rerecord: mesh policy, ``"warmup"`` (default), ``"always"`` or ``"never"`` (see the
+        rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
+            for an `ODEModel`, ``"always"`` for a population model or program (see the
             module docstring for why each keeps the sampler exact).
         seed: seeds initialisation and the chains.
         init: ``"map"`` (multi-start MAP fit, jittered), ``"prior"`` (prior draws), or a
@@ -180,9 +194,11 @@ def sample(
     _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
                          frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
                          max_steps, init)
-    policy = MeshPolicy.checked("sample", rerecord, record_tol_factor=float(frozen_tol_factor))
     t_start = time.perf_counter()
-    problem = Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=MAX_STEPS)
+    problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=MAX_STEPS)
+    if rerecord is None:
+        rerecord = "always" if isinstance(problem, ProgramProblem) else "warmup"
+    policy = MeshPolicy.checked("sample", rerecord, record_tol_factor=float(frozen_tol_factor))
     count = rerecord == "always" if count_failures is None else bool(count_failures)
     fingerprint = _checkpoint.fingerprint(
         problem, policy, num_chains=num_chains, num_warmup=num_warmup, kernel=kernel,
@@ -210,7 +226,7 @@ def sample(
             _checkpoint.save(checkpoint, fingerprint, s)
 
     total = int(num_warmup) + int(num_samples)
-    bar = progress_bar(progress, total=total, done=state.iteration, desc=f"sample {model.name}")
+    bar = progress_bar(progress, total=total, done=state.iteration, desc=f"sample {problem.model.name}")
     try:
         state = _run(chains, state, int(num_warmup), total, checkpoint_every, save, bar)
     finally:

@@ -48,7 +48,7 @@ def _chain_starts(problem: Problem, data, init, C: int, key, jitter: float, seed
         kw = dict(n_starts=16, steps=300, seed=seed, rtol=problem.rtol, atol=problem.atol,
                   solver=problem.solver, progress=False)
         kw.update(fit_kwargs or {})
-        res = fit(model, data, **kw)
+        res = fit(problem.source, data, **kw)
         info = dict(n_starts=int(kw["n_starts"]), steps=int(kw["steps"]),
                     best_loss=float(res.loss), n_records=int(res.n_records),
                     n_grad_evals=int(res.n_grad_evals), wall_time_s=float(res.wall_time))
@@ -103,17 +103,22 @@ def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
         sampling_time=0.0, sampling_mesh=kind[policy.rerecord])
 
 
+BULK_POINTS = 64
+"""Warmup draws of the last window at which the sampling mesh is checked (and, where it
+does not hold, recorded): where the chains are about to sample."""
+
+
 def warmup_window(kernel: ChainKernel, s: SampleState, lengths: list[int]) -> SampleState:
     """Warmup window ``s.window`` (``lengths[s.window]`` iterations), then, under
     ``rerecord="warmup"``, every chain's mesh re-recorded at its position (or, after the
-    last window, the sampling mesh installed)."""
+    last window, the sampling mesh installed, checked at the window's draws)."""
     t = time.perf_counter()
-    s, _, failed = kernel.run(s, lengths[s.window])
+    s, draws, failed = kernel.run(s, lengths[s.window])
     s = s._replace(window=s.window + 1, failures_warmup=s.failures_warmup + failed)
     if kernel.policy.warmup_rerecords:
         z = np.asarray(s.chains.z)
         if s.window == len(lengths):
-            s = install_sampling_mesh(kernel, s, z)
+            s = install_sampling_mesh(kernel, s, z, bulk_draws(draws.z))
         else:
             new = kernel.problem.record(z, kernel.policy.record_tol_factor).to_host()
             ok = np.asarray(new.ok)
@@ -124,28 +129,64 @@ def warmup_window(kernel: ChainKernel, s: SampleState, lengths: list[int]) -> Sa
     return s._replace(warmup_time=s.warmup_time + time.perf_counter() - t)
 
 
-def install_sampling_mesh(kernel: ChainKernel, s: SampleState, z: np.ndarray) -> SampleState:
+def bulk_draws(z: np.ndarray, count: int = BULK_POINTS) -> np.ndarray:
+    """Up to ``count`` of a window's draws ``z (C, n, D)``, evenly spaced in each chain,
+    as ``(m, D)``."""
+    C, n, D = z.shape
+    per = max(1, min(n, count // C))
+    take = np.unique(np.linspace(0, n - 1, per).round().astype(int))
+    return z[:, take].reshape(-1, D)
+
+
+def install_sampling_mesh(kernel: ChainKernel, s: SampleState, z: np.ndarray,
+                          bulk: np.ndarray | None = None) -> SampleState:
     """``s`` on the mesh the sampling phase freezes (see `sampling_mesh`)."""
-    mesh, kind, records = sampling_mesh(kernel, z)
+    mesh, kind, records = sampling_mesh(kernel, z, bulk)
+
     return kernel.with_mesh(s, mesh)._replace(sampling_mesh=kind,
                                               n_records=s.n_records + records)
 
 
-def sampling_mesh(kernel: ChainKernel, z: np.ndarray) -> tuple[gs.Mesh, str, int]:
-    """One mesh for every chain at positions ``z (C, D)``: recorded at their mean if it
-    holds at each chain (`MeshPolicy.holds_for_all`), else the union of its step times
-    and those of meshes recorded at each chain. Returns ``(mesh, description, records)``."""
+def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = None
+                  ) -> tuple[gs.Mesh, str, int]:
+    """One mesh for every chain at positions ``z (C, D)``, checked there and at the last
+    warmup window's draws ``bulk (m, D)`` (where the chains are about to sample).
+
+    The mesh recorded at the chains' mean serves if it holds at every one of those points
+    (`MeshPolicy.holds_for_all`). Otherwise the sampling mesh merges it with meshes
+    recorded at the chains and at every draw where it did not hold (`gs.Mesh.merge`: each
+    trajectory's steps no longer than any part's there), so it holds across the region
+    the chains explored. This matters where the posterior is wide in
+    the ODE's own time scales (a population's absorption rates, say): a mesh recorded at
+    one point is too coarse where a subject's dynamics are faster. Returns ``(mesh,
+    description, records)``."""
     problem, tf = kernel.problem, kernel.policy.record_tol_factor
+    pts = z if bulk is None else np.concatenate([z, bulk])
     mean = problem.record(np.mean(z, axis=0), tf).to_host()
+    fails = np.ones(len(pts), bool)
     if bool(mean.ok):
-        err = kernel.error_ratios(mean, z[:, None, :])
-        if kernel.policy.holds_for_all(err):
+        err = kernel.error_ratios(mean, pts[None])[0]
+        fails = ~(err <= kernel.policy.shared_margin * kernel.policy.error_ratio_max)
+        if not fails.any():
             return mean, "chains' mean", 1
-    per = problem.record(z, tf).to_host()
-    if not bool(mean.ok) and not np.all(per.ok):
+    where = np.concatenate([z, pts[len(z):][fails[len(z):]]])
+    # one record of a fixed number of points (padded with repeats): one compiled program
+    padded = np.concatenate([where, np.repeat(where[-1:], len(pts) - len(where), axis=0)])
+    per = problem.record(padded, tf).to_host().select(np.arange(len(where)))
+    if not bool(mean.ok) and not np.any(per.ok):
         raise RuntimeError(
             "inference.sample: recording the sampling mesh failed at the chains' "
             "positions and at their mean; try rerecord='always' or another solver."
         )
     parts = [per] if not bool(mean.ok) else [per, mean]
-    return gs.Mesh.union(parts), "union of the chains' meshes and the mean's", 2
+    extra = len(where) - len(z)
+    what = "the chains' mean, their positions" + (
+        f" and the {extra} warmup draws where the mean's did not hold" if extra else "")
+    try:
+        return type(per).merge(parts), f"merge of the meshes at {what}", 2
+    except ValueError:
+        if not bool(mean.ok):
+            raise
+        # meshes with jumps cannot be merged (each jump owns a node): keep the mean's,
+        # whose error ratio at every draw is reported
+        return mean, "chains' mean (meshes with jumps cannot be merged)", 2

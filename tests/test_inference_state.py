@@ -100,6 +100,9 @@ class Decay:
     def noise(self, params, y_pred):
         return dist.Normal(y_pred, params["sigma"]).to_event(2)
 
+    def observe(self, params, ts, ys):
+        return ys
+
     def observations(self, params, y_pred):
         return self.noise(params, y_pred)
 

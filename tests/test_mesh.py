@@ -211,6 +211,28 @@ def test_union_contains_all_nodes_and_matches_closed_form(rec):
         gs.Mesh.union([moved])
 
 
+def test_merge_is_as_fine_as_each_part_with_fewer_steps_than_the_union(rec):
+    mesh, _, host = rec
+    parts = [host.row(i) for i in range(4)]
+    merged, union = gs.Mesh.merge(parts), gs.Mesh.union(parts)
+    assert int(merged.status) == gs.Status.OK and int(merged.n_steps) == len(merged.times) - 1
+    assert int(merged.n_steps) < int(union.n_steps)
+    assert int(merged.n_steps) >= max(int(host.n_steps[i]) for i in range(4))
+    np.testing.assert_array_equal(merged.times[merged.save_index], TS)
+    # every merged step is no longer than the step any part takes where it starts
+    for i in range(4):
+        x = np.unique(np.asarray(host.times[i, : int(host.n_steps[i]) + 1]))
+        a, b = merged.times[:-1], merged.times[1:]
+        j = np.clip(np.searchsorted(x, a, side="right") - 1, 0, len(x) - 2)
+        assert np.all(b - a <= (x[j + 1] - x[j]) * (1 + 1e-12))
+    # so each part's trajectory replays on it within the tolerance of its own mesh
+    for i in range(4):
+        sol = gs.replay(decay, merged.to_device(), Y0[i], _p(K[i]))
+        exact = np.asarray(Y0[i]) * np.exp(-float(K[i]) * np.asarray(TS))[:, None]
+        np.testing.assert_allclose(sol.ys, exact, rtol=1e-5, atol=1e-9)
+        assert float(sol.error_ratio) <= 1.0
+
+
 def test_host_meshes_stay_numpy(rec):
     mesh, _, host = rec
     assert all(isinstance(x, jax.Array) for x in _array_leaves(mesh))

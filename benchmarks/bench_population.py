@@ -1,0 +1,213 @@
+"""Population models: NUTS effective samples per second and one log-density gradient.
+
+Theophylline (`models.theophylline`, the 12-subject Boeckmann–Sheiner–Beal data) in one
+process, the same program, data, warmup and draws on every side, chains vectorised:
+
+- gradsolve: ``inference.sample(models.theophylline(), data)`` (default mesh policy and
+  MAP initialisation, everything counted);
+- NumPyro + ``gs.solve``: plain NumPyro ``NUTS`` on ``inference.population_program(model)``
+  run without gradsolve's handlers, so its ``inference.ode`` site is ``gs.solve`` (a record
+  at every evaluation): what a user can write today;
+- NumPyro + Diffrax (``--diffrax``; slow, tens of minutes): the same program with
+  ``jax.vmap(diffrax.diffeqsolve)`` over subjects, doses as piecewise solves between dose
+  times (Tsit5, PIDController, default adjoint).
+
+ESS is the smallest bulk ESS over the population parameters (``lKa``, ``lCl``, ``lKe``,
+``omega``, ``sigma``), per second of total wall time. Then one log-density gradient (4
+chains' points, vectorised) against the number of subjects ``S`` (12, 100, 1,000:
+theophylline's subjects repeated): replay of a recorded mesh, ``gs.solve`` and Diffrax.
+
+Usage::
+
+    python benchmarks/bench_population.py             # 4 chains x (500 + 1,000)
+    python benchmarks/bench_population.py --quick     # 4 chains x (200 + 300)
+    python benchmarks/bench_population.py --diffrax   # also NumPyro + Diffrax NUTS
+
+Writes ``benchmarks/results/bench_population[_quick].json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import warnings
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import arviz as az  # noqa: E402
+import diffrax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import numpyro  # noqa: E402
+from numpyro.infer import MCMC, NUTS  # noqa: E402
+
+import inference  # noqa: E402
+import models  # noqa: E402
+from inference._program import ProgramProblem  # noqa: E402
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+POP = ["lKa", "lCl", "lKe", "omega", "sigma"]
+RTOL, ATOL = inference.TOLERANCES.rtol, inference.TOLERANCES.atol
+
+
+def diffrax_program(model):
+    """``model``'s program with ``jax.vmap(diffrax.diffeqsolve)`` over subjects: one solve
+    per dose interval, each saving at the subject's times inside it (a time equal to a
+    dose time reads the state before the dose, as gradsolve's)."""
+    term = diffrax.ODETerm(lambda t, y, p: model.vector_field(t, y, p))
+
+    def program(data):
+        ts, ys = data.observations()
+        theta = model.latent(data)
+        p = model.individual(theta, data)
+        y0, jumps = model.dosing(theta, p, data)
+        t0, t1 = float(model.t0), float(np.max(ts))
+        S = ts.shape[0]
+        jt, js = (np.zeros((S, 0)), jnp.zeros((S, 0, y0.shape[-1]))) if jumps is None else jumps
+        bounds = np.concatenate([np.full((S, 1), t0), np.minimum(jt, t1), np.full((S, 1), t1)], 1)
+
+        def one(y0_i, p_i, ts_i, b_i, js_i):
+            y, out = y0_i, jnp.zeros(ts_i.shape + y0_i.shape)
+            for k in range(b_i.shape[0] - 1):
+                a, b = b_i[k], b_i[k + 1]
+                last = k == b_i.shape[0] - 2
+                inside = (ts_i >= a) & ((ts_i <= b) if last else (ts_i < b))
+                sol = diffrax.diffeqsolve(
+                    term, diffrax.Tsit5(), a, b, None, y, args=p_i,
+                    saveat=diffrax.SaveAt(ts=jnp.clip(ts_i, a, b), t1=True),
+                    stepsize_controller=diffrax.PIDController(rtol=RTOL, atol=ATOL),
+                    max_steps=4096, throw=False)
+                out = jnp.where(inside[:, None], sol.ys[:-1], out)
+                y = sol.ys[-1] + (js_i[k] if k < js_i.shape[0] else 0.0)
+            return out
+
+        states = jax.vmap(one)(y0, p, jnp.asarray(ts), jnp.asarray(bounds), js)
+        pred = model.observation(theta, p, ts, states)
+        ok = jnp.all(jnp.isfinite(pred))
+        numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
+        numpyro.sample("obs", model.observations(theta, jnp.where(ok, pred, 1.0)), obs=ys)
+
+    return program
+
+
+def min_ess(idata):
+    ess = az.ess(idata, var_names=POP)
+    return float(min(np.min(ess[k].values) for k in POP))
+
+
+def summary(idata):
+    s = az.summary(idata, var_names=POP)
+    return {k: [float(s.loc[k, "mean"]), float(s.loc[k, "sd"]), float(s.loc[k, "r_hat"])]
+            for k in s.index}
+
+
+def run_gradsolve(model, data, warm, draws, chains, seed):
+    t = time.perf_counter()
+    idata = inference.sample(model, data, num_warmup=warm, num_samples=draws,
+                             num_chains=chains, seed=seed, progress=False)
+    total = time.perf_counter() - t
+    return dict(total_s=total, min_ess=min_ess(idata), ess_per_s=min_ess(idata) / total,
+                divergences=int(idata.sample_stats["diverging"].sum()),
+                max_error_ratio=float(idata.posterior.attrs["max_error_ratio"]),
+                sampling_mesh=idata.posterior.attrs["sampling_mesh"],
+                leapfrog_steps=int(idata.sample_stats["n_steps"].sum()), posterior=summary(idata))
+
+
+def run_numpyro(program, data, warm, draws, chains, seed):
+    t = time.perf_counter()
+    mcmc = MCMC(NUTS(program), num_warmup=warm, num_samples=draws, num_chains=chains,
+                chain_method="vectorized", progress_bar=False)
+    mcmc.run(jax.random.PRNGKey(seed), data, extra_fields=("num_steps", "diverging"))
+    total = time.perf_counter() - t
+    idata = az.from_numpyro(mcmc)
+    ex = mcmc.get_extra_fields()
+    return dict(total_s=total, min_ess=min_ess(idata), ess_per_s=min_ess(idata) / total,
+                divergences=int(np.sum(ex["diverging"])),
+                leapfrog_steps=int(np.sum(ex["num_steps"])), posterior=summary(idata))
+
+
+def repeated(data, S):
+    """Theophylline's subjects repeated to ``S`` subjects (new ids)."""
+    subs = [data.subjects[i % data.n_subjects]._replace(id=i + 1) for i in range(S)]
+    return models.PopulationDataset(subs, data.covariate_names, name=data.name)
+
+
+def gradient_times(model, data, sizes, reps=20):
+    """Milliseconds of one log-density gradient at 4 points (vectorised), per ``S``."""
+    out = []
+    for S in sizes:
+        d = repeated(data, S)
+        prob = ProgramProblem(inference.population_program(model), d, rtol=RTOL, atol=ATOL,
+                              max_steps=4096)
+        u = prob.space.to_unconstrained(prob.model.defaults)
+        U = jnp.asarray(u) + 0.05 * jax.random.normal(jax.random.PRNGKey(0), (4, u.shape[0]))
+        mesh = prob.record(U, 0.1)
+        stack = mesh.chains(4, mesh.capacity)
+        replay = jax.jit(jax.vmap(jax.grad(lambda v, m: prob.log_density(v, m)[0])))
+        solve = jax.jit(jax.vmap(jax.grad(lambda v: prob.log_density(v, None)[0])))
+        dprob = diffrax_program(model)
+        x_of = prob.space.from_unconstrained
+
+        def dlp(v):
+            lp, _ = numpyro.infer.util.log_density(dprob, (d,), {}, x_of(v))
+            return lp + prob.space.log_abs_det_jacobian(v)
+        dfx = jax.jit(jax.vmap(jax.grad(dlp)))
+        row = dict(S=S)
+        for name, fn, args in (("replay_ms", replay, (U, stack)), ("solve_ms", solve, (U,)),
+                               ("diffrax_ms", dfx, (U,))):
+            jax.block_until_ready(fn(*args))
+            t = time.perf_counter()
+            for _ in range(reps):
+                jax.block_until_ready(fn(*args))
+            row[name] = 1e3 * (time.perf_counter() - t) / reps
+        out.append(row)
+        print(f"  S={S:5d}: replay {row['replay_ms']:.2f} ms, gs.solve {row['solve_ms']:.2f} "
+              f"ms, Diffrax {row['diffrax_ms']:.2f} ms", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="4 chains x (200 + 300)")
+    ap.add_argument("--diffrax", action="store_true", help="also NumPyro + Diffrax NUTS (slow)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sizes", default="12,100,1000", help="subjects for the gradient timing")
+    a = ap.parse_args(argv)
+    warm, draws, chains = (200, 300, 4) if a.quick else (500, 1000, 4)
+    model, data = models.theophylline(), models.load_dataset("theophylline")
+    print(f"theophylline, {chains} chains x ({warm} + {draws}), {platform.machine()}, "
+          f"jax {jax.__version__}, {jax.devices()[0].platform}", flush=True)
+    res = dict(config=dict(warmup=warm, draws=draws, chains=chains, seed=a.seed,
+                           date=time.strftime("%Y-%m-%d"), machine=platform.platform(),
+                           cpus=os.cpu_count()))
+    res["gradsolve"] = run_gradsolve(model, data, warm, draws, chains, a.seed)
+    print("  inference.sample:   {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} "
+          "ESS/s, {divergences} divergences".format(**res["gradsolve"]), flush=True)
+    res["numpyro_gs_solve"] = run_numpyro(inference.population_program(model), data, warm,
+                                          draws, chains, a.seed)
+    print("  NumPyro + gs.solve: {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} "
+          "ESS/s, {divergences} divergences".format(**res["numpyro_gs_solve"]), flush=True)
+    if a.diffrax:
+        res["numpyro_diffrax"] = run_numpyro(diffrax_program(model), data, warm, draws,
+                                             chains, a.seed)
+        print("  NumPyro + Diffrax:  {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f}"
+              " ESS/s, {divergences} divergences".format(**res["numpyro_diffrax"]), flush=True)
+    g, n = res["gradsolve"]["ess_per_s"], res["numpyro_gs_solve"]["ess_per_s"]
+    print(f"  ESS/s ratio inference.sample / NumPyro + gs.solve: {g / n:.2f}x", flush=True)
+    print("one log-density gradient, 4 points vectorised:", flush=True)
+    res["gradient"] = gradient_times(model, data, [int(s) for s in a.sizes.split(",")])
+    out = os.path.join(os.path.dirname(__file__), "results",
+                       f"bench_population{'_quick' if a.quick else ''}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

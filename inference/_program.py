@@ -1,0 +1,511 @@
+"""A NumPyro program with `inference.ode` sites as something `fit` and `sample` run.
+
+`ProgramProblem` is to a program what `Problem` is to an `ODEModel`: flat unconstrained
+parameters ``u (D,)`` or ``(n, D)`` in, log densities out, states from a replay of
+recorded meshes (or an adaptive solve). The program's latent sample sites are the
+parameters (their names and shapes, from one trace at construction); its observed sample
+sites are the likelihood.
+
+`ProgramMesh` holds the meshes of a program's ode sites, at one parameter point or at
+``n`` points (starts, chains), and gives the fitter and the sampler the row algebra they
+use on a ``gs.Mesh`` (``select``, ``scatter``, ``repeat``, ``chains``, ``merge``, ...)
+with one row per POINT: a point of a population program is a whole ensemble of subjects,
+so one start or one chain is ``S`` trajectories, and one log density of ``C`` chains is
+one ``C * S``-trajectory replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+from numpyro import handlers
+
+import gradsolve as gs
+
+from ._checkpoint import digest
+from ._ode import SITE, RecordSites, ReplaySites, SolveSites
+from ._space import ParamSpace
+
+__all__ = ["ProgramMesh", "ProgramModel", "ProgramProblem", "PopulationInferenceModel",
+           "population_program", "problem_for"]
+
+
+def _is_host(x) -> bool:
+    return isinstance(x, (np.ndarray, np.generic))
+
+
+def _xp(mesh: gs.Mesh):
+    return np if _is_host(mesh.n_steps) else jnp
+
+
+class ProgramMesh(eqx.Module):
+    """The meshes of a program's ode sites at one point or at ``n`` points.
+
+    Attributes:
+        meshes: site name -> ``gs.Mesh``. At one point (``n is None``) each is the mesh
+            the site recorded (an ensemble of ``sizes[name]`` trajectories, or a single
+            trajectory where ``sizes[name]`` is ``None``). At ``n`` points the points'
+            meshes are joined along the ensemble axis: rows ``i * S`` to ``(i + 1) * S - 1``
+            are point ``i``'s.
+        sizes: site name -> trajectories per point (``None``: a single trajectory).
+        n: the number of points, ``None`` for one.
+
+    Per-point views (``status``, ``n_steps``, ``ok``) reduce over the point's
+    trajectories and sites: a point is usable only when every one of its solves is.
+    """
+
+    meshes: dict
+    sizes: dict = eqx.field(static=True)
+    n: int | None = eqx.field(static=True)
+
+    # ------------------------------------------------------------------ per point
+    @property
+    def is_ensemble(self) -> bool:
+        return self.n is not None
+
+    def _per_point(self, field: str, reduce):
+        out = None
+        for name, m in self.meshes.items():
+            xp, a = _xp(m), getattr(m, field)
+            S = self.sizes[name]
+            if self.n is None:
+                v = reduce(xp.asarray(a)) if S is not None else xp.asarray(a)
+            else:
+                v = reduce(xp.reshape(xp.asarray(a), (self.n, -1)), axis=1)
+            out = v if out is None else xp.maximum(out, v)
+        return out
+
+    @property
+    def status(self):
+        """``(n,)`` (or a scalar): nonzero where some solve of the point failed."""
+        return self._per_point("status", lambda a, axis=None: a.max(axis=axis))
+
+    @property
+    def n_steps(self):
+        """``(n,)`` (or a scalar): the most steps any trajectory of the point needs."""
+        return self._per_point("n_steps", lambda a, axis=None: a.max(axis=axis))
+
+    @property
+    def ok(self):
+        return self.status == 0
+
+    @property
+    def capacity(self) -> int:
+        return max(m.capacity for m in self.meshes.values())
+
+    # ------------------------------------------------------------------ rows = points
+    def _rows(self, name: str, points) -> np.ndarray:
+        S = self.sizes[name]
+        p = np.asarray(points)
+        return p if S is None else (p[:, None] * S + np.arange(S)[None]).reshape(-1)
+
+    def _points(self, rows) -> np.ndarray:
+        r = np.asarray(rows)
+        return np.flatnonzero(r) if r.dtype == bool else r.astype(np.int64).reshape(-1)
+
+    def select(self, rows) -> "ProgramMesh":
+        """Points ``rows`` (int indices or a bool mask of shape ``(n,)``), in that order."""
+        p = self._points(rows)
+        return ProgramMesh({k: m.select(self._rows(k, p)) for k, m in self.meshes.items()},
+                           self.sizes, len(p))
+
+    def scatter(self, rows, other: "ProgramMesh") -> "ProgramMesh":
+        """Points ``rows`` replaced by all points of ``other`` (capacities reconciled)."""
+        other = other if other.is_ensemble else other.repeat(1)
+        p = self._points(rows)
+        return ProgramMesh({k: m.scatter(self._rows(k, p), other.meshes[k])
+                            for k, m in self.meshes.items()}, self.sizes, self.n)
+
+    def repeat(self, count: int) -> "ProgramMesh":
+        """One point's meshes as ``count`` identical points."""
+        if self.is_ensemble:
+            raise ValueError("ProgramMesh.repeat: needs the meshes of one point")
+        out = {k: m.repeat(count) if self.sizes[k] is None else
+               gs.Mesh.concatenate([m] * int(count)) for k, m in self.meshes.items()}
+        return ProgramMesh(out, self.sizes, int(count))
+
+    def row(self, i: int) -> "ProgramMesh":
+        """Point ``i``'s meshes (one point; itself when it holds one point)."""
+        if not self.is_ensemble:
+            return self
+        sub = self.select(np.array([int(i)]))
+        return ProgramMesh({k: m.unbatch() if self.sizes[k] is None else m
+                            for k, m in sub.meshes.items()}, self.sizes, None)
+
+    def points(self) -> list["ProgramMesh"]:
+        """Every point's meshes, one `ProgramMesh` each."""
+        return [self.row(i) for i in range(self.n)] if self.is_ensemble else [self]
+
+    # ------------------------------------------------------------------ whole
+    def _each(self, fn) -> "ProgramMesh":
+        return ProgramMesh({k: fn(m) for k, m in self.meshes.items()}, self.sizes, self.n)
+
+    def to_host(self) -> "ProgramMesh":
+        return self._each(lambda m: m.to_host())
+
+    def to_device(self) -> "ProgramMesh":
+        return self._each(lambda m: m.to_device())
+
+    def trim(self) -> "ProgramMesh":
+        return self._each(lambda m: m.trim())
+
+    def with_capacity(self, cap: int) -> "ProgramMesh":
+        return self._each(lambda m: m.with_capacity(cap))
+
+    def chains(self, count: int, capacity: int | None = None) -> "ProgramMesh":
+        """Every array leaf with a leading axis of ``count`` (one point per chain, or the
+        one point broadcast), on device, each site at ``capacity`` step slots: the stack
+        ``jax.vmap`` hands one point to each chain (as ``gs.Mesh.chains``)."""
+        if self.is_ensemble and self.n != count:
+            raise ValueError(f"ProgramMesh.chains: `count`={count} but the meshes hold "
+                             f"{self.n} points")
+        out = {}
+        for k, m in self.meshes.items():
+            m = (m if capacity is None else m.with_capacity(capacity)).to_device()
+            S = self.sizes[k]
+            rowwise = set(gs.Mesh.PER_TRAJECTORY) | {"params"} if self.is_ensemble else set()
+
+            def stack(x, per_row):
+                if not eqx.is_array(x):
+                    return x
+                x = jnp.asarray(x)
+                if per_row:
+                    return x if S is None else jnp.reshape(x, (count, S) + x.shape[1:])
+                return jnp.broadcast_to(x, (count,) + x.shape)
+
+            out[k] = dataclasses.replace(m, **{
+                f.name: jax.tree_util.tree_map(functools.partial(stack, per_row=f.name in rowwise),
+                                               getattr(m, f.name))
+                for f in dataclasses.fields(m)})
+        return ProgramMesh(out, self.sizes, None)
+
+    @staticmethod
+    def from_stack(meshes: Mapping[str, gs.Mesh], sizes: Mapping, n: int) -> "ProgramMesh":
+        """The ``n``-point `ProgramMesh` of a ``jax.vmap``-ed record (every leaf with a
+        leading axis ``n``), on host, trimmed."""
+        out = {}
+        for k, m in meshes.items():
+            m = m.to_host()
+            S = sizes[k]
+            changes = {}
+            for f in dataclasses.fields(m):
+                per_row = f.name in gs.Mesh.PER_TRAJECTORY or f.name == "params"
+                flat = ((lambda x: x if S is None else np.reshape(x, (n * S,) + x.shape[2:]))
+                        if per_row else (lambda x: x[0]))
+                changes[f.name] = jax.tree_util.tree_map(
+                    lambda x, flat=flat: flat(np.asarray(x)) if eqx.is_array(x) else x,
+                    getattr(m, f.name))
+            out[k] = dataclasses.replace(m, **changes).padded().trim()
+        return ProgramMesh(out, dict(sizes), n)
+
+    @staticmethod
+    def merge(parts: Sequence["ProgramMesh"]) -> "ProgramMesh":
+        """One point's meshes, per site and trajectory as fine as the finest of every
+        point of ``parts`` that recorded successfully (`gs.Mesh.merge`)."""
+        first = parts[0]
+        out = {}
+        for k, S in first.sizes.items():
+            if S is None:
+                out[k] = gs.Mesh.merge([p.meshes[k] for p in parts])
+                continue
+            # trajectory j of every point: rows j, S + j, 2 S + j, ... of each part
+            out[k] = gs.Mesh.concatenate([
+                gs.Mesh.merge([p.meshes[k].select(np.arange(j, (p.n or 1) * S, S))
+                               for p in parts]) for j in range(S)])
+        return ProgramMesh(out, first.sizes, None).trim()
+
+
+class _Errors(NamedTuple):
+    """What `ProgramProblem.log_density` returns beside the value: ``error_ratio``, the
+    largest replay error ratio of the point over its sites and trajectories."""
+
+    error_ratio: jax.Array
+
+
+def _site_log_prob(site) -> jax.Array:
+    """A sample site's log density, summed, with its scale (as NumPyro's ``log_density``)."""
+    fn, value = site["fn"], site["value"]
+    lp = fn.log_prob(value, site["intermediates"]) if site.get("intermediates") else \
+        fn.log_prob(value)
+    if site.get("scale") is not None:
+        lp = site["scale"] * lp
+    return jnp.sum(lp)
+
+
+class ProgramModel:
+    """What the fitter and sampler need to know of a program's parameters: its latent
+    sites as ``priors`` (name -> the site's distribution, plates expanded), their prior
+    medians as ``defaults``, validation and prior draws.
+
+    Args:
+        name: the program's name; program, data: the program and the argument it is
+            called with; priors: from the program's trace.
+    """
+
+    def __init__(self, name: str, program, data, priors: Mapping[str, dist.Distribution],
+                 defaults: Mapping[str, Any]):
+        from models import prior_median
+
+        self.name, self.program, self.data = name, program, data
+        self.ode_defaults = dict(defaults)
+        self.priors = dict(priors)
+        self.defaults = {k: prior_median(d) for k, d in self.priors.items()}
+        self.shapes = {k: tuple(d.batch_shape) + tuple(d.event_shape)
+                       for k, d in self.priors.items()}
+
+    def check_params(self, params: Mapping[str, Any]) -> int | None:
+        """Validate a parameter dict (the program's latent sites): its ensemble size or
+        ``None``."""
+        if not isinstance(params, Mapping):
+            raise ValueError(f"{self.name}: parameters must be a dict with keys "
+                             f"{sorted(self.priors)}, got {type(params).__name__}")
+        missing = sorted(set(self.priors) - set(params))
+        extra = sorted(set(params) - set(self.priors))
+        if missing or extra:
+            raise ValueError(f"{self.name}: the parameter dict must have exactly the "
+                             f"program's latent sites {sorted(self.priors)}; missing "
+                             f"{missing}, unknown {extra}")
+        n = None
+        for k, shape in self.shapes.items():
+            s = tuple(np.shape(params[k]))
+            if s == shape:
+                m = None
+            elif len(s) == len(shape) + 1 and s[1:] == shape:
+                m = s[0]
+            else:
+                raise ValueError(f"{self.name}: `{k}` has shape {s}; the site has shape "
+                                 f"{shape} (or (n,) + {shape} for an ensemble)")
+            if m is not None and n is not None and m != n:
+                raise ValueError(f"{self.name}: the parameters have different leading "
+                                 f"sizes ({n} and {m})")
+            n = n if m is None else m
+        return n
+
+    def sample_prior(self, key, n: int | None = None) -> dict[str, jax.Array]:
+        """Latent values drawn by running the program under ``numpyro.handlers.seed``
+        (so hierarchical priors are drawn as the program draws them); ``n`` of them with
+        a leading axis ``n``."""
+        def one(k):
+            with SolveSites(defaults=self.ode_defaults):
+                tr = handlers.trace(handlers.seed(self.program, k)).get_trace(self.data)
+            return {name: tr[name]["value"] for name in self.priors}
+
+        if n is None:
+            return one(key)
+        return jax.vmap(one)(jax.random.split(key, int(n)))
+
+
+def _latent_and_observed(program, data, name: str, defaults):
+    """``(priors, observed, ode_sites)`` of one seeded trace of ``program(data)``."""
+    with SolveSites(defaults=defaults):
+        tr = handlers.trace(handlers.seed(program, 0)).get_trace(data)
+    priors, observed, sites = {}, {}, []
+    for site in tr.values():
+        if site["type"] == SITE:
+            sites.append(site["name"])
+        if site["type"] != "sample":
+            continue
+        if site["is_observed"]:
+            if not isinstance(site["fn"], dist.Unit):  # numpyro.factor
+                observed[site["name"]] = np.asarray(site["value"])
+            continue
+        fn = site["fn"]
+        if fn.support.is_discrete:
+            raise ValueError(f"{name}: latent site {site['name']!r} is discrete "
+                             f"({type(fn).__name__}); gradient-based inference needs "
+                             "continuous latent sites (marginalise it out)")
+        priors[site["name"]] = fn
+    if not sites:
+        raise ValueError(f"{name}: the program has no inference.ode site; run it with "
+                         "NumPyro directly (there is no mesh to reuse)")
+    if not priors:
+        raise ValueError(f"{name}: the program has no latent sample site to infer")
+    return priors, observed, sites
+
+
+class ProgramProblem:
+    """A NumPyro program with `inference.ode` sites, the argument it is called with, and
+    the default tolerances of its sites: the pieces `fit` and `sample` evaluate.
+
+    Args:
+        program: a NumPyro program, called as ``program(data)``.
+        data: anything (the program's one argument).
+        name: how runs and checkpoints name it (default the program's ``__name__``).
+        source: what the user passed (a population model; default ``program``), which a
+            MAP initialisation fits again.
+        solver, rtol, atol, max_steps: defaults of the ode sites that do not set their
+            own (``rtol = 1e-6``, ``atol = 1e-8``, 4,096 steps, ``gs.Tsit5()``).
+    """
+
+    def __init__(self, program, data, *, name: str | None = None, solver=None,
+                 rtol: float, atol: float, max_steps: int, source=None):
+        if not callable(program):
+            raise ValueError(f"`model` must be a models.ODEModel, a population model or a "
+                             f"NumPyro program, got {type(program).__name__}")
+        self.name = name or getattr(program, "__name__", type(program).__name__)
+        self.program, self.data = program, data
+        self.source = program if source is None else source
+        self.solver, self.rtol, self.atol = solver, float(rtol), float(atol)
+        self.max_steps = int(max_steps)
+        self.defaults = dict(solver=solver, rtol=self.rtol, atol=self.atol,
+                             max_steps=self.max_steps)
+        priors, self.observed, self.sites = _latent_and_observed(program, data, self.name,
+                                                                  self.defaults)
+        self.space = ParamSpace(priors)
+        self.model = ProgramModel(self.name, program, data, priors, self.defaults)
+        # the sizes of each site's ensemble at one point, from the record's shapes
+        shapes = jax.eval_shape(functools.partial(self._record_point, tol_factor=1.0),
+                                jnp.zeros(self.space.dim))
+        self.sizes = {k: (None if not m.is_ensemble else m.n) for k, m in shapes.items()}
+        self._record_one = jax.jit(self._record_point, static_argnums=1)
+        self._record_many = jax.jit(jax.vmap(self._record_point, in_axes=(0, None)),
+                                    static_argnums=1)
+        self._constrained = jax.jit(self.space.from_unconstrained)
+
+    def fingerprint(self) -> dict:
+        """What a checkpoint must share with this problem to resume it."""
+        return dict(model=self.name, dim=self.space.dim, sites=tuple(self.sites),
+                    labels=digest(tuple(self.space.labels())), data=digest(self.observed),
+                    solver=repr(self.solver), rtol=self.rtol, atol=self.atol,
+                    max_steps=self.max_steps)
+
+    # --------------------------------------------------------------------- running
+    def _run(self, u, handler):
+        x = self.space.from_unconstrained(u)
+        with handler:
+            return handlers.trace(handlers.substitute(self.program, data=x)).get_trace(self.data)
+
+    def _record_point(self, u, tol_factor):
+        h = RecordSites(tol_factor, self.defaults)
+        self._run(u, h)
+        return h.meshes
+
+    def record(self, u, tol_factor: float = 1.0) -> ProgramMesh:
+        """Every ode site recorded at ``u (D,)`` or ``(n, D)`` (host, trimmed)."""
+        u = jnp.asarray(u, dtype=jnp.result_type(float))
+        if u.ndim == 1:
+            meshes = {k: m.to_host().padded().trim()
+                      for k, m in self._record_one(u, float(tol_factor)).items()}
+            return ProgramMesh(meshes, self.sizes, None)
+        return ProgramMesh.from_stack(self._record_many(u, float(tol_factor)), self.sizes,
+                                      u.shape[0])
+
+    def _density(self, u, mesh, prior, jacobian, max_steps):
+        # each site solves at its own capacity (a population's subjects need more steps
+        # in parts of the posterior than at the starting points)
+        h = (SolveSites(None, self.defaults) if mesh is None
+             else ReplaySites(mesh.meshes, self.defaults))
+        tr = self._run(u, h)
+        lp_prior, lp_like = 0.0, 0.0
+        for site in tr.values():
+            if site["type"] == "sample":
+                if site["is_observed"]:
+                    lp_like = lp_like + _site_log_prob(site)
+                else:
+                    lp_prior = lp_prior + _site_log_prob(site)
+        lp = lp_prior + lp_like if prior else lp_like
+        if jacobian:
+            lp = lp + self.space.log_abs_det_jacobian(u)
+        lp = jnp.where(jnp.isnan(lp), -jnp.inf, lp)
+        errs = list(getattr(h, "error_ratios", {}).values())
+        err = functools.reduce(jnp.maximum, errs) if errs else jnp.zeros((), lp.dtype)
+        return lp, err
+
+    def log_density(self, u, mesh: ProgramMesh | None = None, *, prior: bool = True,
+                    jacobian: bool = True, max_steps: int | None = None):
+        """The log density at unconstrained ``u (D,)`` or ``(n, D)``: the program's log
+        joint (only its observed sites without ``prior``) plus ``log |dx/du|`` with
+        ``jacobian``, the ode sites replaying ``mesh`` (``n`` points, or one shared) or,
+        with ``mesh=None``, solving (at each site's own ``max_steps``; the argument is
+        accepted for the interface `Problem` shares). Returns ``(value, errors)``; ``errors.error_ratio``
+        is per point. A failed solve gives ``-inf``."""
+        u = jnp.asarray(u)
+        run = functools.partial(self._density, prior=prior, jacobian=jacobian,
+                                max_steps=max_steps)
+        if u.ndim == 1:
+            lp, err = run(u, mesh)
+        elif mesh is None:
+            lp, err = jax.vmap(lambda uu: run(uu, None))(u)
+        else:
+            lp, err = jax.vmap(run)(u, mesh.chains(u.shape[0]))
+        return lp, _Errors(err)
+
+    def error_ratio(self, u, mesh: ProgramMesh) -> jax.Array:
+        """The replay error ratio of ``mesh`` (one point) at ``u (D,)``."""
+        return self._density(u, mesh, True, False, None)[1]
+
+    def observed_data(self) -> tuple[dict, dict, dict]:
+        """``(values, dims, coords)`` of the observed sites, for ``arviz``."""
+        return dict(self.observed), {}, {}
+
+
+@runtime_checkable
+class PopulationInferenceModel(Protocol):
+    """What a many-subject model provides (`models.PopulationModel` does) for
+    `population_program` to build its NumPyro program: latent sites, each subject's ODE
+    parameters, doses, an observation function and a noise model."""
+
+    name: str
+    vector_field: Any
+    t0: float
+    solver: Any
+
+    def latent(self, data) -> dict: ...
+    def individual(self, theta, data) -> dict: ...
+    def dosing(self, theta, p, data) -> tuple: ...
+    def observation(self, theta, p, ts, ys) -> jax.Array: ...
+    def observations(self, theta, pred) -> dist.Distribution: ...
+
+
+def population_program(model):
+    """The NumPyro program of a population model: ``program(data)`` with ``data`` a
+    `models.PopulationDataset`.
+
+    It samples the model's latent sites (``model.latent``), forms each subject's ODE
+    parameters and doses, solves all ``S`` subjects as ONE ensemble at the `ode` site
+    named after the model (each subject's own sampling times and dose schedule), maps the
+    states to predicted observations and observes ``"obs"`` ``(S, K)`` (padding slots
+    and missing values skipped). A failed solve adds ``-inf`` (``"solver_failure"``).
+    """
+    from ._ode import ode
+
+    def program(data):
+        ts, ys = data.observations()
+        theta = model.latent(data)
+        p = model.individual(theta, data)
+        y0, jumps = model.dosing(theta, p, data)
+        sol = ode(model.name, model.vector_field, model.t0, float(np.max(ts)), y0, p, ts=ts,
+                  jumps=jumps, solver=model.solver)
+        pred = model.observation(theta, p, ts, sol.ys)
+        ok = jnp.all(jnp.isfinite(pred))
+        numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
+        pred = jnp.where(ok, pred, 1.0)
+        numpyro.sample("obs", model.observations(theta, pred), obs=ys)
+
+    program.__name__ = model.name
+    program.__doc__ = f"NumPyro program of population model {model.name!r}."
+    return program
+
+
+def problem_for(model, data, *, solver=None, rtol: float, atol: float, max_steps: int):
+    """The `Problem` of an `ODEModel` (any `InferenceModel`), or the `ProgramProblem` of a
+    population model or of a NumPyro program ``program(data)``."""
+    from ._problem import InferenceModel, Problem
+
+    if isinstance(model, InferenceModel):
+        return Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
+    if isinstance(model, PopulationInferenceModel):
+        return ProgramProblem(population_program(model), data, name=model.name,
+                              solver=solver, rtol=rtol, atol=atol, max_steps=max_steps,
+                              source=model)
+    return ProgramProblem(model, data, solver=solver, rtol=rtol, atol=atol,
+                          max_steps=max_steps)
