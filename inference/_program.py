@@ -475,6 +475,21 @@ def population_program(model):
     named after the model (each subject's own sampling times and dose schedule), maps the
     states to predicted observations and observes ``"obs"`` ``(S, K)`` (padding slots
     and missing values skipped). A failed solve adds ``-inf`` (``"solver_failure"``).
+
+    Args:
+        model: a population model (`models.PopulationModel`: ``latent``, ``individual``,
+            ``dosing``, ``observation``, ``observations``, ``vector_field``, ``t0``,
+            ``solver``).
+
+    Returns:
+        The NumPyro program ``program(data)``; under plain NumPyro its ode site solves
+        with ``gs.solve``.
+
+    Example:
+        >>> program = inference.population_program(models.theophylline())
+        >>> mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(program), num_warmup=500,
+        ...                           num_samples=1000)
+        >>> mcmc.run(jax.random.PRNGKey(0), models.load_dataset("theophylline"))
     """
     from ._ode import ode
 

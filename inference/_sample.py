@@ -174,7 +174,8 @@ def sample(
         init_jitter: standard deviation of the per-chain jitter in unconstrained space.
         fit_kwargs: overrides for the MAP fit of ``init="map"`` (e.g. ``n_starts``).
         count_failures: count failed potential evaluations with a host callback (about
-            doubles the cost of a gradient on CPU); default: only for ``rerecord="always"``.
+            doubles the cost of a gradient on CPU); default: only for ``rerecord="always"`` on an
+            `ODEModel`.
 
     Returns:
         ``arviz.InferenceData`` with ``posterior`` (the model's parameter names and shapes,
@@ -199,7 +200,10 @@ def sample(
     if rerecord is None:
         rerecord = "always" if isinstance(problem, ProgramProblem) else "warmup"
     policy = MeshPolicy.checked("sample", rerecord, record_tol_factor=float(frozen_tol_factor))
-    count = rerecord == "always" if count_failures is None else bool(count_failures)
+    # the counter's callback runs at every evaluation under vectorised chains (the
+    # lax.cond becomes a select): a program's default "always" policy does not pay it
+    count = (rerecord == "always" and not isinstance(problem, ProgramProblem)
+             if count_failures is None else bool(count_failures))
     fingerprint = _checkpoint.fingerprint(
         problem, policy, num_chains=num_chains, num_warmup=num_warmup, kernel=kernel,
         num_samples=num_samples, seed=seed, target_accept=target_accept, dense_mass=dense_mass,

@@ -13,7 +13,7 @@ import pytest
 TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
 SCRIPTS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
 # Tutorials too slow for the default suite even in quick mode (run with `make test-all`).
-SLOW: set[str] = set()
+SLOW: set[str] = {"08_population_pk"}  # NUTS on a 12-subject population, ~1 min quick
 
 
 def test_tutorials_exist():
