@@ -20,7 +20,11 @@ How a fit runs, file by file: `fit` (``_fit.py``) validates, flattens the parame
 (``_starts.py``), builds a `FitState` and advances it with `FitKernel.step`; each step
 evaluates `Problem.log_density` (``_problem.py``), which calls ``gs.replay`` on the
 recorded mesh; `MeshPolicy` (``_policy.py``) decides the re-records, which call
-``gs.record`` through `Problem.record`. Sampling has the same shape: ``_sample.py`` (the
+``gs.record`` through `Problem.record`. A NumPyro program with `ode` sites (or a population model, through
+`population_program`) runs the same way through `ProgramProblem` (``_program.py``): its
+latent sites are the parameters, its ode sites' meshes are recorded and replayed by the
+handlers of ``_ode.py``, and one start or chain is a whole ensemble of subjects. Sampling
+has the same shape: ``_sample.py`` (the
 front and the sampling phase), ``_warmup.py``, ``_chains.py`` (the NumPyro kernel and the
 `SampleState`), ``_idata.py``.
 
