@@ -165,6 +165,7 @@ class _Sites(Messenger):
         super().__init__(fn)
         self.defaults = dict(defaults or {})
         self.seen: list[str] = []
+        self.error_ratios: dict[str, jax.Array] = {}  # filled by replaying handlers
 
     def process_message(self, msg):
         if msg["type"] != SITE:
@@ -210,7 +211,6 @@ class ReplaySites(_Sites):
     def __init__(self, meshes: Mapping[str, gs.Mesh], defaults=None, fn=None):
         super().__init__(defaults, fn)
         self.meshes = meshes
-        self.error_ratios: dict[str, jax.Array] = {}
 
     def run(self, name, call):
         if name not in self.meshes:

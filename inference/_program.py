@@ -102,6 +102,11 @@ class ProgramMesh(eqx.Module):
     def capacity(self) -> int:
         return max(m.capacity for m in self.meshes.values())
 
+    @property
+    def n_jumps(self) -> int:
+        """The most jumps any site was recorded with (0: no events)."""
+        return max(m.n_jumps for m in self.meshes.values())
+
     # ------------------------------------------------------------------ rows = points
     def _rows(self, name: str, points) -> np.ndarray:
         S = self.sizes[name]
@@ -416,7 +421,7 @@ class ProgramProblem:
         if jacobian:
             lp = lp + self.space.log_abs_det_jacobian(u)
         lp = jnp.where(jnp.isnan(lp), -jnp.inf, lp)
-        errs = list(getattr(h, "error_ratios", {}).values())
+        errs = list(h.error_ratios.values())
         err = functools.reduce(jnp.maximum, errs) if errs else jnp.zeros((), lp.dtype)
         return lp, err
 

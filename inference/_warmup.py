@@ -6,8 +6,9 @@ position between windows of 10, 20, 40, 80, 100, 100, ... iterations (warmup dra
 discarded and only tune the step size and mass matrix, so the target may change). After
 the last window ONE mesh is recorded at the chains' mean position (unconstrained space),
 tightened by the policy's ``record_tol_factor``; if it does not hold at every chain's
-position (e.g. chains in different modes), the union of its step times and those of
-meshes recorded at each chain is used instead (`sampling_mesh`).
+position and at the last window's draws (e.g. chains in different modes, or a posterior
+wide in the ODE's time scales), it is merged with meshes recorded there
+(`sampling_mesh`, `gs.Mesh.merge`).
 """
 
 from __future__ import annotations
@@ -182,11 +183,8 @@ def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = 
     extra = len(where) - len(z)
     what = "the chains' mean, their positions" + (
         f" and the {extra} warmup draws where the mean's did not hold" if extra else "")
-    try:
-        return type(per).merge(parts), f"merge of the meshes at {what}", 2
-    except ValueError:
-        if not bool(mean.ok):
-            raise
+    if per.n_jumps and bool(mean.ok):
         # meshes with jumps cannot be merged (each jump owns a node): keep the mean's,
         # whose error ratio at every draw is reported
         return mean, "chains' mean (meshes with jumps cannot be merged)", 2
+    return type(per).merge(parts), f"merge of the meshes at {what}", 2

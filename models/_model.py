@@ -54,6 +54,14 @@ def prior_median(d: dist.Distribution) -> jax.Array:
         return jnp.median(draws, axis=0)
 
 
+def default_solver(stiff: bool):
+    """A model's default solver: ``gs.Rodas5P()`` if ``stiff`` (L-stable, linearly implicit)
+    else ``gs.Tsit5()``."""
+    import gradsolve as gs
+
+    return gs.Rodas5P() if stiff else gs.Tsit5()
+
+
 def _is_distribution(d: Any) -> bool:
     return isinstance(d, dist.Distribution)
 
@@ -454,9 +462,7 @@ class ODEModel(eqx.Module):
     @property
     def solver(self):
         """The default solver: ``gs.Rodas5P()`` if ``stiff`` else ``gs.Tsit5()``."""
-        import gradsolve as gs
-
-        return gs.Rodas5P() if self.stiff else gs.Tsit5()
+        return default_solver(self.stiff)
 
     def replace(self, **changes: Any) -> "ODEModel":
         """A copy with some constructor arguments changed (validated again).

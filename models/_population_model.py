@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from ._model import MissingObservations
+from ._model import MissingObservations, default_solver
 from ._population import PopulationDataset
 
 __all__ = ["PopulationModel"]
@@ -171,9 +171,7 @@ class PopulationModel(eqx.Module):
     @property
     def solver(self):
         """The default solver: ``gs.Rodas5P()`` if ``stiff`` else ``gs.Tsit5()``."""
-        import gradsolve as gs
-
-        return gs.Rodas5P() if self.stiff else gs.Tsit5()
+        return default_solver(self.stiff)
 
     def replace(self, **changes: Any) -> "PopulationModel":
         """A copy with some constructor arguments changed (validated again), e.g.
