@@ -259,6 +259,15 @@ def check_vector_field(f, t0, y0b, paramsb, where: str) -> None:
             f"{where}: `f` must return dy/dt of the same shape as y {tuple(y0b.shape[1:])}, "
             f"got {getattr(out, 'shape', type(out))}.\n{_call_shapes(y0b, p0)}"
         )
+    if jnp.result_type(out.dtype, y0b.dtype) != y0b.dtype:
+        # A wider result (float64 from a constant built while x64 is on, complex) would
+        # change the state's dtype mid-step: an internal loop-carry error otherwise.
+        raise ValueError(
+            f"{where}: `f` returned dtype {out.dtype} for a state y of dtype {y0b.dtype}; "
+            f"dy/dt must have y's dtype. Build the field's constants with dtype=y.dtype (or "
+            f"return `dydt.astype(y.dtype)`), or solve in {out.dtype} by passing y0 of that "
+            "dtype."
+        )
     if key is not None and len(_CHECKED) < 4096:
         _CHECKED[key] = True
 

@@ -221,6 +221,27 @@ def test_mixed_and_half_precision_dtypes_are_promoted(route):
             np.testing.assert_allclose(sol.y1, np.exp(-1.5), rtol=1e-3)
 
 
+@pytest.mark.parametrize("driver", [None, gs.drivers.Batched()], ids=["auto", "batched"])
+def test_field_returning_a_wider_dtype_names_it(driver):
+    """A float32 state whose field returns float64 (a constant matrix built while x64 is on)
+    is a ValueError naming f's output dtype, on every route, in record, solve and replay;
+    before, an internal loop-carry TypeError (or a jvp dtype mismatch on the kernel route)."""
+    A = jnp.array([[-1.0, 0.5], [0.0, -2.0]])  # float64
+    f = lambda t, y, p: A @ y * p[0]
+    y0, p = jnp.ones((3, 2), jnp.float32), jnp.ones((3, 1), jnp.float32)
+    for fn in (gs.solve, gs.record):
+        with pytest.raises(ValueError, match="`f` returned dtype float64 for a state y of dtype float32"):
+            fn(f, 0.0, 1.0, y0, p, driver=driver)
+    mesh = gs.record(lambda t, y, p: (A.astype(y.dtype) @ y) * p[0], 0.0, 1.0, y0, p, driver=driver)
+    with pytest.raises(ValueError, match="`f` returned dtype float64"):
+        gs.replay(f, mesh, y0, p, driver=driver)
+    # The fix the message gives works: the state stays float32.
+    fixed = lambda t, y, p: (A @ y * p[0]).astype(y.dtype)
+    sol = gs.solve(fixed, 0.0, 1.0, y0, p, driver=driver)
+    assert sol.ys.dtype == jnp.float32
+    np.testing.assert_allclose(sol.y1[:, 1], np.exp(-2.0), rtol=1e-4)
+
+
 def test_more_save_times_than_max_steps_is_a_value_error():
     ts = jnp.linspace(0.0, 1.0, 50)
     for fn in (gs.solve, gs.record):
