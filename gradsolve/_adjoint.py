@@ -9,8 +9,11 @@ functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save 
 - ``fwd(times, n_eff, y0, pflat, save, tol, tsave, subst) -> (ys, y1, err, states, cost)``
   with ``ys (n, k, d)``, ``y1 (n, d)``, ``err (n,)``, ``states`` (whatever the backward pass
   needs, a function of the inputs) and ``cost (n,)`` int32 steps computed;
-- ``bwd(times, n_eff, pflat, save, states, ct_ys, ct_y1, tsave, subst)
-  -> (ct_tsave (n, k), ct_y0 (n, d), ct_pflat (n, P))``.
+- ``bwd(times, n_eff, pflat, save, states, ct_ys, ct_y1, tsave, subst, with_times)
+  -> (ct_tsave (n, k), ct_y0 (n, d), ct_pflat (n, P))``; ``with_times`` (static) says
+  whether ``ct_tsave`` is needed: without it the adjoint skips the node-time cotangents
+  (zeros are returned), which costs the kernel a leaner compiled variant and the lanes
+  replay a carry.
 
 `adjoint_replay` wraps them (why it is built this way):
 
@@ -22,6 +25,9 @@ functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save 
   ``jvp``/``jacfwd`` keep working, which a ``custom_vjp`` would forbid.
 - ``backward`` is itself a ``custom_jvp`` function whose rule differentiates the batched
   replay's VJP, so second derivatives (``hessian``, ``jacfwd(jacrev(...))``) work too.
+- Which adjoint runs follows the tangents that are live (JAX's symbolic zeros): save
+  times that carry no derivative (concrete ``ts``, or traced but not differentiated) take
+  the adjoint without node-time cotangents, as cheap as a replay without ``ts``.
 - ``states`` travel from ``forward`` to ``backward`` as residuals. They are a function of
   the differentiable inputs, and ``backward``'s rule differentiates through those inputs
   only, so their own tangent is never needed (it is returned as zero).
@@ -97,8 +103,9 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
 
     ``fwd``/``bwd`` as in the module docstring; forward-mode and second derivatives are the
     batched driver's on the same ``f``, ``solver`` and ``layout``; ``before_bwd()`` runs
-    when the backward pass is traced (e.g. to build it) and returns whether ``bwd`` can
-    run; if not, reverse mode is the batched driver's too.
+    when the backward pass is traced, as ``before_bwd(with_times)`` (e.g. to build that
+    variant), and returns whether ``bwd`` can run; if not, reverse mode is the batched
+    driver's too.
     """
     from .drivers.batched import replay_nodes  # the tangent rule: same steps, JAX's AD
 
@@ -130,23 +137,27 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
         _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
         return back((ct_ys, ct_y1))
 
-    @jax.custom_jvp
-    def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
-        times, n_eff, save, _, subst = aux
-        if before_bwd is not None and not before_bwd():
-            # The hand-written adjoint could not be built: the batched one, same values.
-            return vjp_xla(tm, y, pf, ct_ys, ct_y1, aux)
-        return bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst)
+    def make_backward(with_times: bool):
+        @jax.custom_jvp
+        def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
+            times, n_eff, save, _, subst = aux
+            if before_bwd is not None and not before_bwd(with_times):
+                # The hand-written adjoint could not be built: the batched one, same values.
+                return vjp_xla(tm, y, pf, ct_ys, ct_y1, aux)
+            return bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times)
 
-    def backward_jvp(primals, tangents):
-        tm, y, pf, states, ct_ys, ct_y1, aux = primals
-        dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
-        out = backward(*primals)
-        _, dout = jax.jvp(lambda *a: vjp_xla(*a, aux), (tm, y, pf, ct_ys, ct_y1),
-                          (dtm, dy, dpf, dct_ys, dct_y1))
-        return out, dout
+        def backward_jvp(primals, tangents):
+            tm, y, pf, states, ct_ys, ct_y1, aux = primals
+            dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
+            out = backward(*primals)
+            _, dout = jax.jvp(lambda *a: vjp_xla(*a, aux), (tm, y, pf, ct_ys, ct_y1),
+                              (dtm, dy, dpf, dct_ys, dct_y1))
+            return out, dout
 
-    backward.defjvp(backward_jvp)
+        backward.defjvp(backward_jvp)
+        return backward
+
+    backwards = {True: make_backward(True), False: make_backward(False)}
 
     def forward_jvp(primals, tangents):
         tm, y, pf, aux = primals
@@ -167,7 +178,7 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
         def lin_t(res, cts):
             tm, y, pf, states, *aux = res
             ct_ys, ct_y1 = cts
-            out = backward(tm, y, pf, states, ct_ys, ct_y1, tuple(aux))
+            out = backwards[moved and live[0]](tm, y, pf, states, ct_ys, ct_y1, tuple(aux))
             return [o for lv, o in zip(live, out) if lv]
 
         tans = [t for lv, t in zip(live, tangents[:3]) if lv]

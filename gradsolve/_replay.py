@@ -119,17 +119,34 @@ def replay(
             f"{tuple(jnp.shape(ts))}. Save times are mesh points: re-record for other times."
         )
     events = _replay_jumps(mesh, bm, b, jumps, where)
-    if ts is not None and is_concrete(b.ts, bm.times) and not mesh.has_events:
+    check_moved = True
+    if ts is not None and is_concrete(ts, bm.times, bm.ts) and not mesh.has_events:
         # Concrete inputs may still sit inside a jit/vmap trace (a mesh and ts closed
         # over): evaluate the check now, on the host, rather than staging it out.
+        ts_host = np.broadcast_to(np.asarray(ts).astype(b.ts.dtype), b.ts.shape)
         with jax.ensure_compile_time_eval():
-            check_moved_ts(bm, b.ts)
+            check_moved_ts(bm, ts_host)
+        check_moved = False
+        if _at_recorded_nodes(bm, ts_host):
+            # The recorded save times again (what a fit passes): nothing moves and nothing
+            # can be differentiated, so the plain replay gives the same values, cheaper.
+            ts = None
     if mesh.has_events and (ts is not None or events is not None) and \
             is_concrete(b.ts, bm.times, events):
         with jax.ensure_compile_time_eval():
             check_moved_events(bm, b.ts if ts is not None else None, events)
-    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size, driver=driver,
-                           events=events)
+    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size, check_moved,
+                           driver=driver, events=events)
+
+
+def _at_recorded_nodes(bm: Mesh, ts) -> bool:
+    """Whether concrete ``ts (n, k)`` are the recorded save times of the batched mesh ``bm``
+    and sit on their nodes exactly (so a replay given them moves nothing)."""
+    ts = np.asarray(ts)
+    rec = np.asarray(bm.ts).astype(ts.dtype)
+    nodes = np.take_along_axis(np.asarray(bm.times).astype(ts.dtype),
+                               np.asarray(bm.save_index), axis=1)
+    return bool(np.array_equal(ts, rec) and np.array_equal(ts, nodes))
 
 
 def _replay_jumps(mesh: Mesh, bm: Mesh, b, jumps, where: str):

@@ -17,6 +17,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 _sg = jax.lax.stop_gradient
+_COUNT_MAX_SLOTS = 64
 
 
 def check_moved_ts(bm, ts) -> None:
@@ -76,24 +77,16 @@ def node_times(times: Float[Array, "n S1"], save_index: Int[Array, "n k"], tsave
 
 
 def moved_out_of_order(times, save_index, tsave, subst) -> Bool[Array, " n"]:
-    """Per trajectory: does a moved save node (``subst``) pass a neighbouring node? Reads
-    only the neighbours of the ``k`` save nodes (a neighbour is itself moved when the save
-    time owning it moved), so it costs ``O(n k)``, not ``O(n S)``."""
-    s1, k = times.shape[1], save_index.shape[1]
+    """Per trajectory: does a moved save node (``subst``, at most one slot per node, as
+    `save_roles` gives) pass a neighbouring node? The nodes are moved first, so a neighbour
+    that is itself a moved save node is compared at its new time; costs ``O(n (S + k))``."""
+    s1 = times.shape[1]
     rows = jnp.arange(times.shape[0])[:, None]
     subst = subst.astype(bool)
-    owner = save_groups(save_index)  # first slot of each group of equal save times
-    search = jax.vmap(lambda a, side: jnp.searchsorted(a, a, side=side), in_axes=(0, None))
-
-    def neighbour(shift, slot):
-        idx = jnp.clip(save_index + shift, 0, s1 - 1)
-        slot = jnp.clip(slot, 0, k - 1)
-        first = owner[rows, slot]
-        moved = subst[rows, first] & (save_index[rows, first] == save_index + shift)
-        return jnp.where(moved, tsave[rows, first], times[rows, idx])
-
-    left = neighbour(-1, search(save_index, "left") - 1)   # last slot of the previous node
-    right = neighbour(1, search(save_index, "right"))      # first slot of the next node
+    slot = jnp.where(subst, save_index, s1)  # only moving slots; one per node
+    moved = times.at[rows, slot].set(tsave.astype(times.dtype), mode="drop")
+    left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
+    right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
     return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
 
 
@@ -111,6 +104,11 @@ def save_groups(save_index: Int[Array, "n k"]) -> Int[Array, "n k"]:
     """For each save time, the position of the first save time sharing its mesh node
     (equal save times are recorded as one node)."""
     k = save_index.shape[-1]
+    if k <= _COUNT_MAX_SLOTS:
+        # Save indices are sorted: the first slot of a node is the number of slots before
+        # it (k^2 comparisons beat XLA's cumulative max on CPU for few save times).
+        return jnp.sum(save_index[..., None, :] < save_index[..., :, None], axis=-1,
+                       dtype=save_index.dtype)
     pos = jnp.broadcast_to(jnp.arange(k), save_index.shape)
     dup = jnp.concatenate(
         [jnp.zeros_like(save_index[:, :1], bool), save_index[:, 1:] == save_index[:, :-1]], axis=1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax.numpy as jnp
 
+from ._checks import is_concrete
 from ._controller import PIDController
 from ._events import batch_events
 from ._record import _MAX_STEPS, prepare, record_prepared
@@ -110,6 +111,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
     mesh = eqx.tree_at(lambda m: (m.t0, m.t1), mesh,
                        (jnp.asarray(t0, mesh.t0.dtype), jnp.asarray(t1, mesh.t1.dtype)))
     # The record's inputs are already validated and batched, and its nodes sit at ``ts``:
-    # replay them as they are.
-    return replay_prepared(f, mesh, b, ts is not None, group_size, chunk_size,
+    # replay them as they are. Concrete save times cannot carry a derivative, so there is
+    # nothing to move: the plain replay (no node moves, no save-time adjoint) is exact.
+    moving_ts = ts is not None and not is_concrete(ts)
+    return replay_prepared(f, mesh, b, moving_ts, group_size, chunk_size,
                            check_moved=False, driver=driver, where=where, events=events)

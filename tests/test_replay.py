@@ -456,3 +456,91 @@ def test_field_with_custom_vjp_solves_and_differentiates(driver):
     g = jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q, ts=ts, driver=driver).ys))(p)
     np.testing.assert_allclose(g, jnp.sum(-ts * jnp.exp(-p * ts), axis=1, keepdims=True),
                                rtol=1e-7)
+
+
+@pytest.mark.parametrize("driver", ["kernel", "lanes"])
+def test_save_times_take_the_node_time_adjoint_only_when_differentiated(driver, monkeypatch):
+    """The hand-written adjoints carry node-time cotangents only where the save times carry
+    a derivative: ``ts`` traced but not differentiated (and concrete ``ts``) take the plain
+    adjoint, with the gradient of the replay without ``ts``; ``grad`` w.r.t. ``ts`` takes
+    the other and matches the batched driver (JAX's own derivative of the same steps)."""
+    import gradsolve.drivers.kernel.build as build
+    import gradsolve.drivers.lanes as lanes
+
+    seen = []
+    if driver == "kernel":
+        load = build.load_part
+        monkeypatch.setattr(build, "load_part", lambda prefix, part: seen.append(part == "bwdt")
+                            or load(prefix, part))
+        drv = gs.drivers.Kernel()
+        if not drv.replay_reason(lotka_volterra, gs.Tsit5(), jnp.ones((2, 2)), jnp.ones((2, 4))) is None:
+            pytest.skip("no working C++ compiler")
+    else:
+        group = lanes._backward_group
+        monkeypatch.setattr(lanes, "_backward_group",
+                            lambda *a: seen.append(a[-1]) or group(*a))
+        drv = gs.drivers.Lanes()
+    n = 3
+    p = jnp.array([1.5, 1.0, 3.0, 1.0]) * (1 + 0.05 * jnp.arange(n)[:, None])
+    y0 = jnp.ones((n, 2))
+    ts = jnp.linspace(0.5, 4.5, 5)
+    mesh = gs.record(lotka_volterra, 0.0, 5.0, y0, p, ts=ts, rtol=1e-8, atol=1e-10)
+    loss = lambda q, s, d: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, ts=s, driver=d).ys ** 2)
+    plain = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, driver=drv).ys ** 2))(p)
+    seen.clear()
+    g_traced = jax.jit(jax.grad(loss), static_argnums=2)(p, ts + 0.0, drv)
+    assert seen and not any(seen)
+    np.testing.assert_allclose(g_traced, plain, rtol=1e-13)
+    seen.clear()
+    g_concrete = jax.grad(lambda q: loss(q, ts, drv))(p)
+    assert not any(seen)
+    np.testing.assert_allclose(g_concrete, plain, rtol=1e-13)
+    seen.clear()
+    moved = ts + 1e-3
+    gp, gt = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(p, moved, drv)
+    assert seen and all(seen)
+    rp, rt = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)(p, moved, gs.drivers.Batched())
+    np.testing.assert_allclose(gp, rp, rtol=1e-11)
+    np.testing.assert_allclose(gt, rt, rtol=1e-10)
+    # gs.solve likewise: its save times are recorded nodes, moved only when traced.
+    solve = lambda q, s, d: jnp.sum(gs.solve(lotka_volterra, 0.0, 5.0, y0, q, ts=s, rtol=1e-8,
+                                             atol=1e-10, driver=d).ys ** 2)
+    seen.clear()
+    g_solve = jax.jit(jax.grad(lambda q: solve(q, ts, drv)))(p)
+    assert not any(seen)
+    np.testing.assert_allclose(g_solve, jax.grad(lambda q: solve(q, ts, gs.drivers.Batched()))(p),
+                               rtol=1e-11)
+    sp, st = jax.jit(jax.grad(solve, argnums=(0, 1)), static_argnums=2)(p, ts, drv)
+    rp, rt = jax.jit(jax.grad(solve, argnums=(0, 1)), static_argnums=2)(p, ts, gs.drivers.Batched())
+    np.testing.assert_allclose(sp, rp, rtol=1e-11)
+    np.testing.assert_allclose(st, rt, rtol=1e-10)
+
+
+def _n_eqns(jaxpr) -> int:
+    """Equations of ``jaxpr`` and of every jaxpr nested in it."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for v in eqn.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _n_eqns(inner)
+    return count
+
+
+def test_replay_at_the_recorded_save_times_is_the_replay_without_them():
+    """Concrete ``ts`` equal to the recorded save times (what a fit passes) move nothing:
+    under ``jit`` the replay compiles to the one without ``ts``, with the same values; other
+    concrete ``ts`` still move their nodes (closed form)."""
+    f = lambda t, y, p: -p[0] * y
+    y0, p = jnp.ones((2, 1)), jnp.array([[1.0], [2.0]])
+    ts = jnp.array([0.25, 0.5, 1.0])
+    mesh = gs.record(f, 0.0, 1.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12)
+    with_ts = jax.make_jaxpr(lambda q: gs.replay(f, mesh, y0, q, ts=ts).ys)(p)
+    without = jax.make_jaxpr(lambda q: gs.replay(f, mesh, y0, q).ys)(p)
+    assert _n_eqns(with_ts.jaxpr) == _n_eqns(without.jaxpr)
+    np.testing.assert_array_equal(gs.replay(f, mesh, y0, p, ts=ts).ys, gs.replay(f, mesh, y0, p).ys)
+    moved = ts.at[1].add(1e-4)
+    out = jax.jit(lambda q: gs.replay(f, mesh, y0, q, ts=moved).ys)(p)
+    np.testing.assert_allclose(np.asarray(out[..., 0]), np.exp(-np.asarray(p) * np.asarray(moved)), rtol=1e-8)

@@ -333,9 +333,11 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
     return ys, y.matrix(), emax, states, cost
 
 
-def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_y1, moved):
+def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_y1,
+                    with_times):
     """Exact discrete adjoint of `_forward_group`'s steps. Returns ``ct_y0 (g, d)``,
-    ``ct_pflat (g, P)`` and, if ``moved``, the node-time cotangents ``(S1, g)`` (else None)."""
+    ``ct_pflat (g, P)`` and, if ``with_times``, the node-time cotangents ``(S1, g)`` (else
+    None)."""
     s1, d, g = states.shape
     rows = jnp.arange(g)
     node = jnp.minimum(save, n_eff[:, None])
@@ -361,7 +363,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
         at_i = LaneArray(jax.lax.dynamic_index_in_dim(inject, i, axis=0, keepdims=False))
         lam = _where(active, dy + at_i, lam)
         gp = _where(active, gp + dp, gp)
-        if moved:
+        if with_times:
             zero = jnp.zeros_like(ta)
             upd = lambda c, idx, v: c.at[idx].add(jnp.where(active, v, zero))
             ct_t = upd(upd(upd(ct_t, i + 1, dtb), i, dta), jnp.maximum(i - 1, 0), dt_prev)
@@ -369,7 +371,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
 
     # Carries are `LaneArray` (one array per component), not (g, d) matrices: XLA would fuse
     # each output entry's whole reverse step separately and compute it d times.
-    ct_t0 = jnp.zeros((s1, g), states.dtype) if moved else None
+    ct_t0 = jnp.zeros((s1, g), states.dtype) if with_times else None
     lam, gp, ct_t = _chunked_loop(
         n_max, body, (LaneArray.from_matrix(lam), LaneArray.from_matrix(jnp.zeros_like(pflat)), ct_t0))
     return lam.matrix(), gp.matrix(), ct_t
@@ -389,7 +391,7 @@ def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rt
             jax.tree_util.tree_map(group, (nodes, n_eff, y, pf, save, tol)))
         return ungroup(ys), ungroup(y1), ungroup(err), states, ungroup(cost)
 
-    def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst):
+    def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times):
         nodes, owner = node_times(times, save, tm, subst)
         group, ungroup, _ = length_groups(n_eff, group_size)
         args = jax.tree_util.tree_map(group, (nodes, n_eff, pf, save, ct_ys, ct_y1))
@@ -397,10 +399,10 @@ def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rt
         def one(a):
             (nodes, n_eff, pf, save, ct_ys, ct_y1), st = a
             return _backward_group(field, solver, nodes, n_eff, pf, save, st, ct_ys, ct_y1,
-                                   moved)
+                                   with_times)
 
         ct_y0, ct_pf, ct_t = jax.lax.map(one, (args, states))
-        if moved:
+        if with_times:
             ct_t = ungroup(jnp.swapaxes(ct_t, 1, 2))  # (n, S1)
             rows = jnp.arange(ct_t.shape[0])[:, None]
             ct_tm = jnp.where(owner, ct_t[rows, save], 0.0)

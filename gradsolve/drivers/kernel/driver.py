@@ -142,9 +142,9 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
 
     Save slot ``m`` with ``nodes.subst[:, m]`` moves node ``save_index[:, m]`` to
     ``tsave[:, m]`` inside the kernel, which keeps every differentiable input and cotangent
-    at ``(n, k)``, not ``(n, S+1)``. ``moved`` (static: ``ts`` was given) selects the
-    adjoint that carries node-time cotangents, built on first use
-    (`gradsolve.drivers.kernel.build.load_part`).
+    at ``(n, k)``, not ``(n, S+1)``. Where those save times carry a derivative, reverse
+    mode takes the adjoint with node-time cotangents (``bwdt``), built on first use
+    (`gradsolve.drivers.kernel.build.load_part`); otherwise the plain one.
     """
     dtype = jnp.result_type(y0)
     n, d = y0.shape
@@ -159,15 +159,19 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
          jax.ShapeDtypeStruct((m,), jnp.int32)),
         vmap_method="broadcast_all",
     ), n)
-    bwd_part = "bwdt" if moved else "bwd"
-    bwd_call = spread(lambda m: jax.ffi.ffi_call(
-        f"{prefix}_{bwd_part}",
-        (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
-         jax.ShapeDtypeStruct((m, p_size), dtype)),
-        vmap_method="broadcast_all",
-    ), n)
+    part = lambda with_times: "bwdt" if with_times else "bwd"
+
+    def bwd_call(*args):
+        *args, with_times = args
+        return spread(lambda m: jax.ffi.ffi_call(
+            f"{prefix}_{part(with_times)}",
+            (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
+             jax.ShapeDtypeStruct((m, p_size), dtype)),
+            vmap_method="broadcast_all",
+        ), n)(*args)
+
     return adjoint_replay(fwd_call, bwd_call, f, solver, nodes, y0, params, rtol, atol, layout,
-                          moved, before_bwd=lambda: build.load_part(prefix, bwd_part))
+                          moved, before_bwd=lambda wt: build.load_part(prefix, part(wt)))
 
 
 def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
