@@ -1,6 +1,7 @@
 """gradsolve: record an adaptive ODE solve, replay its mesh, differentiate it fast.
 
-Public API (``import gradsolve as gs``): `record`, `replay`, `solve`, `Mesh`, `Solution`,
+Public API (``import gradsolve as gs``): `record`, `replay`, `solve`, `MeshReuse` (a kept
+mesh for loops), `Mesh`, `Solution`,
 the solvers `Tsit5`, `Dopri5`, `Vern7`, `Rosenbrock23`, `Rodas5P`, the drivers
 (``gs.drivers``: how a solve runs, passed as ``driver=``), `clear_caches` and `enable_x64`.
 Importing this package never changes global JAX configuration.
@@ -13,6 +14,7 @@ from ._controller import PIDController
 from ._mesh import Mesh, Status
 from ._record import record
 from ._replay import replay
+from ._reuse import MeshReuse, ReuseState
 from ._sharding import ensemble_sharding, shard_ensemble
 from ._solution import Solution
 from ._solve import solve
@@ -32,6 +34,8 @@ __all__ = [
     "record",
     "replay",
     "solve",
+    "MeshReuse",
+    "ReuseState",
     "Mesh",
     "Solution",
     "Status",

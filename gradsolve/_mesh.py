@@ -96,8 +96,8 @@ class Mesh(eqx.Module):
             ``solver``, ``rtol``, ``atol``, ``controller``) are shared by the ensemble.
 
     Row algebra (methods; host meshes stay NumPy, device meshes use ``jnp``): `n`,
-    `batch`/`unbatch`, `to_host`/`to_device`, `select`, `scatter`, `with_capacity`,
-    `trim`, `padded`, `concatenate`, `repeat`, `row`, `chains`, `union`.
+    `batch`/`unbatch`, `to_host`/`to_device`, `select`, `scatter`, `where`,
+    `with_capacity`, `trim`, `padded`, `concatenate`, `repeat`, `row`, `chains`, `union`.
 
     Example:
         >>> mesh = gs.record(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
@@ -468,6 +468,45 @@ class Mesh(eqx.Module):
         changes = {k: put(getattr(old, k), getattr(new, k)) for k in self.PER_TRAJECTORY}
         changes["params"] = jax.tree_util.tree_map(put, old.params, new.params)
         return dataclasses.replace(old, **changes)
+
+    def where(self, mask, other: "Mesh") -> "Mesh":
+        """Row ``i`` from ``other`` where ``mask[i]``, else from this mesh (jittable).
+
+        Args:
+            mask: ``(n,)`` bool (``()`` for a single trajectory), possibly traced.
+            other: a mesh of the same rows, recorded the same way and with the same step
+                capacity (shapes must agree, so that this works under ``jit``: see
+                `with_capacity`).
+
+        Unlike `scatter` (rows named by index, capacities reconciled on the host), this keeps
+        every shape, so a loop can swap re-recorded rows in without leaving ``jit``.
+
+        Example:
+            >>> fresh = gs.record(f, t0, t1, y0, p, ts=ts, max_steps=mesh.capacity)
+            >>> mesh = mesh.where(sol.error_ratio > 1, fresh)
+        """
+        self._check_compatible(other, "Mesh.where", "other")
+        if other.capacity != self.capacity:
+            raise ValueError(
+                f"Mesh.where: `other` has capacity {other.capacity} but this mesh has "
+                f"{self.capacity}; make them agree with with_capacity.")
+        if jnp.shape(other.n_steps) != jnp.shape(self.n_steps):
+            raise ValueError(
+                f"Mesh.where: `other` has rows {jnp.shape(other.n_steps)} but this mesh has "
+                f"{jnp.shape(self.n_steps)}.")
+        mask = jnp.asarray(mask, bool)
+        lead = (self.n,) if self.is_ensemble else ()
+        if mask.shape != lead:
+            raise ValueError(f"Mesh.where: `mask` must have shape {lead}, got {mask.shape}.")
+
+        def pick(a, b):
+            a, b = jnp.asarray(a), jnp.asarray(b)
+            m = mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim))
+            return jnp.where(m, b.astype(a.dtype), a)
+
+        changes = {k: pick(getattr(self, k), getattr(other, k)) for k in self.PER_TRAJECTORY}
+        changes["params"] = jax.tree_util.tree_map(pick, self.params, other.params)
+        return dataclasses.replace(self, **changes)
 
     @staticmethod
     def concatenate(meshes: Sequence["Mesh"]) -> "Mesh":
