@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,7 +47,7 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
     dims.update(obs_dims)
     idata = az.from_dict(
         posterior={k: np.asarray(v) for k, v in
-                   space.from_unconstrained(jnp.asarray(d.z)).items()},
+                   jax.jit(space.from_unconstrained)(jnp.asarray(d.z)).items()},
         sample_stats=stats, observed_data=observed, dims=dims, coords=coords)
     counted = attrs["count_failures"]
     attrs = dict(

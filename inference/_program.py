@@ -304,9 +304,11 @@ class ProgramModel:
                 tr = handlers.trace(handlers.seed(self.program, k)).get_trace(self.data)
             return {name: tr[name]["value"] for name in self.priors}
 
+        # jitted: run eagerly, the program's solves under vmap dispatch (and compile) op
+        # by op, about fifty compiles for a population program
         if n is None:
-            return one(key)
-        return jax.vmap(one)(jax.random.split(key, int(n)))
+            return jax.jit(one)(key)
+        return jax.jit(jax.vmap(one))(jax.random.split(key, int(n)))
 
 
 def _latent_and_observed(program, data, name: str, defaults):
