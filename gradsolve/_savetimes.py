@@ -11,9 +11,12 @@ Every replay driver replays the node times these functions produce.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 from jaxtyping import Array, Bool, Float, Int
 
 _sg = jax.lax.stop_gradient
@@ -44,11 +47,17 @@ def taylor2(f, t, y, params, s):
     """``y + s f(t, y) + s^2/2 (f_t + J f)(t, y)``: the solution through ``(t, y)`` moved
     by ``s``, to second order, for one trajectory (``t (k,)``, ``y (k, d)``, ``s (k,)``).
 
-    With ``s`` a zero that carries derivatives (e.g. ``ts - stop_gradient(ts)``) it adds
-    nothing to the value and gives the exact first and second derivatives ``y'``, ``y''``
-    of the solution, so gradients and Hessians w.r.t. times that cannot move a mesh node
-    (pinned save times, duplicates, ``t0``, ``t1``) are right.
+    ``s`` is a zero that carries derivatives (e.g. ``ts - stop_gradient(ts)``), so the value
+    is ``y`` and the derivatives are the exact first and second derivatives ``y'``, ``y''``
+    of the solution: gradients and Hessians w.r.t. times that cannot move a mesh node
+    (pinned save times, duplicates, ``t0``, ``t1``) are right. Written as a ``custom_jvp``
+    whose value is ``y``: ``f`` is evaluated only where ``s`` carries a tangent, so save
+    times that are traced but not differentiated cost nothing here.
     """
+    return _shifted(f, t, y, params, s)
+
+
+def _expansion(f, t, y, params, s):
     def one(t, y, s):
         fy = f(t, y, params)
         # y'' enters as a value only (its own derivatives would be third order), so it is
@@ -62,6 +71,27 @@ def taylor2(f, t, y, params, s):
         return y + s * fy + 0.5 * s * s * fdot
 
     return jax.vmap(one)(t, y, s)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _shifted(f, t, y, params, s):
+    return y  # s is zero in value
+
+
+def _shifted_jvp(f, primals, tangents):
+    t, y, params, s = primals
+    _, dy, _, ds = tangents
+    if isinstance(ds, SymbolicZero):  # the times carry no derivative: y's own tangent
+        return y, (jnp.zeros_like(y) if isinstance(dy, SymbolicZero) else dy)
+    full = jax.tree_util.tree_map(
+        lambda tan: np.zeros(tan.aval.shape, tan.aval.dtype) if isinstance(tan, SymbolicZero)
+        else tan, tangents, is_leaf=lambda x: isinstance(x, SymbolicZero))
+    # the tangent of the expansion itself, so that differentiating this rule again gives
+    # the second-order term
+    return y, jax.jvp(lambda *a: _expansion(f, *a), primals, tuple(full))[1]
+
+
+_shifted.defjvp(_shifted_jvp, symbolic_zeros=True)
 
 
 def node_times(times: Float[Array, "n S1"], save_index: Int[Array, "n k"], tsave, subst):
