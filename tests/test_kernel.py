@@ -147,8 +147,9 @@ def test_float32_kernel():
 
 
 def test_untranslatable_vector_field_falls_back():
-    def looped(t, y, p):  # a loop: the translator declines, the XLA replay runs
-        return jax.lax.fori_loop(0, 2, lambda i, acc: acc - 0.5 * p * y, jnp.zeros_like(y))
+    def looped(t, y, p):  # a while loop: the translator declines, the XLA replay runs
+        return jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] - 0.5 * p * y),
+                                  (0, jnp.zeros_like(y)))[1]
 
     y0 = jnp.ones((4, 2))
     p = jnp.linspace(0.5, 1.0, 4)[:, None]

@@ -215,8 +215,8 @@ class Kernel(AbstractDriver):
 
     Applies on CPU to explicit Runge–Kutta solvers (`gradsolve.Tsit5`, `gradsolve.Dopri5`,
     `gradsolve.Vern7`) with float32/float64 states and a vector field the translator handles
-    (no loops or traced indexing), where a C++ compiler is found. Several times faster than
-    the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
+    (no ``while`` loops; see `gradsolve._jaxpr`), where a C++ compiler is found. Several
+    times faster than the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
     mode and second derivatives are the batched driver's. ``Solution.route ==
     "gradsolve-kernel"``.
 
