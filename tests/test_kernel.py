@@ -153,8 +153,9 @@ def test_untranslatable_vector_field_falls_back():
 
     y0 = jnp.ones((4, 2))
     p = jnp.linspace(0.5, 1.0, 4)[:, None]
-    mesh = gs.record(looped, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
-    sol = gs.replay(looped, mesh, y0, p)
+    with pytest.warns(RuntimeWarning, match="`while`"):
+        mesh = gs.record(looped, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+        sol = gs.replay(looped, mesh, y0, p)
     assert sol.route == "gradsolve-batched"
     np.testing.assert_allclose(sol.ys[:, -1], jnp.exp(-p) * y0, rtol=1e-8)
 
@@ -337,6 +338,7 @@ def test_complex_constants_are_refused_not_truncated():
     y0, p = jnp.ones((3, 1)), jnp.array([[0.1], [0.2], [0.3]])
     for driver in (gs.drivers.Kernel(), gs.drivers.Lanes()):
         assert "complex" in driver.replay_reason(f, gs.Tsit5(), y0, p)
-    sol = gs.solve(f, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+    with pytest.warns(RuntimeWarning, match="complex128"):  # the fallback says why
+        sol = gs.solve(f, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
     assert sol.route == "gradsolve-batched"
     np.testing.assert_allclose(sol.y1, jnp.exp(-5.0 * p), rtol=1e-8)

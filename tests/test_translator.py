@@ -8,11 +8,14 @@ and gathers at traced indices), ``fori_loop``, ``erfinv``, ``lgamma`` (``digamma
 derivative), ``argmax`` indexing. For each: ``Auto`` now takes the kernel (with a compiler)
 and the lanes replay with the kernel off, and on ONE recorded mesh both give the values and
 the gradients (w.r.t. ``y0`` and the parameters) of `gs.drivers.Batched` (``jax.vmap`` of
-the user's own ``f``, the independent reference) to rounding. The C++ special functions
-are compiled alone and checked against scipy.
+the user's own ``f``, the independent reference) to rounding, and no fallback warning is
+raised. What is still untranslated (``while``) warns once per field, naming it, and runs
+correctly on the batched replay. The C++ special functions are compiled alone and checked
+against scipy.
 """
 
 import subprocess
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -147,7 +150,9 @@ def _close(got, ref):
 def test_idiom_runs_on_the_kernel_and_matches_batched(name):
     f, mesh, y0, p, ts = _problem(name)
     _, ys_ref, g_ref = _run(f, mesh, y0, p, ts, gs.drivers.Batched())
-    route, ys, g = _run(f, mesh, y0, p, ts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback warning either
+        route, ys, g = _run(f, mesh, y0, p, ts)
     assert route == "gradsolve-kernel"
     _close(ys, ys_ref)
     _close(g, g_ref)
@@ -163,7 +168,8 @@ def test_idiom_runs_on_the_lanes_replay_and_matches_batched(name, monkeypatch):
     assert route == "gradsolve-lanes"
     _close(ys, ys_ref)
     _close(g, g_ref)
-    with gs.use_compiled_kernel(False):
+    with gs.use_compiled_kernel(False), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
         assert _run(f, mesh, y0, p, ts)[0] == "gradsolve-lanes"
 
 
@@ -174,6 +180,48 @@ def test_small_idioms_pass_the_lanes_size_rule():
         f, y0, p, _ = FIELDS[name]
         found = _lanes.lane_field(f, gs.Tsit5(), jnp.ones((2, len(y0))), jnp.ones((2, len(p))))
         assert found.reason is None, found.reason
+
+
+def looped(t, y, p):
+    """A ``while_loop`` (not translated): halves ``p[0]`` once."""
+    _, s = jax.lax.while_loop(lambda c: c[0] < 1, lambda c: (c[0] + 1, 0.5 * c[1]), (0, p[0]))
+    return jnp.stack([2 * s * y[0] - p[1] * y[0] * y[1], -p[2] * y[1] + p[3] * y[0] * y[1]])
+
+
+def test_untranslated_field_warns_once_and_stays_correct():
+    gs.clear_caches()
+    y0 = jnp.ones((N, 2)) * (1 + 0.1 * jnp.linspace(-1, 1, N))[:, None]
+    p = jnp.tile(jnp.array([1.5, 1.0, 3.0, 1.0]), (N, 1))
+    ts = jnp.linspace(0.0, 4.0, 5)
+    with pytest.warns(RuntimeWarning, match="`while`") as record:
+        sol = gs.solve(looped, 0.0, 4.0, y0, p, ts=ts, rtol=1e-8, atol=1e-10)
+        gs.replay(looped, sol.mesh, y0, 2 * p, ts=ts)
+    ours = [w for w in record if "`while`" in str(w.message)]
+    assert len(ours) == 1
+    message = str(ours[0].message)
+    assert "'looped'" in message and "batched XLA driver" in message
+    assert ours[0].filename == __file__  # points at the user's call
+    assert sol.route == "gradsolve-batched"
+    ref = gs.solve(lv_at, 0.0, 4.0, y0, p, ts=ts, rtol=1e-8, atol=1e-10)  # the same field
+    np.testing.assert_allclose(sol.ys, ref.ys, rtol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        gs.replay(looped, sol.mesh, y0, p, ts=ts)  # warned once only
+        gs.replay(looped, sol.mesh, y0, p, ts=ts, driver=gs.drivers.Batched())  # explicit
+    gs.clear_caches()  # forgets the warnings too
+    with pytest.warns(RuntimeWarning, match="`while`"):
+        gs.replay(looped, sol.mesh, y0, p, ts=ts)
+
+
+def test_no_warning_where_the_translator_is_not_the_reason():
+    """Stiff solvers and known-time events take the batched replay by design: no warning."""
+    gs.clear_caches()
+    y0 = jnp.ones((2, 2))
+    p = jnp.tile(jnp.array([1.5, 1.0, 3.0, 1.0]), (2, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        sol = gs.solve(looped, 0.0, 1.0, y0, p, solver=gs.Rodas5P())
+    assert sol.route == "gradsolve-batched"
 
 
 def test_gather_and_scatter_modes_follow_jax():

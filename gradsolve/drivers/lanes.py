@@ -202,10 +202,12 @@ def lanes_pays(d: int, ops: int) -> bool:
 
 
 class Field(NamedTuple):
-    """The lanes form of a vector field (``field``), or ``None`` and the reason why not."""
+    """The lanes form of a vector field (``field``), or ``None`` and the reason why not;
+    ``untranslated``: what the translator did not handle, where that is the reason."""
 
     field: "LaneField | None"
     reason: str | None
+    untranslated: str | None = None
 
 
 def lane_field(f, solver, y0, params) -> Field:
@@ -244,10 +246,11 @@ def lane_field(f, solver, y0, params) -> Field:
                   f"{_LANES_MAX_OPS_PER_STATE} operations each; this field has {d} states "
                   f"and {ops} operations.")
     except Unsupported as e:
-        found = Field(None, f"the translator does not handle this vector field ({e}).")
+        found = Field(None, f"the translator does not handle this vector field ({e}).", str(e))
     except Exception as e:  # noqa: BLE001 - anything untranslatable: another driver
         found = Field(None, f"the vector field could not be evaluated entry by entry "
-                            f"({type(e).__name__}: {e}).")
+                            f"({type(e).__name__}: {e}).",
+                      f"something it could not evaluate entry by entry ({type(e).__name__})")
     if key is not None:
         _fields[key] = found
     return found

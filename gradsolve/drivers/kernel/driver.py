@@ -36,10 +36,12 @@ _sources = cache("kernel sources")
 
 
 class Target(NamedTuple):
-    """The FFI target prefix of a compiled kernel, or ``None`` and the reason why not."""
+    """The FFI target prefix of a compiled kernel, or ``None`` and the reason why not;
+    ``untranslated``: what the translator did not handle, where that is the reason."""
 
     prefix: str | None
     reason: str | None
+    untranslated: str | None = None
 
 
 def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
@@ -51,7 +53,8 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
     try:
         source = generate(f_flat, d, p_size, dtype, solver)
     except Unsupported as e:
-        found = Target(None, f"the translator to C++ does not handle this vector field ({e}).")
+        found = Target(None, f"the translator to C++ does not handle this vector field ({e}).",
+                       str(e))
     else:
         variant_key = (type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
         if _too_many_variants(f, variant_key, source):
