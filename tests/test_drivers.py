@@ -406,8 +406,9 @@ def test_reasons_are_none_where_a_driver_applies():
     for drv in DRIVERS.values():
         assert isinstance(drv.name, str) and drv.name == drv().name
     assert [DRIVERS[d].name for d in DRIVERS] == [ROUTES[d] for d in DRIVERS]
-    # a field with a loop is not translated: neither the kernel nor the lanes replay take it
-    looped = lambda t, y, q: jax.lax.fori_loop(0, 2, lambda i, v: v * q[0], -y)
+    # a field with a while loop is not translated: neither the kernel nor the lanes replay take it
+    looped = lambda t, y, q: jax.lax.while_loop(lambda c: c[0] < 2,
+                                                lambda c: (c[0] + 1, c[1] * q[0]), (0, -y))[1]
     for drv in (gs.drivers.Kernel(), gs.drivers.Lanes()):
         reason = drv.replay_reason(looped, tsit, y0, p)
         assert isinstance(reason, str) and reason.strip()

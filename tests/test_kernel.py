@@ -147,13 +147,15 @@ def test_float32_kernel():
 
 
 def test_untranslatable_vector_field_falls_back():
-    def looped(t, y, p):  # a loop: the translator declines, the XLA replay runs
-        return jax.lax.fori_loop(0, 2, lambda i, acc: acc - 0.5 * p * y, jnp.zeros_like(y))
+    def looped(t, y, p):  # a while loop: the translator declines, the XLA replay runs
+        return jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] - 0.5 * p * y),
+                                  (0, jnp.zeros_like(y)))[1]
 
     y0 = jnp.ones((4, 2))
     p = jnp.linspace(0.5, 1.0, 4)[:, None]
-    mesh = gs.record(looped, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
-    sol = gs.replay(looped, mesh, y0, p)
+    with pytest.warns(RuntimeWarning, match="`while`"):
+        mesh = gs.record(looped, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+        sol = gs.replay(looped, mesh, y0, p)
     assert sol.route == "gradsolve-batched"
     np.testing.assert_allclose(sol.ys[:, -1], jnp.exp(-p) * y0, rtol=1e-8)
 
@@ -336,6 +338,7 @@ def test_complex_constants_are_refused_not_truncated():
     y0, p = jnp.ones((3, 1)), jnp.array([[0.1], [0.2], [0.3]])
     for driver in (gs.drivers.Kernel(), gs.drivers.Lanes()):
         assert "complex" in driver.replay_reason(f, gs.Tsit5(), y0, p)
-    sol = gs.solve(f, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
+    with pytest.warns(RuntimeWarning, match="complex128"):  # the fallback says why
+        sol = gs.solve(f, 0.0, 1.0, y0, p, rtol=1e-10, atol=1e-12)
     assert sol.route == "gradsolve-batched"
     np.testing.assert_allclose(sol.y1, jnp.exp(-5.0 * p), rtol=1e-8)

@@ -53,7 +53,8 @@ def test_lane_field_applies_and_refuses():
     # a custom derivative rule would be lost entry by entry: batched replay instead
     soft = lambda t, y, p: -jax.nn.softplus(p[0]) * y
     assert _lanes.lane_field(soft, gs.Tsit5(), y0, p).reason is not None
-    looped = lambda t, y, p: jax.lax.fori_loop(0, 2, lambda i, v: v * p[0], -y)
+    looped = lambda t, y, p: jax.lax.while_loop(lambda c: c[0] < 2,
+                                                lambda c: (c[0] + 1, c[1] * p[0]), (0, -y))[1]
     assert _lanes.lane_field(looped, gs.Tsit5(), y0, p).reason is not None
 
 

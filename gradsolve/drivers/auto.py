@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from typing import ClassVar
 
+from .._adjoint import cache_key
+from .._caches import cache
 from .base import AbstractDriver, refuse
 from .batched import Batched
 from .kernel import Kernel, kernel_allowed
-from .lanes import Lanes
+from .kernel.driver import kernel_target
+from .lanes import Lanes, lane_field
 
 
 class Auto(AbstractDriver):
@@ -16,7 +21,9 @@ class Auto(AbstractDriver):
     Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler), else
     `Batched`. Replay: `Kernel`, else `Lanes` (explicit solvers with a small field; GPU and
     TPU), else `Batched` (stiff and Diffrax solvers, known-time events, anything else). A solve with a solver
-    that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps.
+    that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
+    the kernel or the lanes replay is passed over because the vector field uses something
+    their translator does not handle, a ``RuntimeWarning`` says what, once per field.
     `gradsolve.use_compiled_kernel` (or ``GRADSOLVE_KERNEL=0`` at import) takes `Kernel` out
     of the list. ``Solution.route`` names the driver that ran, never ``Auto``.
 
@@ -35,12 +42,72 @@ class Auto(AbstractDriver):
         ``solver`` on batched ``y0 (n, d)`` and ``params``; ``events``: with known-time
         events (``jumps=``/``tstops=``), which only `Batched` applies so far."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
+        untranslated = []  # (driver, what its translator did not handle)
         for driver in order:
             if isinstance(driver, Kernel) and not kernel_allowed():
                 continue
             if reason_for(driver, kind, f, solver, y0, params, events) is None:
+                if untranslated:
+                    warn_untranslated(f, untranslated, driver)
                 return driver
+            what = None if events else _untranslated(driver, f, solver, y0, params)
+            if what is not None:
+                untranslated.append((driver, what))
         return Batched()
+
+
+def _untranslated(driver: AbstractDriver, f, solver, y0, params) -> str | None:
+    """What the translator of the kernel or the lanes replay did not handle in ``f``, where
+    that is why ``driver`` does not apply (not its other rules: backend, solver, size)."""
+    if isinstance(driver, Kernel):
+        return kernel_target(f, solver, y0, params).untranslated
+    if isinstance(driver, Lanes):
+        return lane_field(f, solver, y0, params).untranslated
+    return None
+
+
+_DESCRIPTIONS = {Kernel: "the compiled kernel", Lanes: "the lanes replay",
+                 Batched: "the batched XLA driver"}
+# (vector field, what was not translated) already warned about (cleared: warn again)
+_warned = cache("translator warnings")
+
+
+def warn_untranslated(f, untranslated: list, chosen: AbstractDriver) -> None:
+    """Warn (once per vector field and untranslated construct) that ``f`` runs on
+    ``chosen``, slower, because ``untranslated`` (``(driver, what)`` pairs) passed over
+    faster drivers."""
+    code = getattr(f, "__code__", None)
+    field = code if code is not None else (f if cache_key(f) is not None else type(f))
+    whats = {what for _, what in untranslated}
+    if all((field, what) in _warned for what in whats):
+        return
+    _warned.update({(field, what): True for what in whats})
+    by_what: dict[str, list[str]] = {}
+    for driver, what in untranslated:
+        by_what.setdefault(what, []).append(_DESCRIPTIONS[type(driver)])
+    uses = ", and ".join(
+        f"{what}, which {' and '.join(names)} {'do' if len(names) > 1 else 'does'} not translate"
+        for what, names in by_what.items())
+    name = getattr(f, "__qualname__", None) or type(f).__name__
+    warnings.warn(
+        f"gradsolve: the vector field {name!r} uses {uses}; it runs on "
+        f"{_DESCRIPTIONS.get(type(chosen), chosen.name)} (same results, slower). Written "
+        "without it, the field runs on the faster driver; pass the driver explicitly "
+        f"(driver=gs.drivers.{type(chosen).__name__}()) to silence this warning.",
+        RuntimeWarning, stacklevel=_caller_outside())
+
+
+def _caller_outside() -> int:
+    """The ``stacklevel`` (for a ``warnings.warn`` made by this function's caller) of the
+    first frame outside gradsolve (and its inference package), JAX, Equinox and NumPyro:
+    the user's call, also under ``jit``."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] in _LIBRARIES:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_LIBRARIES = frozenset({"gradsolve", "inference", "jax", "equinox", "jaxtyping", "numpyro"})
 
 
 def reason_for(driver: AbstractDriver, kind: str, f, solver, y0, params,

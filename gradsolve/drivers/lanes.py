@@ -38,7 +38,7 @@ from jaxtyping import Array, Float
 
 from .._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
 from .._caches import cache
-from .._jaxpr import Scalarizer, Unsupported
+from .._jaxpr import Scalarizer, Unsupported, unsupported_primitive
 from .._misc import length_groups
 from .._mesh import Mesh
 from .._savetimes import node_times
@@ -130,10 +130,8 @@ class _LaneScalarizer(Scalarizer):
             out[idx] = np.asarray(arr[idx], dtype)
         return out
 
-    def static_int(self, entry) -> int:
-        if _is_array(entry):
-            raise Unsupported("traced index")
-        return int(entry)
+    def constant_value(self, entry):
+        return None if _is_array(entry) else entry
 
     def _bind(self, prim, args, dtypes, params):
         return self._apply(lambda *xs: prim.bind(*xs, **params), args, dtypes,
@@ -156,15 +154,11 @@ class _LaneScalarizer(Scalarizer):
             out[idx] = self._bind(eqn.primitive, [a[idx] for a in ins], dtypes, eqn.params)
         return [out]
 
-    def binop(self, name, a, b, dtype):
-        fn = {"add": jax.lax.add, "mul": jax.lax.mul, "max": jax.lax.max, "min": jax.lax.min}[name]
-        return self._apply(fn, [a, b], [dtype, dtype])
-
     def primitive(self, eqn, ins):
         # A custom derivative rule would be lost by differentiating its primal entry by
         # entry: such vector fields use the batched replay instead.
         if eqn.primitive.name.startswith("custom_"):
-            raise Unsupported(eqn.primitive.name)
+            raise unsupported_primitive(eqn.primitive.name)
         return super().primitive(eqn, ins)
 
 
@@ -208,10 +202,12 @@ def lanes_pays(d: int, ops: int) -> bool:
 
 
 class Field(NamedTuple):
-    """The lanes form of a vector field (``field``), or ``None`` and the reason why not."""
+    """The lanes form of a vector field (``field``), or ``None`` and the reason why not;
+    ``untranslated``: what the translator did not handle, where that is the reason."""
 
     field: "LaneField | None"
     reason: str | None
+    untranslated: str | None = None
 
 
 def lane_field(f, solver, y0, params) -> Field:
@@ -250,10 +246,11 @@ def lane_field(f, solver, y0, params) -> Field:
                   f"{_LANES_MAX_OPS_PER_STATE} operations each; this field has {d} states "
                   f"and {ops} operations.")
     except Unsupported as e:
-        found = Field(None, f"the translator does not handle this vector field ({e}).")
+        found = Field(None, f"the translator does not handle this vector field ({e}).", str(e))
     except Exception as e:  # noqa: BLE001 - anything untranslatable: another driver
         found = Field(None, f"the vector field could not be evaluated entry by entry "
-                            f"({type(e).__name__}: {e}).")
+                            f"({type(e).__name__}: {e}).",
+                      f"something it could not evaluate entry by entry ({type(e).__name__})")
     if key is not None:
         _fields[key] = found
     return found

@@ -25,21 +25,33 @@ def _ctype(dtype) -> str:
         return "int"
     if np.issubdtype(dtype, np.integer):
         return "long long"
-    raise Unsupported(f"dtype {dtype}")
+    raise Unsupported(f"{dtype} values")
 
 
-def _literal(value, dtype) -> str:
+class CppLiteral(str):
+    """A C++ literal that keeps the numpy value it spells (``value``): the translator folds
+    operations on constants and reads static indices from it."""
+
+    value: np.generic
+
+
+def _literal(value, dtype) -> CppLiteral:
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
-        return "1" if bool(value) else "0"
-    if np.issubdtype(dtype, np.integer):
-        return f"{int(value)}LL"
-    v = float(value)
-    if math.isnan(v):
-        return "(real)NAN"
-    if math.isinf(v):
-        return "(real)INFINITY" if v > 0 else "(-(real)INFINITY)"
-    return f"(real){v!r}"
+        text = "1" if bool(value) else "0"
+    elif np.issubdtype(dtype, np.integer):
+        text = f"{int(value)}LL"
+    else:
+        v = float(value)
+        if math.isnan(v):
+            text = "(real)NAN"
+        elif math.isinf(v):
+            text = "(real)INFINITY" if v > 0 else "(-(real)INFINITY)"
+        else:
+            text = f"(real){v!r}"
+    lit = CppLiteral(text)
+    lit.value = np.asarray(value, dtype)[()]
+    return lit
 
 
 _UNARY = {
@@ -70,6 +82,9 @@ _UNARY = {
     "erf": "std::erf({0})",
     "erfc": "std::erfc({0})",
     "lgamma": "std::lgamma({0})",
+    "digamma": "gs_digamma({0})",
+    "erf_inv": "gs_erfinv({0})",
+    "stop_gradient": "{0}",  # the value; the kernel's VJP is JAX's VJP of the field, translated
     "logistic": "((real)1 / ((real)1 + std::exp(-({0}))))",
     "square": "({0} * {0})",
     "not": "(!{0})",
@@ -98,6 +113,9 @@ _BINARY = {
     "ge": "((int)(({0}) >= ({1})))",
     "eq": "((int)(({0}) == ({1})))",
     "ne": "((int)(({0}) != ({1})))",
+    "lt_to": "((int)(gs_total_key({0}) < gs_total_key({1})))",
+    "le_to": "((int)(gs_total_key({0}) <= gs_total_key({1})))",
+    "eq_to": "((int)(gs_total_key({0}) == gs_total_key({1})))",
     "and": "({0} & {1})",
     "or": "({0} | {1})",
     "xor": "({0} ^ {1})",
@@ -124,15 +142,8 @@ class Emitter(Scalarizer):
             out[idx] = _literal(arr[idx], dtype)
         return out
 
-    def static_int(self, entry) -> int:
-        s = str(entry).replace("(real)", "").replace("LL", "")
-        try:
-            return int(float(s))
-        except ValueError as e:
-            raise Unsupported("traced index") from e
-
-    def binop(self, name, a, b, dtype):
-        return self.fresh(_ctype(dtype), _BINARY[name].format(a, b))
+    def constant_value(self, entry):
+        return entry.value if isinstance(entry, CppLiteral) else None
 
     def elementwise(self, eqn, ins):
         name = eqn.primitive.name

@@ -36,10 +36,12 @@ _sources = cache("kernel sources")
 
 
 class Target(NamedTuple):
-    """The FFI target prefix of a compiled kernel, or ``None`` and the reason why not."""
+    """The FFI target prefix of a compiled kernel, or ``None`` and the reason why not;
+    ``untranslated``: what the translator did not handle, where that is the reason."""
 
     prefix: str | None
     reason: str | None
+    untranslated: str | None = None
 
 
 def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
@@ -51,7 +53,8 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
     try:
         source = generate(f_flat, d, p_size, dtype, solver)
     except Unsupported as e:
-        found = Target(None, f"the translator to C++ does not handle this vector field ({e}).")
+        found = Target(None, f"the translator to C++ does not handle this vector field ({e}).",
+                       str(e))
     else:
         variant_key = (type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
         if _too_many_variants(f, variant_key, source):
@@ -219,8 +222,8 @@ class Kernel(AbstractDriver):
 
     Applies on CPU to explicit Runge–Kutta solvers (`gradsolve.Tsit5`, `gradsolve.Dopri5`,
     `gradsolve.Vern7`) with float32/float64 states and a vector field the translator handles
-    (no loops or traced indexing), where a C++ compiler is found. Several times faster than
-    the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
+    (no ``while`` loops; see `gradsolve._jaxpr`), where a C++ compiler is found. Several
+    times faster than the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
     mode and second derivatives are the batched driver's. ``Solution.route ==
     "gradsolve-kernel"``.
 
