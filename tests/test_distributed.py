@@ -101,6 +101,26 @@ print("OK")
 """
 
 
+# Each process solves an ensemble of its own (different parameters), no sharding.
+LOCAL_WORKER = r"""
+import sys
+pid, port = int(sys.argv[1]), sys.argv[2]
+import jax
+jax.config.update("jax_enable_x64", True)
+jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2,
+                           process_id=pid)
+import jax.numpy as jnp, numpy as np
+import gradsolve as gs
+exec(sys.argv[3])  # PROBLEM
+y0, p, ts = jnp.asarray(Y0), jnp.asarray(P * (1 + 0.1 * pid)), jnp.asarray(TS)
+sol = gs.solve(f, 0.0, T1, y0, p, ts=ts)
+ref = gs.solve(f, 0.0, T1, y0, p, ts=ts, driver=gs.drivers.Batched())
+assert sol.ys.is_fully_addressable, (sol.route, sol.ys.sharding)
+np.testing.assert_allclose(sol.ys, ref.ys, rtol=1e-12, atol=1e-14)
+print("OK")
+"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -118,33 +138,43 @@ def _reference():
             "n_steps": np.asarray(sol.mesh.n_steps), "route": sol.route}
 
 
+def _run_two(code, args, kernel):
+    """Run ``code`` in two ``jax.distributed`` processes (argv: process id, port, *args);
+    assert both exit 0 and print OK, else fail with both processes' output."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               GRADSOLVE_KERNEL=kernel, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port), *args(i)],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    outs, timed_out = [], False
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=900))
+        except subprocess.TimeoutExpired:  # e.g. one process waits in a collective
+            timed_out = True
+            for other in procs:
+                other.kill()
+            outs.append(proc.communicate())
+    report = "timed out after 900 s\n" * timed_out + _report(procs, outs)
+    assert not timed_out and all(proc.returncode == 0 for proc in procs), report
+    assert all(o[0].strip().endswith("OK") for o in outs), report
+
+
+def _report(procs, outs):
+    """Both processes' exit codes, stdout and stderr (their ends)."""
+    return "\n".join(f"--- process {i} (exit {proc.returncode}) stdout:\n{o[0][-2000:]}\n"
+                     f"--- process {i} stderr:\n{o[1][-6000:]}"
+                     for i, (proc, o) in enumerate(zip(procs, outs)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["1", "0"], ids=["kernel", "xla"])
 def test_two_processes_match_one(tmp_path, kernel):
     """The compiled kernel (``shard_map`` over both processes' devices) and, with it off,
     the XLA drivers."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               GRADSOLVE_KERNEL=kernel, JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(i), str(port),
-                               str(tmp_path / f"out{i}.npz"), PROBLEM],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(2)]
-    outs = []
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=900))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    report = "\n".join(f"--- process {i} (exit {proc.returncode}) stdout:\n{o[0][-2000:]}\n"
-                       f"--- process {i} stderr:\n{o[1][-6000:]}"
-                       for i, (proc, o) in enumerate(zip(procs, outs)))
-    assert all(proc.returncode == 0 for proc in procs), report
-    assert all(o[0].strip().endswith("OK") for o in outs), report
+    _run_two(WORKER, lambda i: [str(tmp_path / f"out{i}.npz"), PROBLEM], kernel)
 
     with gs.use_compiled_kernel(kernel == "1"):
         ref = _reference()
@@ -163,3 +193,23 @@ def test_two_processes_match_one(tmp_path, kernel):
         assert str(got["route"]) == ref["route"], (where, str(got["route"]), ref["route"])
         assert "reached max_steps=8" in str(got["failed"]), (where, str(got["failed"]))
     assert str(np.load(tmp_path / "out0.npz")["failed"]) == str(np.load(tmp_path / "out1.npz")["failed"])
+
+
+def _kernel_builds() -> bool:
+    ns = {}
+    exec(PROBLEM, ns)
+    return gs.drivers.Kernel().replay_reason(ns["f"], gs.Tsit5(), jnp.asarray(ns["Y0"]),
+                                             jnp.asarray(ns["P"])) is None
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "the compiled kernel spreads every ensemble over jax.devices() (shard_map in "
+    "drivers/kernel/driver.py `spread`), which after jax.distributed.initialize() spans all "
+    "processes: a process-local ensemble comes back as a global array holding other "
+    "processes' rows, and eager trimming gathers their step counts"))
+def test_process_local_ensembles_stay_local():
+    """Without sharding, each process solves its own ensemble (as with the XLA drivers)."""
+    if not _kernel_builds():
+        pytest.skip("no compiled kernel here: the XLA drivers keep local ensembles local")
+    _run_two(LOCAL_WORKER, lambda i: [PROBLEM], "1")
