@@ -16,6 +16,7 @@ import numpy as np
 from jaxtyping import Array, Float, PyTree
 
 from ._caches import cache
+from ._sharding import host
 
 
 def is_concrete(*xs) -> bool:
@@ -121,7 +122,7 @@ def check_save_count(t0, t1, ts, max_steps: int, where: str, n_events: int = 0) 
     if k < max_steps:  # at most k + 1 forced points (with t1): always room
         return
     if is_concrete(ts, t0, t1):
-        tv = np.asarray(ts).reshape(-1, k)  # sorted, in [t0, t1] (checked by `batch`)
+        tv = host(ts).reshape(-1, k)  # sorted, in [t0, t1] (checked by `batch`)
         new = np.concatenate([np.ones_like(tv[:, :1], bool), tv[:, 1:] != tv[:, :-1]], axis=1)
         need = int(np.max(np.sum(new & (tv > float(t0)), axis=1) + (tv[:, -1] != float(t1))))
         shown = f"{need} distinct save times after t0 (with t1)"
@@ -213,7 +214,7 @@ def batch(t0, t1, y0, params, ts, where: str) -> Batched:
         if ts.shape[-1] == 0:
             raise ValueError(f"{where}: `ts` is empty; pass ts=None to save only at t1.")
         if is_concrete(ts, t0, t1):
-            tv = np.asarray(ts)
+            tv = host(ts)
             if not np.all(np.isfinite(tv)):
                 raise ValueError(f"{where}: `ts` contains non-finite values.")
             if np.any(np.diff(tv, axis=-1) < 0):

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._mesh import Mesh, Status
+from ._sharding import host
 
 _FIX = (
     "Fixes: a stiff solver such as gs.Rodas5P(), a looser `rtol`/`atol`, or a larger "
@@ -71,14 +72,14 @@ def stiffness_report(mesh: Mesh, f, idx: int) -> tuple[bool, str]:
 
 def raise_if_failed(mesh: Mesh, f, where: str) -> None:
     """Raise ``RuntimeError`` naming the failed trajectories of a concrete batched mesh."""
-    status = np.asarray(mesh.status)
+    status = host(mesh.status)
     if status.ndim == 0:
         status = status[None]
     bad = np.flatnonzero(status != Status.OK)
     if bad.size == 0:
         return
 
-    bm = mesh.batch()
+    bm = mesh.batch().to_host()  # the messages index it on the host
     names = {
         Status.MAX_STEPS: f"reached max_steps={bm.capacity}",
         Status.NONFINITE: "met a non-finite state (NaN/inf in f or y)",
@@ -119,7 +120,7 @@ def raise_if_failed(mesh: Mesh, f, where: str) -> None:
 def raise_if_fallback_failed(status, where: str, dt0, max_steps: int) -> None:
     """`raise_if_failed` for the ``diffrax.diffeqsolve`` fallback (constant steps ``dt0``,
     no mesh): ``status`` is the concrete ``(n,)`` `Status` per trajectory."""
-    status = np.atleast_1d(np.asarray(status))
+    status = np.atleast_1d(host(status))
     bad = np.flatnonzero(status != Status.OK)
     if bad.size == 0:
         return

@@ -37,6 +37,7 @@ from jaxtyping import Array, Float, Int
 from ._checks import is_concrete
 from ._misc import tree_where
 from ._savetimes import node_times, save_roles
+from ._sharding import host
 
 _sg = jax.lax.stop_gradient
 
@@ -136,12 +137,12 @@ def batch_events(jumps, tstops, t0, t1, n: int, d: int, single: bool, dtype,
         ts_, ts_rows = _times("`tstops`", tstops, n, single, dtype, where)
     if is_concrete(jt, ts_, t0, t1):
         t0v, t1v = float(t0), float(t1)
-        _check_times_host("`jumps` times", np.asarray(jt), t0v, t1v, jt_rows, where)
-        _check_times_host("`tstops`", np.asarray(ts_), t0v, t1v, ts_rows, where)
+        _check_times_host("`jumps` times", host(jt), t0v, t1v, jt_rows, where)
+        _check_times_host("`tstops`", host(ts_), t0v, t1v, ts_rows, where)
     live = jnp.isfinite(jt)
     if is_concrete(js, jt):
-        sv = np.asarray(js)
-        bad = (~np.isfinite(sv)).any(axis=2) & np.asarray(live)
+        sv = host(js)
+        bad = (~np.isfinite(sv)).any(axis=2) & host(live)
         rows = np.flatnonzero(bad.any(axis=1))
         if rows.size:
             who = (f"`jumps` sizes of trajectory {int(rows[0])}" if js_rows or jt_rows
@@ -282,9 +283,9 @@ def check_moved_events(bm, ts, events) -> None:
     subst = moving if ts is not None else jnp.zeros(rec_ts.shape, bool)
     tsave = ts if ts is not None else rec_ts
     if ts is not None:
-        idx = np.asarray(bm.save_index)
+        idx, ts_host = host(bm.save_index), host(ts)
         shared = idx[:, 1:] == idx[:, :-1]
-        if np.any(shared & (np.asarray(ts)[:, 1:] != np.asarray(ts)[:, :-1])):
+        if np.any(shared & (ts_host[:, 1:] != ts_host[:, :-1])):
             raise ValueError(
                 "gs.replay: `ts` separates save times that were equal when the mesh was "
                 "recorded (they share one mesh point); re-record the mesh for these save times."
@@ -293,7 +294,7 @@ def check_moved_events(bm, ts, events) -> None:
     js = events.jump_sizes if events is not None else jnp.asarray(bm.jump_sizes, dtype)
     ev = replay_events(bm, times, jt, js)
     jumps = None if events is None else (jt, js)
-    bad = np.asarray(events_out_of_order(bm, times, tsave, subst, ev, bm.t0, bm.t1, jumps))
+    bad = host(events_out_of_order(bm, times, tsave, subst, ev, bm.t0, bm.t1, jumps))
     rows = np.flatnonzero(bad)
     if rows.size:
         raise ValueError(

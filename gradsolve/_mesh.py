@@ -25,6 +25,7 @@ from jaxtyping import Array, Float, Int, PyTree
 
 from ._controller import PIDController
 from ._solver.base import AbstractSolver
+from ._sharding import host
 
 
 class Status(enum.IntEnum):
@@ -386,7 +387,7 @@ class Mesh(eqx.Module):
             >>> host = mesh.to_host()         # type(host.times) is np.ndarray
             >>> gs.replay(f, host.to_device(), y0, p)
         """
-        to_np = lambda x: np.asarray(x) if eqx.is_array(x) else x
+        to_np = lambda x: host(x) if eqx.is_array(x) else x
         return jax.tree_util.tree_map(to_np, self).padded()
 
     def to_device(self) -> "Mesh":
@@ -614,7 +615,7 @@ class Mesh(eqx.Module):
                 f"Mesh.with_capacity: cutting to `cap`={cap} needs concrete `n_steps`; call "
                 "it outside jax.jit."
             )
-        used = int(np.max(np.asarray(self.n_steps))) if np.size(self.n_steps) else 0
+        used = int(np.max(host(self.n_steps))) if np.size(self.n_steps) else 0
         if cap < used:
             raise ValueError(
                 f"Mesh.with_capacity: `cap`={cap} is below the longest trajectory's {used} "
@@ -635,7 +636,7 @@ class Mesh(eqx.Module):
         """
         if isinstance(self.n_steps, jax.core.Tracer):
             raise ValueError("Mesh.trim() needs concrete `n_steps`; call it outside jax.jit.")
-        used = int(np.max(np.asarray(self.n_steps))) if np.size(self.n_steps) else 0
+        used = int(np.max(host(self.n_steps))) if np.size(self.n_steps) else 0
         used = max(used, 1)
         if not exact:
             used = max(16, 1 << (used - 1).bit_length())

@@ -26,6 +26,7 @@ from ._solver.diffrax_adapter import DiffraxSolver, as_solver
 from ._traced import runtime_checks
 from .drivers import AbstractDriver
 from .drivers.auto import resolve
+from ._sharding import host
 
 _MAX_STEPS = 4096
 
@@ -199,7 +200,7 @@ def record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps
                 continue
         if cap >= max_steps or not eager:
             break
-        status = np.asarray(mesh.status)
+        status = host(mesh.status)
         short = status == Status.MAX_STEPS
         if not short.any():
             break
@@ -223,8 +224,8 @@ def _next_capacity(mesh: Mesh, short, cap: int, max_steps: int) -> int:
     """Capacity for the retry: the steps the slowest trajectory would need at its pace so
     far, with 25 % headroom, rounded up to a power of two; at least 4x the last one."""
     t0, t1 = float(mesh.t0), float(mesh.t1)
-    times = np.asarray(mesh.times)
-    n_steps = np.asarray(mesh.n_steps)
+    times = host(mesh.times)
+    n_steps = host(mesh.n_steps)
     reached = times[np.arange(times.shape[0]), n_steps][short]
     frac = np.clip((reached - t0) / (t1 - t0), 1e-3, 1.0)
     need = int(np.max(n_steps[short] / frac) * 1.25) + 1

@@ -31,6 +31,7 @@ from ._solver.diffrax_adapter import DiffraxSolver
 from .drivers import AbstractDriver
 from .drivers.auto import resolve
 from .drivers.base import ReplayLayout, ReplayNodes
+from ._sharding import host
 
 _sg = jax.lax.stop_gradient
 
@@ -173,8 +174,8 @@ def _replay_jumps(mesh: Mesh, bm: Mesh, b, jumps, where: str):
                 "times are mesh nodes: re-record for another schedule."
             )
         if is_concrete(events.jump_times, bm.jump_times):
-            given = np.isfinite(np.asarray(events.jump_times))
-            rows = np.flatnonzero(np.any(given != np.isfinite(np.asarray(bm.jump_times)), axis=1))
+            given = np.isfinite(host(events.jump_times))
+            rows = np.flatnonzero(np.any(given != np.isfinite(host(bm.jump_times)), axis=1))
             if rows.size:
                 raise ValueError(
                     f"{where}: `jumps` times of trajectory {int(rows[0])} are +inf (padding) "

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 from jaxtyping import Array, Bool, Float, Int
+from ._sharding import host
 
 _sg = jax.lax.stop_gradient
 _COUNT_MAX_SLOTS = 64
@@ -26,17 +27,17 @@ _COUNT_MAX_SLOTS = 64
 def check_moved_ts(bm, ts) -> None:
     """On concrete save times: `_replay_core`'s on-device checks of moved save times, as
     errors (under ``jit`` with traced ``ts`` the replay flags them per trajectory instead)."""
-    idx = np.asarray(bm.save_index)
-    ts = np.asarray(ts)
+    idx = host(bm.save_index)
+    ts_host = host(ts)
     shared = idx[:, 1:] == idx[:, :-1]
-    if np.any(shared & (ts[:, 1:] != ts[:, :-1])):
+    if np.any(shared & (ts_host[:, 1:] != ts_host[:, :-1])):
         raise ValueError(
             "gs.replay: `ts` separates save times that were equal when the mesh was recorded "
             "(they share one mesh point); re-record the mesh for these save times."
         )
     subst = save_roles(bm.ts, bm.t0, bm.t1, bm.save_index)[3]
     times = jnp.asarray(bm.times).astype(ts.dtype)
-    if np.any(np.asarray(moved_out_of_order(times, bm.save_index, jnp.asarray(ts), subst))):
+    if np.any(host(moved_out_of_order(times, bm.save_index, jnp.asarray(ts), subst))):
         raise ValueError(
             "gs.replay: `ts` moved past neighbouring mesh points; re-record the mesh for "
             "these save times."

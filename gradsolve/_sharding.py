@@ -67,3 +67,21 @@ def shard_ensemble(tree, devices=None):
             "the ensemble (e.g. repeat a trajectory) or pass fewer `devices`."
         )
     return jax.device_put(tree, sharding)
+
+
+def host(x) -> np.ndarray:
+    """``x`` as a NumPy array, for the host-side logic of eager calls (status checks, mesh
+    trimming, error messages).
+
+    An array spread over several processes (an ensemble sharded over hosts after
+    ``jax.distributed.initialize()``) is not fully addressable, so ``np.asarray`` cannot
+    read it; it is gathered from every process first. That gather is a collective: every
+    process must reach this call, as it does when all processes run the same program on
+    the same global arrays (the multi-controller model), and all then see the same values
+    and take the same decisions.
+    """
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
