@@ -233,3 +233,56 @@ def test_cache_key_names_the_compiler_and_its_version():
     assert os.path.isabs(cxx)
     ident = build._compiler_id(cxx)
     assert ident.startswith(cxx) and len(ident) > len(cxx) + 1
+
+
+THREADS_SCRIPT = r"""
+import os, sys, threading, time
+if sys.argv[1] == "pin":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+import jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+import gradsolve as gs
+f = lambda t, y, p: jnp.stack([p[0]*y[0] - p[1]*y[0]*y[1], -p[2]*y[1] + p[3]*y[0]*y[1]])
+n = 20000
+p = jnp.array([1.5, 1.0, 3.0, 1.0]) * (1 + 0.1 * jax.random.uniform(jax.random.PRNGKey(0), (n, 4)))
+y0 = jnp.ones((n, 2))
+mesh = gs.record(f, 0.0, 20.0, y0, p, rtol=1e-9, atol=1e-11, driver=gs.drivers.Kernel())
+run = jax.jit(lambda q: gs.replay(f, mesh, y0, q, driver=gs.drivers.Kernel()).y1)
+jax.block_until_ready(run(p))
+count = lambda: int(next(l for l in open("/proc/self/status") if l.startswith("Threads:")).split()[1])
+peak, stop = [0], [False]
+def poll():
+    while not stop[0]:
+        peak[0] = max(peak[0], count())
+        time.sleep(0.0002)
+th = threading.Thread(target=poll)
+th.start()
+time.sleep(0.01)
+base = count()
+for _ in range(3):
+    jax.block_until_ready(run(p * 1.0001))
+stop[0] = True
+th.join()
+print("EXTRA", peak[0] - base)
+"""
+
+
+@pytest.mark.slow  # two fresh processes with a large kernel replay
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and at least two usable CPUs")
+def test_kernel_threads_follow_the_cpu_affinity():
+    """The kernel starts as many threads as the process may use (its affinity mask, as
+    taskset or a batch allocation sets it), not as many as the machine has: pinned to one
+    CPU it starts none beyond the caller; with two or more it starts some (the control,
+    which shows the count is observed). Counted from /proc/self/status during the call."""
+    if not gs.drivers.Kernel().replay_reason(
+            lambda t, y, p: -p * y, gs.Tsit5(), jnp.ones((2, 1)), jnp.ones((2, 1))) is None:
+        pytest.skip("no working C++ compiler")
+    extra = {}
+    for mode in ("pin", "free"):
+        out = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, mode], capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        extra[mode] = int(out.stdout.split("EXTRA")[-1])
+    assert extra["pin"] == 0, extra
+    assert extra["free"] >= 1, extra
