@@ -124,11 +124,13 @@ def replay(
     if ts is not None and is_concrete(ts, bm.times, bm.ts) and not mesh.has_events:
         # Concrete inputs may still sit inside a jit/vmap trace (a mesh and ts closed
         # over): evaluate the check now, on the host, rather than staging it out.
-        ts_host = np.broadcast_to(np.asarray(ts).astype(b.ts.dtype), b.ts.shape)
+        # (batched inside a trace, b.ts is a tracer even for concrete ts: batch it here)
+        ts_now = b.ts if is_concrete(b.ts) else np.broadcast_to(
+            host(ts).astype(b.ts.dtype), b.ts.shape)
         with jax.ensure_compile_time_eval():
-            check_moved_ts(bm, ts_host)
+            check_moved_ts(bm, ts_now)
         check_moved = False
-        if _at_recorded_nodes(bm, ts_host):
+        if _at_recorded_nodes(bm, ts_now):
             # The recorded save times again (what a fit passes): nothing moves and nothing
             # can be differentiated, so the plain replay gives the same values, cheaper.
             ts = None
@@ -143,10 +145,9 @@ def replay(
 def _at_recorded_nodes(bm: Mesh, ts) -> bool:
     """Whether concrete ``ts (n, k)`` are the recorded save times of the batched mesh ``bm``
     and sit on their nodes exactly (so a replay given them moves nothing)."""
-    ts = np.asarray(ts)
-    rec = np.asarray(bm.ts).astype(ts.dtype)
-    nodes = np.take_along_axis(np.asarray(bm.times).astype(ts.dtype),
-                               np.asarray(bm.save_index), axis=1)
+    ts = host(ts)
+    rec = host(bm.ts).astype(ts.dtype)
+    nodes = np.take_along_axis(host(bm.times).astype(ts.dtype), host(bm.save_index), axis=1)
     return bool(np.array_equal(ts, rec) and np.array_equal(ts, nodes))
 
 

@@ -40,6 +40,7 @@ from jaxtyping import Array, Bool, Int
 from ._mesh import Mesh
 from ._record import _MAX_STEPS, record
 from ._replay import replay
+from ._sharding import host
 from ._solution import Solution
 from .drivers import AbstractDriver
 
@@ -153,7 +154,7 @@ class MeshReuse(eqx.Module):
                 raise ValueError(
                     "gs.MeshReuse.init: with max_steps=None the capacity is read from the "
                     "first record; call init outside jax.jit or pass max_steps.")
-            need = int(np.max(np.asarray(mesh.n_steps))) if np.size(mesh.n_steps) else 1
+            need = int(np.max(host(mesh.n_steps))) if np.size(mesh.n_steps) else 1
             cap = min(2 * need + 32, 16384)
             mesh = mesh.with_capacity(max(cap, need))
         else:
