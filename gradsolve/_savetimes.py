@@ -108,14 +108,13 @@ def node_times(times: Float[Array, "n S1"], save_index: Int[Array, "n k"], tsave
 
 
 def moved_out_of_order(times, save_index, tsave, subst) -> Bool[Array, " n"]:
-    """Per trajectory: does a moved save node (``subst``, at most one slot per node, as
-    `save_roles` gives) pass a neighbouring node? The nodes are moved first, so a neighbour
-    that is itself a moved save node is compared at its new time; costs ``O(n (S + k))``."""
+    """Per trajectory: does a moved save node (``subst``) pass a neighbouring node? The
+    nodes are moved first (`node_times`), so a neighbour that is itself a moved save node is
+    compared at its new time; costs ``O(n (S + k))``."""
     s1 = times.shape[1]
     rows = jnp.arange(times.shape[0])[:, None]
     subst = subst.astype(bool)
-    slot = jnp.where(subst, save_index, s1)  # only moving slots; one per node
-    moved = times.at[rows, slot].set(tsave.astype(times.dtype), mode="drop")
+    moved, _ = node_times(times, save_index, tsave.astype(times.dtype), subst)
     left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
     right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
     return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
