@@ -59,6 +59,16 @@ class SampleState(NamedTuple):
         n_records, record_failures, failures_warmup, failures_sampling: counters.
         warmup_time, sampling_time: seconds.
         sampling_mesh: which mesh the sampling phase uses (words).
+        sampling_tol_factor: the sampling mesh was recorded at this times
+            ``rtol``/``atol`` (the policy's ``record_tol_factor``, or tighter where that
+            mesh did not hold at warmup's last draws).
+        target_accept: the NUTS/HMC target acceptance probability in use (raised by
+            the warmup's response to divergences); late_divergences: divergent
+            transitions in the late iterations of the adaptation under way;
+            adaptations: one ``(target_accept, late divergences)`` pair per finished
+            step-size adaptation: the warmup's, then each re-adaptation in response.
+        mesh_probes: how many times the first draws sent the sampling mesh back to be
+            re-recorded where it did not hold.
 
     Example:
         >>> inference.sample(model, data, checkpoint="run.pkl")
@@ -84,6 +94,11 @@ class SampleState(NamedTuple):
     warmup_time: float
     sampling_time: float
     sampling_mesh: str
+    target_accept: float
+    sampling_tol_factor: float
+    late_divergences: int = 0
+    adaptations: tuple = ()
+    mesh_probes: int = 0
 
 
 def capacity(need: int) -> int:
@@ -119,14 +134,21 @@ class ChainKernel:
         num_chains, num_warmup: ``C`` and the warmup length (NumPyro's adaptation schedule).
         algo: ``"NUTS"`` or ``"HMC"``; target_accept, dense_mass, max_tree_depth: NumPyro's.
         count_failures: count failed potential evaluations with a host callback.
+        retune: a re-adaptation of the step size only: `init` then starts from given
+            step sizes and mass matrices, which it keeps.
     """
 
     def __init__(self, problem: Problem, policy: MeshPolicy, *, num_chains: int,
                  num_warmup: int, algo: str, target_accept: float, dense_mass: bool,
-                 max_tree_depth: int, count_failures: bool, solve_max_steps: int):
+                 max_tree_depth: int, count_failures: bool, solve_max_steps: int,
+                 retune: bool = False):
         from numpyro.infer.hmc import hmc
 
         self.problem, self.policy, self.C = problem, policy, num_chains
+        self.target_accept, self.retune = float(target_accept), bool(retune)
+        self.settings = dict(num_warmup=num_warmup, algo=algo, dense_mass=dense_mass,
+                             max_tree_depth=max_tree_depth, count_failures=count_failures,
+                             solve_max_steps=solve_max_steps)
         self.failures = _FailureCounter()
         solve = policy.solves_each_evaluation
 
@@ -143,10 +165,14 @@ class ChainKernel:
 
         init_kernel, sample_kernel = hmc(potential_fn_gen=potential, algo=algo)
 
-        def init_one(u, key, mesh):
+        def init_one(u, key, mesh, step_size, inverse_mass_matrix):
+            tuned = {} if not retune else dict(
+                step_size=step_size, inverse_mass_matrix=inverse_mass_matrix,
+                adapt_mass_matrix=False)
             return init_kernel(u, int(num_warmup), dense_mass=dense_mass,
                                target_accept_prob=target_accept,
-                               max_tree_depth=max_tree_depth, model_args=(mesh,), rng_key=key)
+                               max_tree_depth=max_tree_depth, model_args=(mesh,), rng_key=key,
+                               **tuned)
 
         vstep = jax.vmap(lambda st, mesh: sample_kernel(st, (mesh,), {}))
         vgrad = jax.vmap(lambda u, mesh: jax.value_and_grad(potential(mesh))(u))
@@ -170,6 +196,7 @@ class ChainKernel:
 
         self._init = jax.jit(jax.vmap(init_one))
         self._loop = jax.jit(loop)
+        self._own_error_ratio = jax.jit(jax.vmap(problem.error_ratio))
         self._error_ratio = jax.jit(lambda u, m: jax.vmap(
             lambda uu: problem.error_ratio(uu, m))(u))
 
@@ -177,11 +204,24 @@ class ChainKernel:
         """The chains' meshes on device, every leaf with a leading chain axis."""
         return s.mesh.chains(self.C, s.capacity)
 
-    def init(self, u0: np.ndarray, key, s: SampleState):
+    def init(self, u0: np.ndarray, key, s: SampleState, tuned=None):
         """NumPyro's initial chain states at ``u0 (C, D)`` (this also builds the kernel's
-        potential, so a resumed run calls it too)."""
+        potential, so a resumed run calls it too). A `retune` kernel starts from
+        ``tuned``, NumPyro's adaptation state of the chains (step sizes and mass
+        matrices)."""
         keys = jax.random.split(key, self.C)
-        return self._init(jnp.asarray(u0), keys, self.meshes(s))
+        C = self.C
+        step = jnp.ones(C) if tuned is None else tuned.step_size
+        imm = jnp.ones((C, self.problem.space.dim)) if tuned is None else \
+            tuned.inverse_mass_matrix
+        return self._init(jnp.asarray(u0), keys, self.meshes(s), step, imm)
+
+    def retuned(self, target_accept: float, iterations: int) -> ChainKernel:
+        """A `retune` kernel like this one at ``target_accept``, adapting the step size
+        over ``iterations``."""
+        kw = dict(self.settings, num_warmup=int(iterations))
+        return ChainKernel(self.problem, self.policy, num_chains=self.C,
+                           target_accept=target_accept, retune=True, **kw)
 
     def run(self, s: SampleState, n: int) -> tuple[SampleState, Draws, int]:
         """``n <= CHUNK`` iterations of every chain: the new state, their `Draws` (host)
@@ -202,8 +242,26 @@ class ChainKernel:
         return s._replace(mesh=mesh, capacity=capacity(need) if need > s.capacity
                           else s.capacity)
 
-    def error_ratios(self, mesh: gs.Mesh, z: np.ndarray, block: int = 512) -> np.ndarray:
-        """Replay ``error_ratio`` (requested units) of one host mesh at every
+    def own_error_ratios(self, z: np.ndarray, count: int = 64) -> np.ndarray:
+        """``(C, S)`` the replay ``error_ratio`` (requested units) of up to ``count`` of the
+        draws ``z (C, S, D)``, evenly spaced, each on the mesh recorded at that draw at the
+        requested tolerances (what ``gs.solve`` in the potential used; NaN at the other
+        draws and where the record failed)."""
+        C, S, D = z.shape
+        per = max(1, min(S, count // C))
+        take = np.unique(np.linspace(0, S - 1, per).round().astype(int))
+        pts = z[:, take].reshape(-1, D)
+        mesh = self.problem.record(pts, 1.0)
+        err = np.asarray(self._own_error_ratio(jnp.asarray(pts), mesh.chains(len(pts))))
+        err = np.where(np.asarray(mesh.to_host().ok), err, np.nan)
+        out = np.full((C, S), np.nan)
+        out[:, take] = err.reshape(C, len(take))
+        return out
+
+    def error_ratios(self, mesh: gs.Mesh, z: np.ndarray, block: int = 512,
+                     tol_factor: float | None = None) -> np.ndarray:
+        """Replay ``error_ratio`` (requested units) of one host mesh, recorded at
+        ``tol_factor`` (default: the policy's) times the tolerances, at every
         ``z (C, S, D)``, in blocks of ``block`` points (one compiled program)."""
         C, S, D = z.shape
         flat, dev, out = z.reshape(C * S, D), mesh.to_device(), []
@@ -213,4 +271,4 @@ class ChainKernel:
             if pad:
                 part = np.concatenate([part, np.repeat(part[-1:], pad, axis=0)])
             out.append(np.asarray(self._error_ratio(jnp.asarray(part), dev))[: block - pad])
-        return self.policy.error_ratio(np.concatenate(out).reshape(C, S))
+        return self.policy.error_ratio(np.concatenate(out).reshape(C, S), tol_factor)

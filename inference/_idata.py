@@ -11,7 +11,25 @@ import numpy as np
 
 from ._chains import ChainKernel, Draws, SampleState
 
-__all__ = ["inference_data"]
+__all__ = ["inference_data", "describe_response"]
+
+
+def describe_response(adaptations: tuple) -> str:
+    """Words for the warmup's response to divergences, from `SampleState.adaptations`
+    (``(target_accept, divergences late in it or in the first draws after it)`` per
+    adaptation)."""
+    if not adaptations:
+        return "no warmup"
+    (t0, n0), rest = adaptations[0], adaptations[1:]
+    if not n0:
+        return f"no divergences late in warmup at target_accept {t0:g}"
+    plural = lambda n: f"{n} divergence{'s' if n != 1 else ''}"
+    out = f"{plural(n0)} late in warmup or in the first draws at target_accept {t0:g}"
+    for t, n in rest:
+        out += f"; step size re-adapted at {t:g} ({plural(n)} then)"
+    if not rest:
+        out += "; not re-adapted (max_retunes=0)"
+    return out
 
 
 def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
@@ -24,9 +42,11 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
     d = Draws(*(np.concatenate(parts, axis=1) for parts in zip(*s.draws)))
     shared = s.mesh.row(0)
     if policy.solves_each_evaluation:
-        err = np.full(d.z.shape[:2], np.nan)
+        # every evaluation solved adaptively: the error ratio of each checked draw's own
+        # mesh, the accuracy of the solutions the sampler used (NaN at unchecked draws)
+        err = kernel.own_error_ratios(d.z)
     else:
-        err = kernel.error_ratios(shared, d.z)
+        err = kernel.error_ratios(shared, d.z, tol_factor=s.sampling_tol_factor)
     max_err = float(np.nanmax(err)) if np.isfinite(err).any() else float("nan")
     if np.isfinite(max_err) and max_err > policy.error_ratio_max:
         warnings.warn(
@@ -62,8 +82,18 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
         solver_failures_warmup=s.failures_warmup if counted else -1,
         solver_failures_sampling=s.failures_sampling if counted else -1,
         record_failures=s.record_failures, divergences=int(np.sum(d.diverging)),
+        target_accept=float(s.target_accept), retunes=max(0, len(s.adaptations) - 1),
+        warmup_late_divergences=int(s.adaptations[0][1]) if s.adaptations else 0,
+        divergence_response=describe_response(s.adaptations),
         **{f"init_fit_{k}": v for k, v in s.init_fit.items()})
     del attrs["count_failures"]
+    if attrs["divergences"]:
+        warnings.warn(
+            f"inference.sample: {attrs['divergences']} of {d.diverging.size} draws diverged "
+            f"after warmup (target_accept {s.target_accept:g}; {attrs['divergence_response']}"
+            "). Draws near the divergences may be biased: try a non-centred "
+            "parameterisation of random effects, dense_mass=True, a higher target_accept "
+            "or max_retunes.", RuntimeWarning, stacklevel=3)
     for group in (idata.posterior, idata.sample_stats, idata.observed_data):
         group.attrs.update(attrs)
     return idata

@@ -94,10 +94,11 @@ class MeshPolicy:
         return cls(rerecord=rerecord, **fields)
 
     # -------------------------------------------------------------- measurements
-    def error_ratio(self, raw):
+    def error_ratio(self, raw, tol_factor: float | None = None):
         """A replay's error ratio on a mesh recorded by this policy, in units of the
-        requested tolerances (the mesh's own are ``record_tol_factor`` tighter)."""
-        return raw * self.record_tol_factor
+        requested tolerances (the mesh's own are ``record_tol_factor``, or the given
+        ``tol_factor``, times tighter)."""
+        return raw * (self.record_tol_factor if tol_factor is None else tol_factor)
 
     @staticmethod
     def drift(x, x_rec):

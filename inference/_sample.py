@@ -75,7 +75,17 @@ from ._policy import MeshPolicy
 from ._problem import MAX_STEPS, TOLERANCES
 from ._program import ProgramProblem, problem_for
 from ._progress import progress_bar
-from ._warmup import initial_state, install_sampling_mesh, warmup_window, windows
+from ._warmup import (
+    RETUNE_ITERATIONS,
+    initial_state,
+    bulk_draws,
+    install_sampling_mesh,
+    probe_diverged,
+    probe_mesh_fails,
+    respond_to_divergences,
+    warmup_window,
+    windows,
+)
 
 __all__ = ["sample"]
 
@@ -89,9 +99,11 @@ def sampling_chunk(kernel: ChainKernel, s: SampleState, left: int) -> SampleStat
 
 
 def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
-         checkpoint_every: int, save, bar) -> SampleState:
-    """The remaining warmup windows (``save`` after each), then draws in chunks up to
-    ``total`` iterations (``save`` about every ``checkpoint_every`` draws and at the end)."""
+         checkpoint_every: int, save, bar, max_retunes: int) -> tuple[ChainKernel, SampleState]:
+    """The remaining warmup windows (``save`` after each), the response to divergences at
+    warmup's end (`respond_to_divergences`), then draws in chunks up to ``total``
+    iterations (``save`` about every ``checkpoint_every`` draws and at the end). Returns
+    the kernel that drew and the final state."""
     lengths = windows(num_warmup)
     while s.window < len(lengths):
         s = warmup_window(chains, s, lengths)
@@ -99,26 +111,48 @@ def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
         save(s)
     if not lengths and chains.policy.warmup_rerecords and s.mesh.is_ensemble:
         s = install_sampling_mesh(chains, s, np.asarray(s.chains.z))
+    if num_warmup:
+        chains, s = respond_to_divergences(chains, s, max_retunes, save)
     next_save = (s.iteration - num_warmup) // checkpoint_every * checkpoint_every
     while s.iteration < total:
         s = sampling_chunk(chains, s, total - s.iteration)
+        if num_warmup and len(s.draws) == 1:
+            # the first draws are a probe: where they diverge or leave the frozen mesh,
+            # they become warmup iterations and the sampler adapts again
+            diverged = probe_diverged(s, max_retunes)
+            if diverged or probe_mesh_fails(chains, s):
+                probe, bulk = s.draws[0], bulk_draws(s.draws[0].z)
+                s = s._replace(iteration=num_warmup, draws=(), sampling_time=0.0,
+                               warmup_time=s.warmup_time + s.sampling_time,
+                               failures_warmup=s.failures_warmup + s.failures_sampling,
+                               failures_sampling=0)
+                if diverged:
+                    (target, late), = s.adaptations[-1:]
+                    late += int(np.sum(probe.diverging))
+                    s = s._replace(adaptations=s.adaptations[:-1] + ((target, late),))
+                    chains, s = respond_to_divergences(chains, s, max_retunes, save)
+                else:
+                    s = install_sampling_mesh(chains, s, np.asarray(s.chains.z), bulk)
+                    s = s._replace(mesh_probes=s.mesh_probes + 1)
+                    save(s)
+                continue
         bar.update(s.draws[-1].z.shape[1])
         done = s.iteration - num_warmup
         if done >= next_save + checkpoint_every or s.iteration == total:
             save(s)
             next_save = done // checkpoint_every * checkpoint_every
-    return s
+    return chains, s
 
 
 def _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
                          frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
-                         max_steps, init) -> None:
+                         max_steps, init, max_retunes) -> None:
     """``ValueError`` naming the first bad argument of `sample`."""
     if kernel not in ("nuts", "hmc"):
         raise ValueError(f"`kernel` must be 'nuts' or 'hmc', got {kernel!r}")
     for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", num_samples, 1),
                         ("num_chains", num_chains, 1), ("checkpoint_every", checkpoint_every, 1),
-                        ("max_tree_depth", max_tree_depth, 1),
+                        ("max_tree_depth", max_tree_depth, 1), ("max_retunes", max_retunes, 0),
                         ("max_steps", 1 if max_steps is None else max_steps, 1)):
         if not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
@@ -147,6 +181,7 @@ def sample(
     max_steps: int | None = None, frozen_tol_factor: float = 0.1, dense_mass: bool = False,
     max_tree_depth: int = 10, init_jitter: float = 0.05,
     fit_kwargs: Mapping[str, Any] | None = None, count_failures: bool | None = None,
+    max_retunes: int = 3,
 ):
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
@@ -167,6 +202,9 @@ def sample(
             path resumes and gives the same draws as an uninterrupted run.
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept, dense_mass, max_tree_depth: NumPyro NUTS/HMC options.
+        max_retunes: how many times the end of warmup may be re-adapted at a higher
+            ``target_accept`` when its last iterations diverge (``0``: never; see
+            "Divergences" below).
         rtol, atol, solver: the ODE solve (``solver=None``: the model's).
         max_steps: step capacity of ``gs.solve`` inside the potential when
             ``rerecord="always"`` (``None``: automatic).
@@ -185,8 +223,19 @@ def sample(
         ``attrs`` record the mesh policy (``mesh_policy``, ``mesh_policy_description``,
         ``sampling_mesh``), ``max_error_ratio``, ``solver_failures_warmup`` /
         ``solver_failures_sampling`` (``-1`` if not counted), ``record_failures``,
-        ``divergences``, ``n_records``, the initialisation (``init``, ``init_fit_*``) and
-        timings (``warmup_time_s``, ``sampling_time_s``, ``wall_time_s``).
+        ``divergences``, ``n_records``, the initialisation (``init``, ``init_fit_*``),
+        the divergence response (``target_accept`` finally used,
+        ``target_accept_requested``, ``retunes``, ``warmup_late_divergences``,
+        ``divergence_response``) and timings (``warmup_time_s``, ``sampling_time_s``,
+        ``wall_time_s``).
+
+    Divergences: a step size too large for part of the posterior shows as divergent
+    transitions late in warmup or in the first draws. When warmup's terminal step-size
+    window (but its first 10 iterations) or the first 100 draws diverge, those draws are
+    dropped and the step size is re-adapted (mass matrix kept) at ``target_accept`` raised
+    to ``1 - (1 - target_accept) / 2`` over 150 more warmup iterations, up to
+    ``max_retunes`` times, and the attributes say so. Divergences left in the sampling
+    phase are reported with a warning naming what to try next.
 
     Example:
         >>> idata = inference.sample(models.lynx_hare(), models.load_dataset("lynx_hare"))
@@ -194,7 +243,7 @@ def sample(
     """
     _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
                          frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
-                         max_steps, init)
+                         max_steps, init, max_retunes)
     t_start = time.perf_counter()
     problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=MAX_STEPS)
     if rerecord is None:
@@ -208,6 +257,7 @@ def sample(
         problem, policy, num_chains=num_chains, num_warmup=num_warmup, kernel=kernel,
         num_samples=num_samples, seed=seed, target_accept=target_accept, dense_mass=dense_mass,
         max_tree_depth=max_tree_depth, init_jitter=init_jitter, max_steps_solve=max_steps,
+        max_retunes=int(max_retunes),
         init=init if isinstance(init, str) else _checkpoint.digest(dict(init)),
         fit_kwargs=sorted((k, v) for k, v in (fit_kwargs or {}).items()
                           if isinstance(v, (bool, int, float, str))))
@@ -217,13 +267,23 @@ def sample(
     if fresh:
         state = initial_state(problem, policy, data, init=init, num_chains=int(num_chains),
                               key=k_init, init_jitter=init_jitter, seed=seed,
-                              fit_kwargs=fit_kwargs, max_steps=max_steps)
+                              fit_kwargs=fit_kwargs, max_steps=max_steps,
+                              target_accept=target_accept)
     chains = ChainKernel(problem, policy, num_chains=int(num_chains), num_warmup=num_warmup,
                          algo=kernel.upper(), target_accept=target_accept,
                          dense_mass=dense_mass, max_tree_depth=max_tree_depth,
                          count_failures=count, solve_max_steps=state.solve_max_steps)
-    first = chains.init(state.u0, k_mcmc, state)  # also builds NumPyro's potential
-    state = state._replace(chains=first if fresh else _checkpoint.to_device(state.chains))
+    if fresh:
+        state = state._replace(chains=chains.init(state.u0, k_mcmc, state))
+    else:
+        # init also builds NumPyro's potential and adaptation for the loop: a resumed run
+        # calls it on the kernel its state was made by (re-adapted or not)
+        state = state._replace(chains=_checkpoint.to_device(state.chains))
+        if len(state.adaptations) > 1:
+            chains = chains.retuned(state.target_accept, RETUNE_ITERATIONS)
+            chains.init(np.asarray(state.chains.z), k_mcmc, state, tuned=state.chains.adapt_state)
+        else:
+            chains.init(state.u0, k_mcmc, state)
 
     def save(s):
         if checkpoint is not None:
@@ -232,10 +292,12 @@ def sample(
     total = int(num_warmup) + int(num_samples)
     bar = progress_bar(progress, total=total, done=state.iteration, desc=f"sample {problem.model.name}")
     try:
-        state = _run(chains, state, int(num_warmup), total, checkpoint_every, save, bar)
+        chains, state = _run(chains, state, int(num_warmup), total, checkpoint_every, save,
+                             bar, int(max_retunes))
     finally:
         bar.close()
     return inference_data(chains, state, dict(
         kernel=kernel, rtol=rtol, atol=atol, num_warmup=int(num_warmup),
+        target_accept_requested=float(target_accept), max_retunes=int(max_retunes),
         num_samples=int(num_samples), num_chains=int(num_chains), count_failures=count,
         wall_time_s=time.perf_counter() - t_start))

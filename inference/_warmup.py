@@ -9,6 +9,19 @@ tightened by the policy's ``record_tol_factor``; if it does not hold at every ch
 position and at the last window's draws (e.g. chains in different modes, or a posterior
 wide in the ODE's time scales), it is merged with meshes recorded there
 (`sampling_mesh`, `gs.Mesh.merge`).
+
+Divergences are answered, not only counted (`respond_to_divergences`): NUTS's step size
+is adapted by dual averaging towards ``target_accept``, and a step size too large for
+part of the posterior (the neck of a random-effects funnel, say) shows as divergent
+transitions. Those early in warmup are expected (the step size and mass matrix are still
+far off, and each adaptation window restarts the step size search), so only the late
+iterations of the terminal step-size window count (`late_iterations`), and the first loop
+call of sampling is a probe (`probe_diverged`): if it diverges, its draws count as warmup.
+Either way the response re-adapts the step size at a higher target (``1 - (1 - target) /
+2``: 0.8, 0.9, 0.95, 0.975), keeping the mass matrix, over `RETUNE_ITERATIONS` more
+warmup iterations on the sampling mesh, until both are clean or ``max_retunes``
+re-adaptations are spent; the result's attributes report each step. This is the advice
+Stan and PyMC print ("increase target_accept"), taken.
 """
 
 from __future__ import annotations
@@ -27,7 +40,14 @@ from ._problem import Problem
 from ._space import checked_init
 from ._starts import jittered, prior_draws
 
-__all__ = ["windows", "initial_state", "warmup_window", "sampling_mesh"]
+__all__ = ["windows", "initial_state", "warmup_window", "sampling_mesh", "late_iterations",
+           "respond_to_divergences", "probe_diverged", "probe_mesh_fails", "bulk_draws",
+           "RETUNE_ITERATIONS"]
+
+RETUNE_ITERATIONS = 150
+"""Iterations of one re-adaptation of the step size. NumPyro's schedule for 150 warmup
+iterations ends in a 50-iteration dual-averaging window, as its default warmup does, so
+the re-adapted step size is averaged over as many iterations as the original."""
 
 
 def windows(num_warmup: int) -> list[int]:
@@ -71,7 +91,7 @@ def _chain_starts(problem: Problem, data, init, C: int, key, jitter: float, seed
 
 def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
                   init_jitter: float, seed: int, fit_kwargs: Mapping | None,
-                  max_steps: int | None) -> SampleState:
+                  max_steps: int | None, target_accept: float) -> SampleState:
     """The sampler's state before its first iteration (without NumPyro's chain states):
     the starting points, every chain's first mesh (prior starts whose solve fails are
     re-drawn, up to 20 rounds) and the step capacities."""
@@ -101,7 +121,8 @@ def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
         solve_max_steps=int(max_steps) if max_steps is not None else solve_capacity(need),
         iteration=0, window=0, draws=(), u0=u0, init=desc, init_fit=info, n_records=1,
         record_failures=0, failures_warmup=0, failures_sampling=0, warmup_time=0.0,
-        sampling_time=0.0, sampling_mesh=kind[policy.rerecord])
+        sampling_time=0.0, sampling_mesh=kind[policy.rerecord],
+        target_accept=float(target_accept), sampling_tol_factor=tf)
 
 
 BULK_POINTS = 64
@@ -114,8 +135,11 @@ def warmup_window(kernel: ChainKernel, s: SampleState, lengths: list[int]) -> Sa
     ``rerecord="warmup"``, every chain's mesh re-recorded at its position (or, after the
     last window, the sampling mesh installed, checked at the window's draws)."""
     t = time.perf_counter()
+    start = s.iteration
     s, draws, failed = kernel.run(s, lengths[s.window])
-    s = s._replace(window=s.window + 1, failures_warmup=s.failures_warmup + failed)
+    late = late_divergences(draws, start, sum(lengths))
+    s = s._replace(window=s.window + 1, failures_warmup=s.failures_warmup + failed,
+                   late_divergences=s.late_divergences + late)
     if kernel.policy.warmup_rerecords:
         z = np.asarray(s.chains.z)
         if s.window == len(lengths):
@@ -141,35 +165,84 @@ def bulk_draws(z: np.ndarray, count: int = BULK_POINTS) -> np.ndarray:
 
 def install_sampling_mesh(kernel: ChainKernel, s: SampleState, z: np.ndarray,
                           bulk: np.ndarray | None = None) -> SampleState:
-    """``s`` on the mesh the sampling phase freezes (see `sampling_mesh`)."""
-    mesh, kind, records = sampling_mesh(kernel, z, bulk)
-
-    return kernel.with_mesh(s, mesh)._replace(sampling_mesh=kind,
+    """``s`` on the mesh the sampling phase freezes (see `sampling_mesh`), its reach
+    set by the chains' adapted mass matrices."""
+    imm = np.asarray(s.chains.adapt_state.inverse_mass_matrix)
+    var = np.diagonal(imm, axis1=-2, axis2=-1) if imm.ndim == 3 else imm
+    mesh, kind, records, tf = sampling_mesh(kernel, z, bulk, np.sqrt(np.mean(var, axis=0)))
+    return kernel.with_mesh(s, mesh)._replace(sampling_mesh=kind, sampling_tol_factor=tf,
                                               n_records=s.n_records + records)
 
 
-def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = None
-                  ) -> tuple[gs.Mesh, str, int]:
-    """One mesh for every chain at positions ``z (C, D)``, checked there and at the last
-    warmup window's draws ``bulk (m, D)`` (where the chains are about to sample).
+TIGHTEN = 4.0
+"""How much tighter each further attempt at the sampling mesh records (`sampling_mesh`)."""
 
-    The mesh recorded at the chains' mean serves if it holds at every one of those points
-    (`MeshPolicy.holds_for_all`). Otherwise the sampling mesh merges it with meshes
-    recorded at the chains and at every draw where it did not hold (`gs.Mesh.merge`: each
-    trajectory's steps no longer than any part's there), so it holds across the region
-    the chains explored. This matters where the posterior is wide in
-    the ODE's own time scales (a population's absorption rates, say): a mesh recorded at
-    one point is too coarse where a subject's dynamics are faster. Returns ``(mesh,
-    description, records)``."""
-    problem, tf = kernel.problem, kernel.policy.record_tol_factor
-    pts = z if bulk is None else np.concatenate([z, bulk])
+MAX_TIGHTENINGS = 3
+
+
+REACH = 3.0
+"""How far (in posterior standard deviations per coordinate) beyond the chains' mean the
+sampling mesh is made to hold (`sampling_mesh`)."""
+
+
+def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = None,
+                  scale: np.ndarray | None = None) -> tuple[gs.Mesh, str, int, float]:
+    """One mesh for every chain at positions ``z (C, D)``, checked there and at the last
+    warmup window's draws ``bulk (m, D)`` (where the chains are about to sample) and, with
+    ``scale (D,)`` (the posterior's standard deviations in unconstrained space, from the
+    adapted mass matrix), at the `REACH` points ``mean ± 3 scale`` along each coordinate.
+
+    Those points reach the posterior's tails, which NUTS visits (a heavy-tailed posterior
+    more than warmup's draws suggest); the mesh must hold there too, since the sampling
+    phase may not re-record. The mesh is recorded at the policy's ``record_tol_factor``
+    times the tolerances (`_sampling_mesh_at`). If its error ratio (requested units) still
+    exceeds the policy's bound at one of the chains or draws, it is recorded again
+    `TIGHTEN` times tighter, up to `MAX_TIGHTENINGS` times, so that the frozen posterior
+    meets the requested tolerances where the chains sample without a hand-tuned
+    ``frozen_tol_factor``. Returns ``(mesh, description, records, tolerance factor it was
+    recorded at)``."""
+    tf, records = kernel.policy.record_tol_factor, 0
+    check = z if bulk is None else np.concatenate([z, bulk])
+    reach = np.empty((0, z.shape[1]))
+    if scale is not None and np.all(np.isfinite(scale)):
+        step = REACH * np.diag(scale)
+        reach = np.concatenate([np.mean(z, axis=0) + step, np.mean(z, axis=0) - step])
+    for attempt in range(MAX_TIGHTENINGS + 1):
+        mesh, kind, n, err = _sampling_mesh_at(kernel, z, check, reach, tf)
+        records += n
+        if np.all(err <= kernel.policy.error_ratio_max) or attempt == MAX_TIGHTENINGS:
+            break
+        tf /= TIGHTEN
+    if tf != kernel.policy.record_tol_factor:
+        kind += (f", recorded at rtol*{tf:g} (tightened from "
+                 f"rtol*{kernel.policy.record_tol_factor:g}: the error ratio at warmup's last "
+                 "draws exceeded the bound)")
+    return mesh, kind, records, tf
+
+
+def _sampling_mesh_at(kernel: ChainKernel, z: np.ndarray, check: np.ndarray,
+                      reach: np.ndarray, tf: float) -> tuple[gs.Mesh, str, int, np.ndarray]:
+    """The sampling mesh recorded at ``tf`` times the tolerances: ``(mesh, description,
+    records, its error ratios at check (requested units))``.
+
+    The mesh recorded at the chains' mean serves if it holds at every one of the points
+    ``check`` (the chains ``z`` and warmup draws) and ``reach`` (points in the tails),
+    within `MeshPolicy.shared_margin` of the bound. Otherwise it is merged with meshes
+    recorded at the chains and at every point where it did not hold (`gs.Mesh.merge`:
+    each trajectory's steps no longer than any part's there; a point whose own record
+    fails is left out), so it holds across the region the chains explore. This matters
+    where the posterior is wide in the ODE's own time scales (a population's absorption
+    rates, say): a mesh recorded at one point is too coarse where a subject's dynamics
+    are faster."""
+    problem, policy = kernel.problem, kernel.policy
+    pts = np.concatenate([check, reach])
     mean = problem.record(np.mean(z, axis=0), tf).to_host()
     fails = np.ones(len(pts), bool)
     if bool(mean.ok):
-        err = kernel.error_ratios(mean, pts[None])[0]
-        fails = ~(err <= kernel.policy.shared_margin * kernel.policy.error_ratio_max)
+        err = kernel.error_ratios(mean, pts[None], tol_factor=tf)[0]
+        fails = ~(err <= policy.shared_margin * policy.error_ratio_max)
         if not fails.any():
-            return mean, "chains' mean", 1
+            return mean, "chains' mean", 1, err[:len(check)]
     where = np.concatenate([z, pts[len(z):][fails[len(z):]]])
     # one record of a fixed number of points (padded with repeats): one compiled program
     padded = np.concatenate([where, np.repeat(where[-1:], len(pts) - len(where), axis=0)])
@@ -179,12 +252,114 @@ def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = 
             "inference.sample: recording the sampling mesh failed at the chains' "
             "positions and at their mean; try rerecord='always' or another solver."
         )
-    parts = [per] if not bool(mean.ok) else [per, mean]
-    extra = len(where) - len(z)
-    what = "the chains' mean, their positions" + (
-        f" and the {extra} warmup draws where the mean's did not hold" if extra else "")
     if per.n_jumps and bool(mean.ok):
         # meshes with jumps cannot be merged (each jump owns a node): keep the mean's,
         # whose error ratio at every draw is reported
-        return mean, "chains' mean (meshes with jumps cannot be merged)", 2
-    return type(per).merge(parts), f"merge of the meshes at {what}", 2
+        return mean, "chains' mean (meshes with jumps cannot be merged)", 2, err[:len(check)]
+    parts = [per] if not bool(mean.ok) else [per, mean]
+    n_draws = int(np.sum(fails[len(z):len(check)]))
+    n_reach = int(np.sum(fails[len(check):]))
+    what = "the chains' mean, their positions" + (
+        f", the {n_draws} warmup draws" if n_draws else "") + (
+        f", {n_reach} points in the tails" if n_reach else "") + (
+        " where the mean's did not hold" if n_draws or n_reach else "")
+    merged = type(per).merge(parts)
+    err = kernel.error_ratios(merged, check[None], tol_factor=tf)[0]
+    return merged, f"merge of the meshes at {what}", 2, err
+
+
+SETTLE = 10
+"""Iterations at the start of a step-size window that do not count as late: NumPyro
+restarts dual averaging there from ten times the last step size, so its first
+iterations try steps far longer than the one it settles on."""
+
+
+def late_iterations(num_warmup: int) -> int:
+    """How many of the last of ``num_warmup`` adaptation iterations count as late:
+    NumPyro's terminal step-size window (50 iterations at ``num_warmup >= 150``) but its
+    first `SETTLE` (at most a fifth)."""
+    from numpyro.infer.hmc_util import build_adaptation_schedule
+
+    if num_warmup < 2:
+        return 0
+    last = build_adaptation_schedule(int(num_warmup))[-1]
+    n = last.end - last.start + 1
+    return max(1, n - min(SETTLE, n // 5))
+
+
+def late_divergences(draws, start: int, num_warmup: int) -> int:
+    """Divergent transitions among ``draws`` (iterations ``start``, ``start + 1``, ...)
+    that fall in the `late_iterations` of an adaptation of ``num_warmup`` iterations."""
+    it = start + np.arange(draws.diverging.shape[1])
+    late = it >= num_warmup - late_iterations(num_warmup)
+    return int(np.sum(draws.diverging[:, late]))
+
+
+MAX_MESH_PROBES = 2
+"""How many times the first draws may send the sampling mesh back to be re-recorded."""
+
+
+def probe_mesh_fails(kernel: ChainKernel, s: SampleState) -> bool:
+    """Whether the frozen sampling mesh (``rerecord="warmup"``) does not hold at the draws
+    of the sampling phase's first loop call (error ratio above the policy's bound), while
+    re-records are left (`MAX_MESH_PROBES`). A posterior with heavy tails reaches beyond
+    warmup's last draws; the mesh is then re-recorded there (`install_sampling_mesh`
+    with those draws) and the draws count as warmup."""
+    if not (kernel.policy.warmup_rerecords and len(s.draws) == 1
+            and s.mesh_probes < MAX_MESH_PROBES):
+        return False
+    err = kernel.error_ratios(s.mesh.row(0) if s.mesh.is_ensemble else s.mesh,
+                              bulk_draws(s.draws[0].z)[None], tol_factor=s.sampling_tol_factor)
+    return not bool(np.all(err <= kernel.policy.error_ratio_max))
+
+
+def probe_diverged(s: SampleState, max_retunes: int) -> bool:
+    """Whether the first loop call of the sampling phase (the last of ``s.draws``, on
+    the final step size) diverged while re-adaptations are left: its draws are then
+    dropped (they count as warmup) and the step size re-adapted. Rare divergences slip
+    past the late warmup iterations; a chain stuck in a funnel's neck shows here."""
+    return (len(s.draws) == 1 and bool(np.any(s.draws[0].diverging))
+            and len(s.adaptations) <= max_retunes)
+
+
+def respond_to_divergences(kernel: ChainKernel, s: SampleState, max_retunes: int,
+                           save) -> tuple[ChainKernel, SampleState]:
+    """While the latest adaptation's late iterations diverged and fewer than
+    ``max_retunes`` re-adaptations were made, re-adapt the step size at a higher
+    ``target_accept`` (``save`` after each). Returns the kernel the sampling phase runs
+    and the state, whose ``adaptations`` list every adaptation's target and late
+    divergences."""
+    if not s.adaptations:
+        s = s._replace(adaptations=((s.target_accept, s.late_divergences),))
+    while s.adaptations[-1][1] > 0 and len(s.adaptations) <= max_retunes:
+        target = 1.0 - (1.0 - s.target_accept) / 2.0
+        kernel = kernel.retuned(target, RETUNE_ITERATIONS)
+        s = _retune(kernel, s)
+        save(s)
+    return kernel, s
+
+
+def _retune(kernel: ChainKernel, s: SampleState) -> SampleState:
+    """`RETUNE_ITERATIONS` warmup iterations of the `retune` ``kernel`` from the chains'
+    positions, step sizes and mass matrices; the iteration count of ``s`` (warmup windows
+    and draws) is left as it was."""
+    t = time.perf_counter()
+    key = jax.random.fold_in(s.chains.rng_key[0], len(s.adaptations))
+    r = s._replace(chains=kernel.init(np.asarray(s.chains.z), key, s,
+                                      tuned=s.chains.adapt_state))
+    late = failures = 0
+    for n in windows_of(RETUNE_ITERATIONS):
+        start = r.iteration - s.iteration
+        r, draws, failed = kernel.run(r, n)
+        late += late_divergences(draws, start, RETUNE_ITERATIONS)
+        failures += failed
+    return r._replace(
+        iteration=s.iteration, target_accept=kernel.target_accept, late_divergences=late,
+        adaptations=s.adaptations + ((kernel.target_accept, late),),
+        failures_warmup=s.failures_warmup + failures,
+        warmup_time=s.warmup_time + time.perf_counter() - t)
+
+
+def windows_of(n: int) -> list[int]:
+    """``n`` iterations as loop calls of at most `CHUNK`."""
+    return [min(CHUNK, n - i) for i in range(0, n, CHUNK)]

@@ -1,0 +1,89 @@
+"""The sampler's warmup answers divergences: when the end of warmup (or the first draws)
+diverges, `inference.sample` re-adapts the step size at a higher ``target_accept``, says so
+in the result, and a run killed after a re-adaptation resumes to the same draws.
+
+The posterior is the centred eight-schools model (Rubin 1981; the classic funnel on which
+NUTS diverges at its default target), written as a NumPyro program whose school effects
+pass through an ODE site (``y' = -y`` over ``log 2`` halves them; the likelihood doubles
+them back), so it runs on the sampler's mesh machinery."""
+
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import inference
+from conftest import killed_then_resumed
+from inference._warmup import late_iterations
+
+Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+HALF = float(np.log(2.0))
+
+
+def decay(t, y, p):
+    return -y
+
+
+def centred_eight_schools(data):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("schools", 8):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+    sol = inference.ode("decay", decay, 0.0, HALF, theta[:, None], {}, ts=np.array([HALF]))
+    with numpyro.plate("observations", 8):
+        numpyro.sample("obs", dist.Normal(2.0 * sol.ys[:, 0, 0], SIGMA), obs=Y)
+
+
+RUN = dict(num_warmup=500, num_samples=300, num_chains=4, init="prior", seed=0,
+           progress=False)
+
+
+def _sample(**kw):
+    return inference.sample(centred_eight_schools, None, **{**RUN, **kw})
+
+
+@pytest.fixture(scope="module")
+def runs():
+    with pytest.warns(RuntimeWarning, match="diverged after warmup"):
+        plain = _sample(max_retunes=0)
+    responded = _sample()
+    return plain, responded
+
+
+def test_late_warmup_is_numpyros_terminal_window_after_its_restart():
+    # NumPyro's default schedule ends with a 50-iteration step-size window; its first 10
+    # iterations restart dual averaging from 10x the step size and do not count
+    assert late_iterations(500) == 40
+    assert late_iterations(150) == 40
+    assert late_iterations(1) == 0
+
+
+def test_divergent_warmup_is_re_adapted_and_reported(runs):
+    plain, responded = runs
+    p, r = plain.sample_stats.attrs, responded.sample_stats.attrs
+    # the same warmup (same seed) diverged late; only the responding run re-adapted
+    assert p["retunes"] == 0 and p["target_accept"] == 0.8
+    assert "not re-adapted (max_retunes=0)" in p["divergence_response"]
+    assert p["divergences"] == int(plain.sample_stats["diverging"].sum()) > 0
+    assert r["retunes"] >= 1
+    assert r["target_accept"] == pytest.approx(1 - 0.2 / 2 ** r["retunes"])
+    assert r["target_accept_requested"] == 0.8
+    assert "step size re-adapted at 0.9" in r["divergence_response"]
+    # a higher target: smaller steps, higher acceptance, fewer divergences
+    step = lambda i: float(i.sample_stats["step_size"].values[:, -1].mean())
+    acc = lambda i: float(i.sample_stats["acceptance_rate"].values.mean())
+    assert step(responded) < step(plain)
+    assert acc(responded) > acc(plain)
+    assert r["divergences"] < p["divergences"]
+
+
+def test_a_run_killed_after_re_adapting_resumes_to_the_same_draws(runs, tmp_path, monkeypatch):
+    _, responded = runs
+    resumed = killed_then_resumed(
+        monkeypatch, lambda path: _sample(checkpoint=path), tmp_path / "run.pkl",
+        lambda state: len(state.adaptations) > 1)
+    for k in ("mu", "tau", "theta"):
+        np.testing.assert_array_equal(resumed.posterior[k].values, responded.posterior[k].values)
+    assert resumed.sample_stats.attrs["divergence_response"] == \
+        responded.sample_stats.attrs["divergence_response"]
