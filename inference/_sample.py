@@ -78,11 +78,9 @@ from ._progress import progress_bar
 from ._warmup import (
     RETUNE_ITERATIONS,
     initial_state,
-    bulk_draws,
     install_sampling_mesh,
-    probe_diverged,
-    probe_mesh_fails,
     respond_to_divergences,
+    respond_to_probe,
     warmup_window,
     windows,
 )
@@ -117,24 +115,8 @@ def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
     while s.iteration < total:
         s = sampling_chunk(chains, s, total - s.iteration)
         if num_warmup and len(s.draws) == 1:
-            # the first draws are a probe: where they diverge or leave the frozen mesh,
-            # they become warmup iterations and the sampler adapts again
-            diverged = probe_diverged(s, max_retunes)
-            if diverged or probe_mesh_fails(chains, s):
-                probe, bulk = s.draws[0], bulk_draws(s.draws[0].z)
-                s = s._replace(iteration=num_warmup, draws=(), sampling_time=0.0,
-                               warmup_time=s.warmup_time + s.sampling_time,
-                               failures_warmup=s.failures_warmup + s.failures_sampling,
-                               failures_sampling=0)
-                if diverged:
-                    (target, late), = s.adaptations[-1:]
-                    late += int(np.sum(probe.diverging))
-                    s = s._replace(adaptations=s.adaptations[:-1] + ((target, late),))
-                    chains, s = respond_to_divergences(chains, s, max_retunes, save)
-                else:
-                    s = install_sampling_mesh(chains, s, np.asarray(s.chains.z), bulk)
-                    s = s._replace(mesh_probes=s.mesh_probes + 1)
-                    save(s)
+            chains, s, again = respond_to_probe(chains, s, num_warmup, max_retunes, save)
+            if again:
                 continue
         bar.update(s.draws[-1].z.shape[1])
         done = s.iteration - num_warmup
@@ -202,9 +184,9 @@ def sample(
             path resumes and gives the same draws as an uninterrupted run.
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept, dense_mass, max_tree_depth: NumPyro NUTS/HMC options.
-        max_retunes: how many times the end of warmup may be re-adapted at a higher
-            ``target_accept`` when its last iterations diverge (``0``: never; see
-            "Divergences" below).
+        max_retunes: how many times the step size may be re-adapted at a higher
+            ``target_accept`` when the end of warmup or the first draws diverge (``0``:
+            never; see "Divergences" below).
         rtol, atol, solver: the ODE solve (``solver=None``: the model's).
         max_steps: step capacity of ``gs.solve`` inside the potential when
             ``rerecord="always"`` (``None``: automatic).

@@ -41,8 +41,7 @@ from ._space import checked_init
 from ._starts import jittered, prior_draws
 
 __all__ = ["windows", "initial_state", "warmup_window", "sampling_mesh", "late_iterations",
-           "respond_to_divergences", "probe_diverged", "probe_mesh_fails", "bulk_draws",
-           "RETUNE_ITERATIONS"]
+           "respond_to_divergences", "respond_to_probe", "RETUNE_ITERATIONS"]
 
 RETUNE_ITERATIONS = 150
 """Iterations of one re-adaptation of the step size. NumPyro's schedule for 150 warmup
@@ -311,6 +310,33 @@ def probe_mesh_fails(kernel: ChainKernel, s: SampleState) -> bool:
     err = kernel.error_ratios(s.mesh.row(0) if s.mesh.is_ensemble else s.mesh,
                               bulk_draws(s.draws[0].z)[None], tol_factor=s.sampling_tol_factor)
     return not bool(np.all(err <= kernel.policy.error_ratio_max))
+
+
+def respond_to_probe(kernel: ChainKernel, s: SampleState, num_warmup: int,
+                     max_retunes: int, save) -> tuple[ChainKernel, SampleState, bool]:
+    """The sampling phase's first loop call (``s.draws`` holds only it) is a probe: where
+    it diverges (`probe_diverged`) or leaves the frozen mesh (`probe_mesh_fails`), its
+    draws become warmup iterations and the sampler adapts again (the step size, or the
+    mesh re-recorded there; ``save`` after). Returns ``(kernel, state, whether the
+    sampling phase starts again)``."""
+    diverged = probe_diverged(s, max_retunes)
+    if not (diverged or probe_mesh_fails(kernel, s)):
+        return kernel, s, False
+    probe = s.draws[0]
+    s = s._replace(iteration=num_warmup, draws=(), sampling_time=0.0,
+                   warmup_time=s.warmup_time + s.sampling_time,
+                   failures_warmup=s.failures_warmup + s.failures_sampling,
+                   failures_sampling=0)
+    if diverged:
+        (target, late), = s.adaptations[-1:]
+        late += int(np.sum(probe.diverging))
+        s = s._replace(adaptations=s.adaptations[:-1] + ((target, late),))
+        kernel, s = respond_to_divergences(kernel, s, max_retunes, save)
+    else:
+        s = install_sampling_mesh(kernel, s, np.asarray(s.chains.z), bulk_draws(probe.z))
+        s = s._replace(mesh_probes=s.mesh_probes + 1)
+        save(s)
+    return kernel, s, True
 
 
 def probe_diverged(s: SampleState, max_retunes: int) -> bool:

