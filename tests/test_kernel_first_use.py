@@ -215,3 +215,42 @@ def test_prebuilt_cache_loads_in_a_fresh_process_without_compiling(tmp_path):
                             "spec:problem", "--cache", str(cache), "--x64"], cwd=tmp_path,
                            env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "already in the cache" in again.stdout
+
+
+EXITS_EARLY = textwrap.dedent("""
+    import sys, time
+    import jax, jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)
+    import gradsolve as gs
+    from gradsolve import _config
+    from gradsolve.drivers.kernel import build
+    _config.SETTINGS = _config.SETTINGS._replace(kernel_cache=sys.argv[1],
+                                                 kernel_background_s=1e-3)
+    f = lambda t, y, p: jnp.stack([y[1], -p[0] * y[0] + 0.01 * jnp.sin(3.7 * t)])
+    chosen = gs.drivers.Auto().choose("replay", f, gs.Tsit5(), jnp.ones((2, 2)), jnp.ones((2, 1)))
+    for _ in range(1000):  # until the compilers run
+        if len(build._children) == len(build._groups(("fwd", "bwd", "rec"))):
+            break
+        time.sleep(0.01)
+    print("ROUTE", chosen.name, len(build.building()), len(build._children))
+    print("SCRATCH", *build._scratch)
+""")
+
+
+@requires_compiler
+def test_a_process_that_exits_stops_its_background_compilers(tmp_path):
+    """Exiting while a background build runs kills its compilers (with their children) and
+    removes their temporary folders; nothing reaches the cache."""
+    cache = tmp_path / "kernels"
+    out = subprocess.run([sys.executable, "-c", EXITS_EARLY, str(cache)], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    route, n_building, n_compilers = lines["ROUTE"].split()
+    assert route == "gradsolve-lanes" and n_building == "1" and int(n_compilers) >= 1
+    scratch = lines["SCRATCH"].split()
+    assert scratch and not any(os.path.exists(d) for d in scratch)
+    running = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not any(d in running for d in scratch)
+    assert not list(cache.glob("*.so"))
+    assert "stopped the background build" in out.stderr

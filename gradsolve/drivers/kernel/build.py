@@ -43,12 +43,12 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +64,9 @@ _failed = cache("failed kernel builds")  # source hash -> True (cleared: try aga
 _built: dict[str, "Built"] = {}  # prefix -> what was built for it
 _background: dict[str, "_Background"] = {}  # source hash -> its build in a daemon thread
 _children: set = set()  # compiler processes of background builds, stopped at exit
+_scratch: set = set()  # their temporary folders, removed at exit
+_exiting = threading.Event()  # set at exit: no more compilers start
+_spawn_lock = threading.Lock()
 _warned = cache("kernel warnings")  # reasons already warned about (cleared: warn again)
 _compilers = cache("compiler versions")  # compiler path -> its --version line
 _log = logging.getLogger("gradsolve")
@@ -304,13 +307,23 @@ def building() -> list[str]:
 
 @atexit.register
 def _stop_background_compilers() -> None:
-    """A process that exits stops its background compilers (their daemon threads die with
-    it; the compilers would run on, unowned). Nothing half-built reaches the cache."""
+    """A process that exits stops its background compilers, each with the processes it
+    started (their daemon threads die with it; the compilers would run on, unowned), and
+    removes their temporary folders. Nothing half-built reaches the cache."""
+    labels = building()
+    with _spawn_lock:
+        _exiting.set()  # no compiler starts from now on
     for proc in list(_children):
         try:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the compiler's children
         except OSError:
             pass
+    for folder in list(_scratch):
+        shutil.rmtree(folder, ignore_errors=True)
+    for label in labels:
+        _log.warning("gradsolve: stopped the background build of the CPU kernel for %s at "
+                     "exit; the next process starts it again (gs.drivers.Kernel().prebuild "
+                     "or `gradsolve build-cache` builds it ahead of time).", label)
 
 
 def load(source: str, label: str = "a vector field") -> str | None:
@@ -471,15 +484,34 @@ def _compile_all(cxx: str, source: str, paths: dict, todo: list, label: str,
     if not background:
         timer.start()
     try:
-        with ThreadPoolExecutor(max_workers=len(todo)) as ex:
-            for fut in [ex.submit(_compile, cxx, source, paths[g], g, background) for g in todo]:
-                fut.result()
+        _parallel([lambda g=g: _compile(cxx, source, paths[g], g, background) for g in todo])
     finally:
         timer.cancel()
     if noticed.is_set():
         _log.warning("gradsolve: the CPU kernel for %s was built in %.1f s.", label,
                      time.perf_counter() - start_t)
     _prune_cache(keep=set(paths.values()) | set(keep))
+
+
+def _parallel(calls: list) -> None:
+    """Run ``calls`` at once, each in a daemon thread (an exiting process does not wait for
+    them: `_stop_background_compilers`), and raise the first one's exception."""
+    errors: list = [None] * len(calls)
+
+    def run(i):
+        try:
+            calls[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, on the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 def _prune_cache(keep: set) -> None:
@@ -520,6 +552,8 @@ def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...],
              background: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        if background:
+            _scratch.add(tmp)
         src = Path(tmp) / "kernel.cc"
         src.write_text(source)
         out = Path(tmp) / "kernel.so"
@@ -529,7 +563,7 @@ def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...],
         timeout = _config.SETTINGS.kernel_build_timeout
         try:
             res = _run([*base, *pre, str(src), "-o", str(out), *post], timeout, background)
-            if res.returncode != 0:  # no libmvec (or not glibc): scalar libm
+            if res.returncode > 0:  # no libmvec (or not glibc): scalar libm
                 res = _run([*base, str(src), "-o", str(out)], timeout, background)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{cxx} took longer than {timeout:g} s "
@@ -541,20 +575,29 @@ def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...],
         os.close(fd)
         shutil.copyfile(out, tmp_target)
         os.replace(tmp_target, path)
+    _scratch.discard(tmp)
 
 
 def _run(cmd: list[str], timeout: float, background: bool) -> subprocess.CompletedProcess:
     """Run a compiler command (``TimeoutExpired`` after ``timeout`` s, the process killed);
-    in the ``background`` at low priority (``nice``), and known to the exit handler."""
+    in the ``background`` at low priority (``nice``), in a session of its own, and known to
+    the exit handler."""
     if background and _NICE:
         cmd = [_NICE, "-n", "10", *cmd]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if background:
-        _children.add(proc)
+    with _spawn_lock:  # the exit handler sees every background compiler it must stop
+        if _exiting.is_set():
+            raise RuntimeError("the process is exiting")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=background)
+        if background:
+            _children.add(proc)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        if background:
+            os.killpg(proc.pid, signal.SIGKILL)  # with the compiler's children
+        else:
+            proc.kill()
         proc.communicate()
         raise
     finally:
