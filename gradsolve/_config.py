@@ -44,6 +44,13 @@ class Settings(NamedTuple):
         kernel_max_source_mb: ``GRADSOLVE_KERNEL_MAX_SOURCE_MB`` (default 2): the size of
             generated C++ above which no kernel is built (a 4-32-32-4 MLP field generates
             5.5 MB, whose adjoint took 236 s and 1.7 GB to compile on 2 cores).
+        kernel_background_s: ``GRADSOLVE_KERNEL_BACKGROUND_S`` (default 20; ``inf``:
+            never): `gradsolve.drivers.Auto` compiles a kernel whose build is estimated to
+            take longer than this many seconds in the background and runs the XLA drivers
+            until it is ready (`gradsolve.drivers.Auto`). 20 s is about 1 MB of generated
+            C++ (an MLP field with 32 hidden units); Lotka–Volterra (6 s) and Lorenz-96 with
+            up to 64 states (18 s) still build before the first call returns, as an
+            explicit ``gs.drivers.Kernel()`` always does.
     """
 
     kernel: bool
@@ -52,6 +59,7 @@ class Settings(NamedTuple):
     cxx: str | None
     kernel_build_timeout: float
     kernel_max_source_mb: float
+    kernel_background_s: float
 
 
 def _flag(name: str, default: bool = True) -> bool:
@@ -89,6 +97,7 @@ def read_settings() -> Settings:
         cxx=os.environ.get("CXX") or None,
         kernel_build_timeout=_positive("GRADSOLVE_KERNEL_BUILD_TIMEOUT", 300.0),
         kernel_max_source_mb=_positive("GRADSOLVE_KERNEL_MAX_SOURCE_MB", 2.0),
+        kernel_background_s=_positive("GRADSOLVE_KERNEL_BACKGROUND_S", 20.0),
     )
 
 

@@ -1,4 +1,5 @@
-"""The ``gradsolve`` console command: ``gradsolve demo`` and ``gradsolve bench``.
+"""The ``gradsolve`` console command: ``gradsolve demo``, ``gradsolve bench`` and
+``gradsolve build-cache``.
 
 This is the one place that imports everything (``gradsolve``, ``models``, ``inference``);
 the core never imports the layers above it.
@@ -7,6 +8,8 @@ the core never imports the layers above it.
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import sys
 import time
@@ -207,10 +210,104 @@ def bench(argv=None) -> int:
     return 0
 
 
+def _load_spec(spec: str):
+    """The object ``attr`` of ``module:attr`` (a module name, importable from the working
+    directory, or a path to a ``.py`` file)."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{spec!r} is not MODULE:ATTR")
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise ValueError(f"{spec!r}: no file {path}")
+        name = "_gradsolve_build_cache_" + os.path.splitext(os.path.basename(path))[0]
+        loader = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        loader.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_name)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{spec!r}: module {module_name!r} has no {attr!r}") from None
+
+
+def _problems(obj, spec: str) -> list[tuple]:
+    """``(f, y0, params, solver)`` tuples from what ``spec`` names: a callable returning
+    ``(f, y0, params)``, ``(f, y0, params, solver)`` or a list of those, or such a value."""
+    value = obj() if callable(obj) else obj
+    items = value if isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if not isinstance(item, tuple) or len(item) not in (3, 4):
+            raise ValueError(f"{spec!r} must give (f, y0, params), (f, y0, params, solver) or a "
+                             f"list of them, got {type(item).__name__}")
+        out.append(tuple(item) + (None,) * (4 - len(item)))
+    return out
+
+
+def build_cache(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="gradsolve build-cache",
+        description="Compile the CPU kernels of your vector fields into the kernel cache now "
+                    "(gs.drivers.Kernel().prebuild), e.g. as a cluster job's first step, so "
+                    "that later processes load them in milliseconds instead of compiling "
+                    "on first use. Run it on the kind of machine the jobs run on (the "
+                    "kernels are built for its CPU) and with the dtype they use.")
+    ap.add_argument("specs", nargs="+", metavar="MODULE:ATTR",
+                    help="a module (importable from here) or path/to/file.py, and a callable "
+                         "in it returning (f, y0, params), (f, y0, params, solver) or a list "
+                         "of those")
+    ap.add_argument("--cache", metavar="DIR",
+                    help="the cache folder (default: $GRADSOLVE_KERNEL_CACHE, else "
+                         "~/.cache/gradsolve/kernels); jobs must use the same one")
+    ap.add_argument("--x64", action="store_true",
+                    help="64-bit floats (gs.enable_x64()) before importing the module, as a "
+                         "job that calls gs.enable_x64() has: the kernels differ by dtype")
+    args = ap.parse_args(argv)
+    import gradsolve as gs
+
+    if args.cache:
+        from gradsolve import _config
+
+        folder = os.path.abspath(args.cache)
+        os.environ["GRADSOLVE_KERNEL_CACHE"] = folder  # for the module imported below
+        _config.SETTINGS = _config.SETTINGS._replace(kernel_cache=folder)  # read at import
+    if args.x64:
+        gs.enable_x64()
+    try:
+        problems = [(spec, p) for spec in args.specs for p in _problems(_load_spec(spec), spec)]
+    except ValueError as e:
+        ap.error(str(e))
+    failed = 0
+    for spec, (f, y0, params, solver) in problems:
+        import jax.numpy as jnp
+
+        name = getattr(f, "__qualname__", type(f).__name__)
+        what = (f"{name} from {spec} ({jnp.result_type(y0)}, "
+                f"{type(solver or gs.Tsit5()).__name__})")
+        try:
+            info = gs.drivers.Kernel().prebuild(f, y0, params, solver=solver)
+        except ValueError as e:
+            failed += 1
+            print(f"not built: {what}: {e}", file=sys.stderr)
+            continue
+        how = (f"compiled in {info.compile_s:.1f} s" if info.compile_s > 0
+               else "already in the cache")
+        print(f"{what}: {info.source_mb:.2f} MB of C++, {how} ({info.seconds:.1f} s in all); "
+              f"{len(info.files)} files in {info.folder}")
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="gradsolve", description="gradsolve: record, replay, differentiate ODE ensembles.")
-    ap.add_argument("command", choices=["demo", "bench"], help="demo: solve/fit/sample tour; bench: benchmark table vs Diffrax")
+    ap.add_argument("command", choices=["demo", "bench", "build-cache"],
+                    help="demo: solve/fit/sample tour; bench: benchmark table vs Diffrax; "
+                         "build-cache: compile the CPU kernels of your vector fields ahead "
+                         "of time (see gradsolve build-cache --help)")
     ap.add_argument("--version", action="store_true", help="print the version and exit")
     if not argv or argv[0] in ("-h", "--help"):
         ap.print_help()
@@ -225,6 +322,8 @@ def main(argv=None) -> int:
         return demo(rest)
     if cmd == "bench":
         return bench(rest)
+    if cmd == "build-cache":
+        return build_cache(rest)
     ap.error(f"unknown command {cmd!r}")
     return 2
 

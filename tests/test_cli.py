@@ -11,7 +11,7 @@ import gradsolve_cli
 def test_help_lists_commands(capsys):
     assert gradsolve_cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert "demo" in out and "bench" in out
+    assert "demo" in out and "bench" in out and "build-cache" in out
 
 
 def test_demo_help():
@@ -34,6 +34,8 @@ def test_demo_quick_writes_outputs(tmp_path):
         (["demo", "--n", "0"], "--n"),
         (["bench", "--problems", "foo"], "--problems"),
         (["bench", "--sizes", "abc"], "--sizes"),
+        (["build-cache", "no_colon"], "is not MODULE:ATTR"),
+        (["build-cache", "json:no_such_attr"], "has no 'no_such_attr'"),
     ],
 )
 def test_bad_cli_values_are_argparse_errors(argv, needle):
@@ -55,3 +57,9 @@ def test_bench_help_names_its_real_json_default_and_columns():
     flat = " ".join(out.split())  # argparse may wrap "gradsolve-bench.json" after the hyphen
     assert "(default: gradsolve-bench.json)" in flat or "(default: gradsolve- bench.json)" in flat
     assert "grad/fwd" in out and "ratio" in out and "diffrax ms / gs grad ms" in out
+
+
+def test_build_cache_help():
+    out = subprocess.run([sys.executable, "-m", "gradsolve_cli", "build-cache", "--help"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "MODULE:ATTR" in out and "--cache" in out and "--x64" in out

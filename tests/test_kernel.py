@@ -220,8 +220,8 @@ def test_kernel_parts_build_in_any_grouping(monkeypatch, tmp_path, cpus):
     monkeypatch.setattr(build, "_built", {})
     monkeypatch.setattr(kernel_replay_mod, "_sources", {})
 
-    def decay_forced(t, y, p):  # a field no other test builds
-        return jnp.stack([-p[0] * y[0] + jnp.sin(t), -p[1] * y[1] + 0.1 * y[0]])
+    def decay_forced(t, y, p):  # a field no other test (or grouping) builds
+        return jnp.stack([-p[0] * y[0] + jnp.sin(t), -p[1] * y[1] + 0.1 * cpus * y[0]])
 
     y0 = jnp.tile(jnp.array([1.0, 0.5]), (6, 1))
     p = jnp.array([0.7, 1.3]) * (1 + 0.1 * jnp.arange(6))[:, None]

@@ -6,6 +6,7 @@ same mesh, so all give the same values and gradients (to rounding); ``Solution.r
 the name of the one that ran.
 
 - `Kernel` (``"gradsolve-kernel"``): the compiled CPU kernel; explicit solvers.
+  `Kernel.prebuild` fills the kernel cache ahead of time (`KernelBuild` says what it did).
 - `Lanes` (``"gradsolve-lanes"``): structure-of-arrays XLA replay with a hand-written
   adjoint; explicit solvers with small fields, any backend.
 - `Batched` (``"gradsolve-batched"``): vmapped steps, JAX's AD; every solver and field.
@@ -22,7 +23,7 @@ from .auto import Auto
 from .base import AbstractDriver
 from .batched import Batched
 from .diffrax import Diffrax
-from .kernel import Kernel
+from .kernel import Kernel, KernelBuild
 from .lanes import Lanes
 
-__all__ = ["AbstractDriver", "Auto", "Kernel", "Lanes", "Batched", "Diffrax"]
+__all__ = ["AbstractDriver", "Auto", "Kernel", "KernelBuild", "Lanes", "Batched", "Diffrax"]

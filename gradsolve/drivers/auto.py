@@ -10,7 +10,7 @@ from .._adjoint import cache_key
 from .._caches import cache
 from .base import AbstractDriver, refuse
 from .batched import Batched
-from .kernel import Kernel, kernel_allowed
+from .kernel import Kernel, build, kernel_allowed
 from .kernel.driver import kernel_target
 from .lanes import Lanes, lane_field
 
@@ -26,6 +26,19 @@ class Auto(AbstractDriver):
     their translator does not handle, a ``RuntimeWarning`` says what, once per field.
     `gradsolve.use_compiled_kernel` (or ``GRADSOLVE_KERNEL=0`` at import) takes `Kernel` out
     of the list. ``Solution.route`` names the driver that ran, never ``Auto``.
+
+    First use: a kernel not yet in the cache is compiled (seconds). Where its build is
+    estimated to take longer than ``$GRADSOLVE_KERNEL_BACKGROUND_S`` (default 20 s: about
+    1 MB of generated C++, e.g. a neural-network field), ``Auto`` does not wait for it: the
+    compiler runs in a background thread, at low priority, and the XLA drivers run until
+    it is ready (a log line says so once); work traced after that runs the kernel. A
+    ``jax.jit`` function is traced once, so one traced before then keeps the XLA route:
+    `Auto.wait_for_kernels` waits for the build, and `Kernel.prebuild` (or ``gradsolve
+    build-cache``) builds it ahead of time. Smaller fields (Lotka–Volterra: 6 s on two
+    cores, Lorenz-96 with 16 states: 9 s) are built before the first call returns, as an
+    explicit ``gs.drivers.Kernel()`` always does: their build costs about what the XLA
+    route's compile does (5–12 s there), and a loop traced once then runs 10–15x faster
+    (``benchmarks/README.md``, first use).
 
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, p)      # driver=gs.drivers.Auto()
@@ -44,7 +57,8 @@ class Auto(AbstractDriver):
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
         untranslated = []  # (driver, what its translator did not handle)
         for driver in order:
-            if isinstance(driver, Kernel) and not kernel_allowed():
+            if isinstance(driver, Kernel) and (not kernel_allowed() or (
+                    not events and kernel_target(f, solver, y0, params, background=True).building)):
                 continue
             if reason_for(driver, kind, f, solver, y0, params, events) is None:
                 if untranslated:
@@ -54,6 +68,21 @@ class Auto(AbstractDriver):
             if what is not None:
                 untranslated.append((driver, what))
         return Batched()
+
+    @staticmethod
+    def wait_for_kernels(timeout: float | None = None) -> bool:
+        """Wait for the kernels compiling in the background (at most ``timeout`` seconds);
+        returns whether none is still compiling. Work traced afterwards runs them; a
+        function already traced (``jax.jit``) keeps the driver it was traced with.
+
+        Example:
+            >>> sol = gs.solve(f, 0.0, 1.0, y0, mlp)  # big field: XLA while the kernel builds
+            >>> gs.drivers.Auto.wait_for_kernels()
+            True
+            >>> gs.solve(f, 0.0, 1.0, y0, mlp).route
+            'gradsolve-kernel'
+        """
+        return build.wait(timeout)
 
 
 def _untranslated(driver: AbstractDriver, f, solver, y0, params) -> str | None:

@@ -5,9 +5,10 @@ adjoint share one generated source per vector field, solver and dtype
 (`gradsolve.drivers.kernel.source`), compiled once with the system compiler and cached on
 disk (`gradsolve.drivers.kernel.build`). Layout: ``driver`` (the `Kernel` driver: where it
 applies, the FFI calls as JAX functions), ``codegen`` (the C++ backend of the shared jaxpr
-translator), ``source`` (the kernel's C++), ``build`` (compile, cache, register).
+translator), ``source`` (the kernel's C++), ``build`` (compile, cache, register, and
+background builds).
 """
 
-from .driver import Kernel, kernel_allowed, kernel_target
+from .driver import Kernel, KernelBuild, kernel_allowed, kernel_target
 
-__all__ = ["Kernel", "kernel_allowed", "kernel_target"]
+__all__ = ["Kernel", "KernelBuild", "kernel_allowed", "kernel_target"]

@@ -14,7 +14,17 @@ path and version), the flags, the CPU's feature flags (the code is built with
 ``-march=native``) and the jax/jaxlib versions. Compiling takes a few seconds once per
 vector field (a build still running after 2 s says so on stderr, through the
 ``"gradsolve"`` logger); a cached kernel loads in milliseconds. The cache keeps the most
-recently used kernels within ``$GRADSOLVE_KERNEL_CACHE_MB`` (default 1024) megabytes.
+recently used kernels within ``$GRADSOLVE_KERNEL_CACHE_MB`` (default 1024) megabytes. A
+library built with another grouping (another CPU count) is used as it is, so a cache filled
+by `gradsolve.drivers.Kernel.prebuild` serves jobs with any number of cores.
+
+Background builds: `start` compiles a kernel whose build is estimated to take longer than
+``$GRADSOLVE_KERNEL_BACKGROUND_S`` (`estimated_build_s`) in a daemon thread, at low CPU
+priority, and returns at once; only `gradsolve.drivers.Auto` asks for it, and runs the XLA
+drivers meanwhile. The thread only runs the compiler: the libraries are loaded and
+registered by the next `load` (on the caller's thread), which waits for a build still
+running. `wait` waits for them all; a compiler still running when the process exits is
+stopped.
 
 Safety: a shared object in the cache is code this process will run, so the cache is private
 to the user: the folder is created ``0700`` (the temp-directory fallback is a per-user folder),
@@ -26,18 +36,20 @@ falls back to the XLA drivers with a warning naming the reason, once per reason.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
@@ -49,16 +61,48 @@ _lock = threading.Lock()
 # Registered FFI targets are process state, not a cache: XLA cannot unregister them.
 _registered: dict[str, str] = {}  # source hash -> target prefix
 _failed = cache("failed kernel builds")  # source hash -> True (cleared: try again)
-_built: dict[str, tuple] = {}  # prefix -> (cxx, source, key, parts built, label)
+_built: dict[str, "Built"] = {}  # prefix -> what was built for it
+_background: dict[str, "_Background"] = {}  # source hash -> its build in a daemon thread
+_children: set = set()  # compiler processes of background builds, stopped at exit
+_scratch: set = set()  # their temporary folders, removed at exit
+_exiting = threading.Event()  # set at exit: no more compilers start
+_spawn_lock = threading.Lock()
 _warned = cache("kernel warnings")  # reasons already warned about (cleared: warn again)
 _compilers = cache("compiler versions")  # compiler path -> its --version line
 _log = logging.getLogger("gradsolve")
 _NOTICE_AFTER_S = 2.0  # a build still running after this long says so
+_NICE = shutil.which("nice")  # background builds run at low CPU priority
 
 # Part -> (macro selecting it in the source, exported handler symbol).
 _PARTS = {"fwd": ("GS_PART_FWD", "Fwd"), "bwd": ("GS_PART_BWD", "Bwd"),
           "bwdt": ("GS_PART_BWDT", "Bwd"), "rec": ("GS_PART_REC", "Rec")}
 _EAGER_PARTS = ("fwd", "bwd", "rec")
+ALL_PARTS = (*_EAGER_PARTS, "bwdt")
+
+
+@dataclass
+class Built:
+    """A registered kernel: its source and compiler (for parts built later), its libraries
+    by part, and the compiler time this process spent on it (0 when all came from the
+    cache)."""
+
+    cxx: str
+    source: str
+    key: str
+    label: str
+    files: dict = field(default_factory=dict)  # part -> Path of its shared library
+    compile_s: float = 0.0
+
+
+@dataclass
+class _Background:
+    """A build running in a daemon thread; ``error`` is set if it failed, ``seconds`` when
+    it finished."""
+
+    label: str
+    thread: threading.Thread | None = None
+    error: str | None = None
+    seconds: float = 0.0
 
 
 def _groups(parts: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -159,22 +203,142 @@ def _trusted(path: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
+def _key(source: str, cxx: str | None) -> str:
+    """The cache key of ``source``: a hash of it, the compiler (path and version), the
+    flags, the CPU's features and the jax/jaxlib versions."""
+    import jaxlib
+
+    return hashlib.sha256(
+        "\0".join([source, _compiler_id(cxx) if cxx else "none", " ".join(_FLAGS),
+                   str(_VECTOR_MATH_FLAGS), _cpu_key(), jax.__version__,
+                   getattr(jaxlib, "__version__", "?")]).encode()
+    ).hexdigest()[:24]
+
+
+def estimated_build_s(source: str) -> float:
+    """Seconds the first build of ``source``'s ``fwd``, ``bwd`` and ``rec`` parts is
+    expected to take: ``5.5 + 6 m + 8 m**2`` for ``m`` megabytes of C++.
+
+    A least-squares fit to builds on a 2-core x86 machine with g++ 12: Lotka–Volterra
+    (0.06 MB) 6 s; Lorenz-96 with d = 16 (0.22 MB) 9 s, d = 64 (0.81 MB) 18 s;
+    ``eqx.nn.MLP`` fields 2-8-8-2 (0.46 MB) 5 s, 4-32-4 (1.0 MB) 21 s, 4-16-16-4 (1.7 MB)
+    38 s, 4-16-16-16-4 (3.1 MB) 103 s. The compiler's time grows faster than the
+    straight-line code it optimises; with more cores the parts build in parallel, faster.
+    """
+    m = len(source) / 1e6
+    return 5.5 + 6.0 * m + 8.0 * m * m
+
+
+def start(source: str, label: str = "a vector field") -> bool:
+    """Compile ``source``'s kernel in a background daemon thread if its build is worth not
+    waiting for: not loaded, not in the cache, not failed, within the size limit, and
+    `estimated_build_s` above ``$GRADSOLVE_KERNEL_BACKGROUND_S``. Returns whether a
+    background build of it is running (`load` would wait for it); ``False``: call `load`
+    (it loads from the cache, builds a cheap kernel, or warns why not). The first call
+    that starts a build says so through the ``"gradsolve"`` logger."""
+    cxx = compiler()
+    if cxx is None:
+        return False
+    key = _key(source, cxx)
+    with _lock:
+        job = _background.get(key)
+        if job is not None:
+            return job.thread.is_alive()
+        if key in _registered or key in _failed:
+            return False
+        if len(source) > _config.SETTINGS.kernel_max_source_mb * 1e6:
+            return False
+        estimate = estimated_build_s(source)
+        if estimate <= _config.SETTINGS.kernel_background_s:
+            return False
+        try:
+            folder = cache_dir()
+        except OSError:
+            return False  # load warns
+        todo = _plan(folder, key, _EAGER_PARTS)[1]
+        if not todo:
+            return False  # in the cache: loads in milliseconds
+        job = _Background(label)
+        job.thread = threading.Thread(target=_build_in_background,
+                                      args=(job, cxx, source, key, folder, todo),
+                                      name=f"gradsolve kernel build {key}", daemon=True)
+        job.thread.start()
+        _background[key] = job  # after start: `load` may join it without the lock
+    _log.warning(
+        "gradsolve: compiling the CPU kernel for %s in the background (%.1f MB of C++, "
+        "about %.0f s; cached in %s). Until it is ready gradsolve runs the XLA drivers, and "
+        "functions traced before then keep them (a jax.jit function is traced once). "
+        "gs.drivers.Auto.wait_for_kernels() waits for it; gs.drivers.Kernel().prebuild or "
+        "`gradsolve build-cache` builds it ahead of time.",
+        label, len(source) / 1e6, estimate, folder)
+    return True
+
+
+def _build_in_background(job: _Background, cxx: str, source: str, key: str, folder: Path,
+                         todo: list) -> None:
+    """A background build's thread: compile ``todo`` into the cache (registering is the
+    next `load`'s, on its caller's thread); a failure is kept for that `load` to report."""
+    t = time.perf_counter()
+    try:
+        paths = {g: _path(folder, key, g) for g in todo}
+        _compile_all(cxx, source, paths, todo, job.label, folder, background=True)
+    except Exception as e:  # noqa: BLE001 - reported (once) by the next load
+        job.error = str(e)
+        return
+    job.seconds = time.perf_counter() - t
+    _log.warning("gradsolve: the CPU kernel for %s was built in the background in %.1f s; "
+                 "calls traced from now on run it.", job.label, job.seconds)
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for the background builds (`start`), at most ``timeout`` seconds in all;
+    returns whether none is still running. Their kernels are loaded by the next call that
+    asks for them."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for job in list(_background.values()):
+        job.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return not any(job.thread.is_alive() for job in list(_background.values()))
+
+
+def building() -> list[str]:
+    """The labels of the kernels compiling in the background now."""
+    return [job.label for job in list(_background.values()) if job.thread.is_alive()]
+
+
+@atexit.register
+def _stop_background_compilers() -> None:
+    """A process that exits stops its background compilers, each with the processes it
+    started (their daemon threads die with it; the compilers would run on, unowned), and
+    removes their temporary folders. Nothing half-built reaches the cache."""
+    labels = building()
+    with _spawn_lock:
+        _exiting.set()  # no compiler starts from now on
+    for proc in list(_children):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: the compiler's children
+        except OSError:
+            pass
+    for folder in list(_scratch):
+        shutil.rmtree(folder, ignore_errors=True)
+    for label in labels:
+        _log.warning("gradsolve: stopped the background build of the CPU kernel for %s at "
+                     "exit; the next process starts it again (gs.drivers.Kernel().prebuild "
+                     "or `gradsolve build-cache` builds it ahead of time).", label)
+
+
 def load(source: str, label: str = "a vector field") -> str | None:
     """Compile (or fetch from cache) and register ``source``'s ``fwd``, ``bwd`` and ``rec``
     handlers as FFI targets ``{prefix}_fwd`` etc.; returns the target prefix. ``label``
-    names the vector field in messages.
+    names the vector field in messages. Waits for a background build of it (`start`).
 
     Returns None when no compiler is available, the source is over the size limit or the
     build fails (the caller then uses an XLA driver); warns once per reason.
     """
     cxx = compiler()
-    import jaxlib
-
-    key = hashlib.sha256(
-        "\0".join([source, _compiler_id(cxx) if cxx else "none", " ".join(_FLAGS),
-                   str(_VECTOR_MATH_FLAGS), _cpu_key(), jax.__version__,
-                   getattr(jaxlib, "__version__", "?"), str(_groups(_EAGER_PARTS))]).encode()
-    ).hexdigest()[:24]
+    key = _key(source, cxx)
+    job = _background.get(key)
+    if job is not None:
+        job.thread.join()  # without the lock: other kernels load meanwhile
     with _lock:
         if key in _registered:
             return _registered[key]
@@ -191,14 +355,20 @@ def load(source: str, label: str = "a vector field") -> str | None:
                        f"the {limit / 1e6:g} MB limit ($GRADSOLVE_KERNEL_MAX_SOURCE_MB): its "
                        "build would take minutes and gigabytes")
             return None
+        job = _background.pop(key, None)
+        if job is not None and job.error is not None:
+            _failed[key] = True
+            _warn_once(job.error)
+            return None
         prefix = f"gradsolve_{key}"
         try:
-            _build_and_register(cxx, source, key, prefix, _EAGER_PARTS, label)
+            files, seconds = _build_and_register(cxx, source, key, prefix, _EAGER_PARTS, label)
         except Exception as e:  # noqa: BLE001 - any failure means: use the XLA replay
             _failed[key] = True
             _warn_once(str(e))
             return None
-        _built[prefix] = (cxx, source, key, set(_EAGER_PARTS), label)
+        _built[prefix] = Built(cxx, source, key, label, _by_part(files),
+                               seconds + (job.seconds if job is not None else 0.0))
         _registered[key] = prefix
         return prefix
 
@@ -208,39 +378,83 @@ def load_part(prefix: str, part: str) -> bool:
     is built and registered as FFI target ``{prefix}_{part}``; ``False`` (with a warning)
     if that build fails, so the caller differentiates another way."""
     with _lock:
-        cxx, source, key, done, label = _built[prefix]
-        if part not in done:
+        kernel = _built[prefix]
+        if part not in kernel.files:
             try:
-                _build_and_register(cxx, source, key, prefix, (part,), label)
+                files, seconds = _build_and_register(kernel.cxx, kernel.source, kernel.key,
+                                                     prefix, (part,), kernel.label)
             except Exception as e:  # noqa: BLE001 - any failure: the batched adjoint
                 _warn_once(f"its {part} part: {e}", what="differentiate with")
                 return False
-            done.add(part)
+            kernel.files.update(_by_part(files))
+            kernel.compile_s += seconds
         return True
 
 
+def built(prefix: str) -> Built:
+    """What was built and loaded for the kernel ``prefix`` (from `load`)."""
+    return _built[prefix]
+
+
+def _by_part(files: dict) -> dict:
+    return {part: path for group, path in files.items() for part in group}
+
+
+def _path(folder: Path, key: str, group: tuple[str, ...]) -> Path:
+    return folder / f"gs_{key}_{'-'.join(group)}.so"
+
+
+def _plan(folder: Path, key: str, parts) -> tuple[dict, list]:
+    """The libraries of the kernel ``key`` that hold ``parts``: ``(have, todo)``. ``have``:
+    the groups already in the cache and their files, whichever grouping (CPU count) built
+    them; ``todo``: this machine's grouping (`_groups`) of the parts none of them holds. A
+    cached file not owned by this user or writable by others is deleted (planted or
+    shared: never loaded)."""
+    wanted, found = set(parts), {}
+    stem = f"gs_{key}_"
+    for path in folder.glob(f"{stem}*.so"):
+        group = tuple(path.name[len(stem):-len(".so")].split("-"))
+        if not set(group) <= wanted:
+            continue
+        if not _trusted(path):
+            path.unlink(missing_ok=True)
+            continue
+        found[group] = path
+    have, left = {}, set(wanted)
+    for group in sorted(found, key=len, reverse=True):
+        if set(group) <= left:
+            have[group] = found[group]
+            left -= set(group)
+    todo = _groups(tuple(p for p in parts if p in left)) if left else []
+    return have, todo
+
+
 def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts,
-                        label: str = "a vector field") -> None:
-    groups = _groups(tuple(parts))
+                        label: str = "a vector field") -> tuple[dict, float]:
+    """Load ``parts`` of the kernel ``key`` from the cache, compiling those it lacks, and
+    register them; returns ``({group: library}, compiler seconds)``."""
     folder = cache_dir()
-    paths = {g: folder / f"gs_{key}_{'-'.join(g)}.so" for g in groups}
-    for path in paths.values():
-        if path.exists() and not _trusted(path):  # planted or shared: never load it
-            path.unlink()
-    todo = [g for g in groups if not paths[g].exists()]
+    have, todo = _plan(folder, key, parts)
+    seconds = 0.0
     if todo:
-        _compile_all(cxx, source, paths, todo, label, folder)
-    for g in groups:
+        t = time.perf_counter()
+        paths = {g: _path(folder, key, g) for g in todo}
+        _compile_all(cxx, source, paths, todo, label, folder, keep=set(have.values()))
+        have.update(paths)
+        seconds = time.perf_counter() - t
+    for g, path in have.items():
         try:
-            os.utime(paths[g])  # last use, for the cache's least-recently-used pruning
+            os.utime(path)  # last use, for the cache's least-recently-used pruning
         except OSError:
             pass
         try:
-            lib = ctypes.cdll.LoadLibrary(str(paths[g]))
+            lib = ctypes.cdll.LoadLibrary(str(path))
         except OSError:  # truncated or corrupted: rebuild it once
-            paths[g].unlink(missing_ok=True)
-            _compile_all(cxx, source, paths, [g], label, folder)
-            lib = ctypes.cdll.LoadLibrary(str(paths[g]))
+            path.unlink(missing_ok=True)
+            t = time.perf_counter()
+            _compile_all(cxx, source, {g: path}, [g], label, folder, keep=set(have.values()))
+            seconds += time.perf_counter() - t
+            lib = ctypes.cdll.LoadLibrary(str(path))
         for part in g:
             target = f"{prefix}_{part}"
             handler = jax.ffi.pycapsule(getattr(lib, _PARTS[part][1]))
@@ -248,13 +462,16 @@ def _build_and_register(cxx: str, source: str, key: str, prefix: str, parts,
             # Every operand and result leads with the ensemble axis and trajectories are
             # independent, so a sharded ensemble runs the kernel on each shard.
             jax.ffi.register_ffi_target_as_batch_partitionable(target)
+    return have, seconds
 
 
 def _compile_all(cxx: str, source: str, paths: dict, todo: list, label: str,
-                 folder: Path) -> None:
+                 folder: Path, keep: set = frozenset(), background: bool = False) -> None:
     """Compile the groups ``todo`` in parallel; a build still running after
-    `_NOTICE_AFTER_S` says so (and how long it took) through the ``"gradsolve"`` logger."""
-    start = time.perf_counter()
+    `_NOTICE_AFTER_S` says so (and how long it took) through the ``"gradsolve"`` logger,
+    unless it runs in the ``background`` (`start` said so). Then prunes the cache,
+    keeping ``paths`` and ``keep``."""
+    start_t = time.perf_counter()
     noticed = threading.Event()
 
     def notice():
@@ -264,17 +481,37 @@ def _compile_all(cxx: str, source: str, paths: dict, todo: list, label: str,
 
     timer = threading.Timer(_NOTICE_AFTER_S, notice)
     timer.daemon = True
-    timer.start()
+    if not background:
+        timer.start()
     try:
-        with ThreadPoolExecutor(max_workers=len(todo)) as ex:
-            for fut in [ex.submit(_compile, cxx, source, paths[g], g) for g in todo]:
-                fut.result()
+        _parallel([lambda g=g: _compile(cxx, source, paths[g], g, background) for g in todo])
     finally:
         timer.cancel()
     if noticed.is_set():
         _log.warning("gradsolve: the CPU kernel for %s was built in %.1f s.", label,
-                     time.perf_counter() - start)
-    _prune_cache(keep=set(paths.values()))
+                     time.perf_counter() - start_t)
+    _prune_cache(keep=set(paths.values()) | set(keep))
+
+
+def _parallel(calls: list) -> None:
+    """Run ``calls`` at once, each in a daemon thread (an exiting process does not wait for
+    them: `_stop_background_compilers`), and raise the first one's exception."""
+    errors: list = [None] * len(calls)
+
+    def run(i):
+        try:
+            calls[i]()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, on the caller's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for e in errors:
+        if e is not None:
+            raise e
 
 
 def _prune_cache(keep: set) -> None:
@@ -311,9 +548,12 @@ def _warn_once(reason: str, what: str = "run") -> None:
     )
 
 
-def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...]) -> None:
+def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...],
+             background: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        if background:
+            _scratch.add(tmp)
         src = Path(tmp) / "kernel.cc"
         src.write_text(source)
         out = Path(tmp) / "kernel.so"
@@ -322,11 +562,9 @@ def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...]) -> None:
         pre, post = _VECTOR_MATH_FLAGS
         timeout = _config.SETTINGS.kernel_build_timeout
         try:
-            res = subprocess.run([*base, *pre, str(src), "-o", str(out), *post],
-                                 capture_output=True, text=True, timeout=timeout)
-            if res.returncode != 0:  # no libmvec (or not glibc): scalar libm
-                res = subprocess.run([*base, str(src), "-o", str(out)], capture_output=True,
-                                     text=True, timeout=timeout)
+            res = _run([*base, *pre, str(src), "-o", str(out), *post], timeout, background)
+            if res.returncode > 0:  # no libmvec (or not glibc): scalar libm
+                res = _run([*base, str(src), "-o", str(out)], timeout, background)
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"{cxx} took longer than {timeout:g} s "
                                "($GRADSOLVE_KERNEL_BUILD_TIMEOUT)") from None
@@ -337,3 +575,31 @@ def _compile(cxx: str, source: str, path: Path, parts: tuple[str, ...]) -> None:
         os.close(fd)
         shutil.copyfile(out, tmp_target)
         os.replace(tmp_target, path)
+    _scratch.discard(tmp)
+
+
+def _run(cmd: list[str], timeout: float, background: bool) -> subprocess.CompletedProcess:
+    """Run a compiler command (``TimeoutExpired`` after ``timeout`` s, the process killed);
+    in the ``background`` at low priority (``nice``), in a session of its own, and known to
+    the exit handler."""
+    if background and _NICE:
+        cmd = [_NICE, "-n", "10", *cmd]
+    with _spawn_lock:  # the exit handler sees every background compiler it must stop
+        if _exiting.is_set():
+            raise RuntimeError("the process is exiting")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=background)
+        if background:
+            _children.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if background:
+            os.killpg(proc.pid, signal.SIGKILL)  # with the compiler's children
+        else:
+            proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        _children.discard(proc)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

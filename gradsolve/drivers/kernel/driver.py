@@ -11,8 +11,10 @@ adjoint, forward mode and second derivatives the batched driver.
 
 from __future__ import annotations
 
+import time
 import warnings
 from functools import partial
+from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -33,38 +35,61 @@ from .source import generate
 
 # (f, solver type, shapes, dtypes) -> FFI target prefix, or the reason there is none
 _sources = cache("kernel sources")
+# the same key -> (source, label) of a kernel compiling in the background
+_building_sources = cache("kernel sources building")
 
 
 class Target(NamedTuple):
     """The FFI target prefix of a compiled kernel, or ``None`` and the reason why not;
-    ``untranslated``: what the translator did not handle, where that is the reason."""
+    ``untranslated``: what the translator did not handle, where that is the reason;
+    ``building``: the kernel is compiling in the background (asked with
+    ``background=True``), so not ready yet."""
 
     prefix: str | None
     reason: str | None
     untranslated: str | None = None
+    building: bool = False
 
 
-def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype) -> Target:
+BUILDING_REASON = ("its kernel is compiling in the background (gs.drivers.Auto."
+                   "wait_for_kernels() waits for it).")
+
+
+def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype,
+                background: bool = False) -> Target:
     key = cache_key(f, type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
-    if key is not None and key in _sources:
-        return _sources[key]
-    f_flat, p_size = flat_field(f, treedef, shapes, dtypes)
-
-    try:
-        source = generate(f_flat, d, p_size, dtype, solver)
-    except Unsupported as e:
-        found = Target(None, f"the translator to C++ does not handle this vector field ({e}).",
-                       str(e))
+    found = _sources.get(key) if key is not None else None
+    if found is not None and not found.building:
+        return found
+    pending = _building_sources.get(key) if found is not None else None
+    if pending is not None:
+        source, label = pending
     else:
+        f_flat, p_size = flat_field(f, treedef, shapes, dtypes)
+        try:
+            source = generate(f_flat, d, p_size, dtype, solver)
+        except Unsupported as e:
+            return _remember(key, Target(
+                None, f"the translator to C++ does not handle this vector field ({e}).", str(e)))
         variant_key = (type(solver), d, treedef, shapes, tuple(map(str, dtypes)), str(dtype))
         if _too_many_variants(f, variant_key, source):
-            found = Target(None, f"{_MAX_VARIANTS} kernels were already compiled for this "
-                                 "vector field's code with other closed-over values.")
-        else:
-            prefix = build.load(source, repr(getattr(f, "__qualname__", type(f).__name__)))
-            found = Target(prefix, None if prefix else
-                           "the kernel could not be built (no working C++ compiler; see the "
-                           "warning).")
+            return _remember(key, Target(
+                None, f"{_MAX_VARIANTS} kernels were already compiled for this vector "
+                      "field's code with other closed-over values."))
+        label = repr(getattr(f, "__qualname__", type(f).__name__))
+    if background and build.start(source, label):
+        if key is not None:
+            _building_sources[key] = (source, label)
+        return _remember(key, Target(None, BUILDING_REASON, building=True))
+    prefix = build.load(source, label)  # waits for a background build of it
+    if key is not None:
+        _building_sources.pop(key, None)
+    return _remember(key, Target(prefix, None if prefix else
+                                 "the kernel could not be built (no working C++ compiler; "
+                                 "see the warning)."))
+
+
+def _remember(key, found: Target) -> Target:
     if key is not None:
         _sources[key] = found
     return found
@@ -120,10 +145,15 @@ def spread(make_call, n: int):
                          check_vma=False)
 
 
-def kernel_target(f, solver, y0, params) -> Target:
+def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
     """The compiled kernel for this problem (``Target.prefix``), or why it does not apply
     (not on CPU, not an explicit Runge–Kutta solver, non-float inputs, a vector field the
-    translator does not handle, no compiler). Works on abstract values (under ``jit``)."""
+    translator does not handle, no compiler). Works on abstract values (under ``jit``).
+
+    Builds the kernel if needed, waiting for it; with ``background=True`` a build
+    estimated to take longer than ``$GRADSOLVE_KERNEL_BACKGROUND_S`` runs in a daemon
+    thread instead, and until it is done the answer is ``Target(building=True)``
+    (`gradsolve.drivers.kernel.build.start`)."""
     if jax.default_backend() != "cpu":
         return Target(None, f"it runs on CPU only (the default backend is "
                             f"{jax.default_backend()}).")
@@ -136,7 +166,8 @@ def kernel_target(f, solver, y0, params) -> Target:
     leaves, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
         return Target(None, "every params leaf must be floating point for it.")
-    return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype)
+    return _prefix_for(f, solver, jnp.shape(y0)[1], treedef, shapes, dtypes, dtype,
+                       background)
 
 
 def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
@@ -217,6 +248,31 @@ EVENTS_REASON = (
 )
 
 
+class KernelBuild(NamedTuple):
+    """What `Kernel.prebuild` built.
+
+    Attributes:
+        folder: the kernel cache it is in (``$GRADSOLVE_KERNEL_CACHE``).
+        files: its shared libraries there (``fwd``, ``bwd``, ``rec`` and ``bwdt``, in as
+            many files as this machine's CPU count groups them).
+        seconds: the wall time of the call (the source's translation, the compiler, the
+            loading).
+        compile_s: the compiler time this process spent on the kernel; ``0.0`` when every
+            library came from the cache.
+        source_mb: the size of the generated C++, in MB.
+
+    Example:
+        >>> info = gs.drivers.Kernel().prebuild(f, y0, params)
+        >>> print(f"{info.source_mb:.2f} MB, {info.compile_s:.1f} s -> {info.folder}")
+    """
+
+    folder: Path
+    files: tuple[Path, ...]
+    seconds: float
+    compile_s: float
+    source_mb: float
+
+
 class Kernel(AbstractDriver):
     """The compiled CPU kernel: record, replay and the replay's discrete adjoint in C++.
 
@@ -227,11 +283,63 @@ class Kernel(AbstractDriver):
     mode and second derivatives are the batched driver's. ``Solution.route ==
     "gradsolve-kernel"``.
 
+    An explicit ``Kernel()`` builds its kernel before the first call returns (seconds on
+    first use, then cached on disk); `Kernel.prebuild` builds it ahead of time.
+
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Kernel())
     """
 
     name: ClassVar[str] = "gradsolve-kernel"
+
+    def prebuild(self, f, y0, params, *, solver=None) -> KernelBuild:
+        """Build every variant of the kernel for ``f`` into the cache now: the replay, its
+        adjoint, the record and the adjoint with save-time cotangents (``fwd``, ``bwd``,
+        ``rec``, ``bwdt``), so that later processes load it in milliseconds.
+
+        The kernel depends on the vector field's code and closed-over constants, the
+        solver, the state size ``d``, the shapes and dtype of one trajectory's parameters
+        and the dtype (float64 under ``gs.enable_x64()``), not on the ensemble size or the
+        time span; and the cache key includes the compiler, the CPU's features (it is built
+        with ``-march=native``) and the jax version. So prebuild on the kind of machine the
+        job runs on, with the same dtype, e.g. as a cluster job's first step with
+        ``$GRADSOLVE_KERNEL_CACHE`` on a shared file system (one folder of your own: the
+        cache refuses folders others can write). A library built with another CPU count is
+        used as it is. The console command ``gradsolve build-cache module:attr`` does the
+        same.
+
+        Args:
+            f: the vector field, as in `gradsolve.solve`.
+            y0: ``(d,)`` or ``(n, d)``, and
+            params: as in `gradsolve.solve` (shapes and dtype are what matter).
+            solver: an explicit Runge–Kutta solver (default `gradsolve.Tsit5`).
+
+        Returns:
+            A `KernelBuild` (where, which files, how long).
+
+        Raises:
+            ValueError: where the kernel does not apply or could not be built, with the
+                reason.
+
+        Example:
+            >>> info = gs.drivers.Kernel().prebuild(f, y0, params)
+            >>> info.folder, info.seconds, info.compile_s
+        """
+        from ..._record import _MAX_STEPS, prepare
+
+        where = "gs.drivers.Kernel().prebuild"
+        t = time.perf_counter()
+        f, solver, _, b = prepare(f, 0.0, 1.0, y0, params, None, solver, 1e-6, 1e-9,
+                                  _MAX_STEPS, None, where)
+        target = kernel_target(f, solver, b.y0, b.params)
+        if target.prefix is None or not build.load_part(target.prefix, "bwdt"):
+            reason = target.reason or "its bwdt part could not be built (see the warning)."
+            raise ValueError(f"{where}: the compiled kernel does not apply here: {reason}")
+        prefix = target.prefix
+        kernel = build.built(prefix)
+        files = tuple(sorted(set(kernel.files.values())))
+        return KernelBuild(build.cache_dir(), files, time.perf_counter() - t, kernel.compile_s,
+                           len(kernel.source) / 1e6)
 
     def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         if events:
