@@ -69,7 +69,7 @@ CASES = {
     "sir": lambda: (models.sir(), models.load_dataset("influenza_england_1978")),
     "theophylline": lambda: (models.theophylline(), models.load_dataset("theophylline")),
     "two_compartment_oral": lambda: (models.two_compartment_oral(),
-                                     models.simulated_study(n_subjects=24, seed=1)[0]),
+                                     models.simulated_study(n_subjects=8, seed=1)[0]),
     "user_two_compartment_oral": lambda: (user_two_compartment_oral(),
                                           simulated(user_two_compartment_oral(), 12, 24.0)),
     "user_mm": lambda: (heavy_tailed_mm(), simulated(heavy_tailed_mm(), 20, 24.0)),
