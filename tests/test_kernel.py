@@ -209,6 +209,7 @@ def test_scalar_libm_fallback_when_vector_math_does_not_link(monkeypatch, tmp_pa
 
 
 @requires_compiler
+@pytest.mark.slow  # three cold kernel builds (~70 s on 2 cores): kept out of the CI budget
 @pytest.mark.parametrize("cpus", [1, 2, 4])
 def test_kernel_parts_build_in_any_grouping(monkeypatch, tmp_path, cpus):
     """The handlers are compiled in groups sized to the CPUs (one library per group) and the
