@@ -25,7 +25,7 @@ import gradsolve as gs
 from ._policy import MeshPolicy
 from ._problem import Problem
 
-__all__ = ["SampleState", "Draws", "ChainKernel", "CHUNK"]
+__all__ = ["SampleState", "Draws", "ChainKernel", "CHUNK", "spaced"]
 
 CHUNK = 100  # iterations per compiled loop call (the length of its draw buffers)
 
@@ -64,7 +64,7 @@ class SampleState(NamedTuple):
             mesh did not hold at warmup's last draws).
         target_accept: the NUTS/HMC target acceptance probability in use (raised by
             the warmup's response to divergences); late_divergences: divergent
-            transitions in the late iterations of the adaptation under way;
+            transitions in the late iterations of warmup so far;
             adaptations: one ``(target_accept, late divergences)`` pair per finished
             step-size adaptation: the warmup's, then each re-adaptation in response.
         mesh_probes: how many times the first draws sent the sampling mesh back to be
@@ -99,6 +99,12 @@ class SampleState(NamedTuple):
     late_divergences: int = 0
     adaptations: tuple = ()
     mesh_probes: int = 0
+
+
+def spaced(n: int, per: int) -> np.ndarray:
+    """Up to ``per`` (at least one) evenly spaced indices of ``n`` draws, first and last
+    included."""
+    return np.unique(np.linspace(0, n - 1, max(1, min(n, per))).round().astype(int))
 
 
 def capacity(need: int) -> int:
@@ -248,8 +254,7 @@ class ChainKernel:
         requested tolerances (what ``gs.solve`` in the potential used; NaN at the other
         draws and where the record failed)."""
         C, S, D = z.shape
-        per = max(1, min(S, count // C))
-        take = np.unique(np.linspace(0, S - 1, per).round().astype(int))
+        take = spaced(S, count // C)
         pts = z[:, take].reshape(-1, D)
         mesh = self.problem.record(pts, 1.0)
         err = np.asarray(self._own_error_ratio(jnp.asarray(pts), mesh.chains(len(pts))))

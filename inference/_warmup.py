@@ -34,7 +34,7 @@ import numpy as np
 
 import gradsolve as gs
 
-from ._chains import CHUNK, ChainKernel, SampleState, capacity, solve_capacity
+from ._chains import CHUNK, ChainKernel, SampleState, capacity, solve_capacity, spaced
 from ._fit import fit
 from ._problem import Problem
 from ._space import checked_init
@@ -157,18 +157,20 @@ def bulk_draws(z: np.ndarray, count: int = BULK_POINTS) -> np.ndarray:
     """Up to ``count`` of a window's draws ``z (C, n, D)``, evenly spaced in each chain,
     as ``(m, D)``."""
     C, n, D = z.shape
-    per = max(1, min(n, count // C))
-    take = np.unique(np.linspace(0, n - 1, per).round().astype(int))
-    return z[:, take].reshape(-1, D)
+    return z[:, spaced(n, count // C)].reshape(-1, D)
 
 
 def install_sampling_mesh(kernel: ChainKernel, s: SampleState, z: np.ndarray,
                           bulk: np.ndarray | None = None) -> SampleState:
-    """``s`` on the mesh the sampling phase freezes (see `sampling_mesh`), its reach
-    set by the chains' adapted mass matrices."""
-    imm = np.asarray(s.chains.adapt_state.inverse_mass_matrix)
-    var = np.diagonal(imm, axis1=-2, axis2=-1) if imm.ndim == 3 else imm
-    mesh, kind, records, tf = sampling_mesh(kernel, z, bulk, np.sqrt(np.mean(var, axis=0)))
+    """``s`` on the mesh the sampling phase freezes (see `sampling_mesh`). After warmup
+    (``bulk`` given) its reach into the tails is set by the chains' adapted mass
+    matrices; without warmup they say nothing of the posterior's scale."""
+    scale = None
+    if bulk is not None:
+        imm = np.asarray(s.chains.adapt_state.inverse_mass_matrix)
+        var = np.diagonal(imm, axis1=-2, axis2=-1) if imm.ndim == 3 else imm
+        scale = np.sqrt(np.mean(var, axis=0))
+    mesh, kind, records, tf = sampling_mesh(kernel, z, bulk, scale)
     return kernel.with_mesh(s, mesh)._replace(sampling_mesh=kind, sampling_tol_factor=tf,
                                               n_records=s.n_records + records)
 
@@ -177,6 +179,7 @@ TIGHTEN = 4.0
 """How much tighter each further attempt at the sampling mesh records (`sampling_mesh`)."""
 
 MAX_TIGHTENINGS = 3
+"""How many times the sampling mesh may be recorded `TIGHTEN` times tighter."""
 
 
 REACH = 3.0
@@ -307,8 +310,8 @@ def probe_mesh_fails(kernel: ChainKernel, s: SampleState) -> bool:
     if not (kernel.policy.warmup_rerecords and len(s.draws) == 1
             and s.mesh_probes < MAX_MESH_PROBES):
         return False
-    err = kernel.error_ratios(s.mesh.row(0) if s.mesh.is_ensemble else s.mesh,
-                              bulk_draws(s.draws[0].z)[None], tol_factor=s.sampling_tol_factor)
+    err = kernel.error_ratios(s.mesh.row(0), bulk_draws(s.draws[0].z)[None],
+                              tol_factor=s.sampling_tol_factor)
     return not bool(np.all(err <= kernel.policy.error_ratio_max))
 
 
@@ -380,7 +383,7 @@ def _retune(kernel: ChainKernel, s: SampleState) -> SampleState:
         late += late_divergences(draws, start, RETUNE_ITERATIONS)
         failures += failed
     return r._replace(
-        iteration=s.iteration, target_accept=kernel.target_accept, late_divergences=late,
+        iteration=s.iteration, target_accept=kernel.target_accept,
         adaptations=s.adaptations + ((kernel.target_accept, late),),
         failures_warmup=s.failures_warmup + failures,
         warmup_time=s.warmup_time + time.perf_counter() - t)
