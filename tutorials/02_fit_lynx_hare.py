@@ -29,6 +29,7 @@ import os
 
 import jax
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 import gradsolve as gs
@@ -73,12 +74,12 @@ print("largest replay error_ratio per start:", np.round(np.asarray(fit.max_error
 # %%
 hist = np.asarray(fit.loss_history)  # (steps, n_starts)
 fig, ax = plt.subplots(figsize=(7, 3.5))
-for j in range(hist.shape[1]):
-    lw = 2.5 if j == fit.best_index else 0.8
-    ax.plot(hist[:, j], lw=lw, alpha=0.8)
+ax.plot(hist, color="0.6", lw=0.7, alpha=0.6)  # every start, grey
+ax.plot(hist[:, fit.best_index], color="k", lw=2.5, label="best start")
+ax.plot([], color="0.6", lw=0.7, label="other starts")
 ax.set_yscale("symlog")
 ax.set_xlabel("optimisation step"); ax.set_ylabel("negative log posterior")
-ax.set_title(f"Loss history of {hist.shape[1]} starts (best in bold)")
+ax.set_title(f"Loss history of {hist.shape[1]} starts"); ax.legend()
 fig.tight_layout(); plt.show()
 
 # %% [markdown]
@@ -94,6 +95,7 @@ fig, ax = plt.subplots(figsize=(7, 3.5))
 for j, (name, c) in enumerate(zip(model.observed_names, ["C0", "C1"])):
     ax.plot(1900 + tt, pred[:, j], color=c, label=f"{name} (MAP fit)")
     ax.plot(1900 + np.asarray(data.ts), np.asarray(data.ys)[:, j], "o", color=c, label=f"{name} (data)")
+ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole years
 ax.set_xlabel("year"); ax.set_ylabel("pelts (thousands)"); ax.legend(ncol=2)
 ax.set_title("Lynx–hare: best MAP fit")
 fig.tight_layout(); plt.show()
