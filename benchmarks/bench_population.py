@@ -123,6 +123,9 @@ def run_numpyro(program, data, warm, draws, chains, seed):
     mcmc = MCMC(NUTS(program), num_warmup=warm, num_samples=draws, num_chains=chains,
                 chain_method="vectorized", progress_bar=False)
     mcmc.run(jax.random.PRNGKey(seed), data, extra_fields=("num_steps", "diverging"))
+    # MCMC.run returns before the vectorised chains finish (JAX dispatches asynchronously):
+    # the clock stops when the draws exist
+    jax.block_until_ready((mcmc.get_samples(), mcmc.get_extra_fields()))
     total = time.perf_counter() - t
     idata = az.from_numpyro(mcmc)
     ex = mcmc.get_extra_fields()
