@@ -102,7 +102,7 @@ def _demo_inference(out: str, quick: bool) -> None:
     print(f"      NUTS: 2 chains x ({nw} warmup + {ns} samples) in {wall:.1f} s, "
           f"{divergences} divergent transition{'s' if divergences != 1 else ''} after warmup")
     attrs = idata.sample_stats.attrs
-    print(f"      warmup: {attrs['divergence_response']}; sampling mesh: {attrs['sampling_mesh']} "
+    print(f"      divergence response: {attrs['divergence_response']}; sampling mesh: {attrs['sampling_mesh']} "
           f"(largest error ratio at a draw {attrs['max_error_ratio']:.2f} of the tolerance)")
     print(summary.to_string())
     os.makedirs(out, exist_ok=True)
