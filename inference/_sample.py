@@ -77,9 +77,9 @@ from ._program import ProgramProblem, problem_for
 from ._progress import progress_bar
 from ._warmup import (
     RETUNE_ITERATIONS,
-    end_warmup,
     initial_state,
     install_sampling_mesh,
+    end_warmup,
     respond_to_probe,
     warmup_window,
     windows,
@@ -99,8 +99,8 @@ def sampling_chunk(kernel: ChainKernel, s: SampleState, left: int) -> SampleStat
 def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
          checkpoint_every: int, save, bar, max_retunes: int) -> tuple[ChainKernel, SampleState]:
     """The remaining warmup windows (``save`` after each), then draws in chunks up to
-    ``total`` iterations (``save`` about every ``checkpoint_every`` draws and at the end),
-    the first of which probes the final step size and mesh (`respond_to_probe`). Returns
+    ``total`` iterations, the first of which probes the final step size and mesh
+    (`respond_to_probe`) (``save`` about every ``checkpoint_every`` draws and at the end). Returns
     the kernel that drew and the final state."""
     lengths = windows(num_warmup)
     while s.window < len(lengths):
