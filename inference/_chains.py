@@ -63,11 +63,10 @@ class SampleState(NamedTuple):
             ``rtol``/``atol`` (the policy's ``record_tol_factor``, or tighter where that
             mesh did not hold at warmup's last draws).
         target_accept: the NUTS/HMC target acceptance probability in use (raised by
-            response to divergences in the first draws); late_divergences: divergent
-            transitions in the late iterations of warmup (reported, not acted on);
-            adaptations: one ``(target_accept, divergences in the first draws after
-            it)`` pair per finished step-size adaptation: the warmup's, then each
-            re-adaptation in response.
+            the warmup's response to divergences); late_divergences: divergent
+            transitions in the late iterations of warmup so far;
+            adaptations: one ``(target_accept, late divergences)`` pair per finished
+            step-size adaptation: the warmup's, then each re-adaptation in response.
         mesh_probes: how many times the first draws sent the sampling mesh back to be
             re-recorded where it did not hold.
 

@@ -16,16 +16,17 @@ __all__ = ["inference_data", "describe_response"]
 
 def describe_response(adaptations: tuple) -> str:
     """Words for the warmup's response to divergences, from `SampleState.adaptations`
-    (``(target_accept, divergences in the first draws after it)`` per adaptation)."""
+    (``(target_accept, divergences late in it or in the first draws after it)`` per
+    adaptation)."""
     if not adaptations:
         return "no warmup"
     (t0, n0), rest = adaptations[0], adaptations[1:]
     if not n0:
-        return f"no divergences in the first draws at target_accept {t0:g}"
+        return f"no divergences late in warmup at target_accept {t0:g}"
     plural = lambda n: f"{n} divergence{'s' if n != 1 else ''}"
-    out = f"{plural(n0)} in the first draws at target_accept {t0:g}"
+    out = f"{plural(n0)} late in warmup or in the first draws at target_accept {t0:g}"
     for t, n in rest:
-        out += f"; step size re-adapted at {t:g} ({plural(n)} in the first draws then)"
+        out += f"; step size re-adapted at {t:g} ({plural(n)} then)"
     if not rest:
         out += "; not re-adapted (max_retunes=0)"
     return out
@@ -82,7 +83,7 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
         solver_failures_sampling=s.failures_sampling if counted else -1,
         record_failures=s.record_failures, divergences=int(np.sum(d.diverging)),
         target_accept=float(s.target_accept), retunes=max(0, len(s.adaptations) - 1),
-        warmup_late_divergences=int(s.late_divergences),
+        warmup_late_divergences=int(s.adaptations[0][1]) if s.adaptations else 0,
         divergence_response=describe_response(s.adaptations),
         **{f"init_fit_{k}": v for k, v in s.init_fit.items()})
     del attrs["count_failures"]

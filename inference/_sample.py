@@ -79,7 +79,7 @@ from ._warmup import (
     RETUNE_ITERATIONS,
     initial_state,
     install_sampling_mesh,
-    end_warmup,
+    respond_to_divergences,
     respond_to_probe,
     warmup_window,
     windows,
@@ -98,9 +98,9 @@ def sampling_chunk(kernel: ChainKernel, s: SampleState, left: int) -> SampleStat
 
 def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
          checkpoint_every: int, save, bar, max_retunes: int) -> tuple[ChainKernel, SampleState]:
-    """The remaining warmup windows (``save`` after each), then draws in chunks up to
-    ``total`` iterations, the first of which probes the final step size and mesh
-    (`respond_to_probe`) (``save`` about every ``checkpoint_every`` draws and at the end). Returns
+    """The remaining warmup windows (``save`` after each), the response to divergences at
+    warmup's end (`respond_to_divergences`), then draws in chunks up to ``total``
+    iterations (``save`` about every ``checkpoint_every`` draws and at the end). Returns
     the kernel that drew and the final state."""
     lengths = windows(num_warmup)
     while s.window < len(lengths):
@@ -110,7 +110,7 @@ def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
     if not lengths and chains.policy.warmup_rerecords and s.mesh.is_ensemble:
         s = install_sampling_mesh(chains, s, np.asarray(s.chains.z))
     if num_warmup:
-        s = end_warmup(s)
+        chains, s = respond_to_divergences(chains, s, max_retunes, save)
     next_save = (s.iteration - num_warmup) // checkpoint_every * checkpoint_every
     while s.iteration < total:
         s = sampling_chunk(chains, s, total - s.iteration)
@@ -185,7 +185,7 @@ def sample(
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept, dense_mass, max_tree_depth: NumPyro NUTS/HMC options.
         max_retunes: how many times the step size may be re-adapted at a higher
-            ``target_accept`` when the first draws diverge (``0``:
+            ``target_accept`` when the end of warmup or the first draws diverge (``0``:
             never; see "Divergences" below).
         rtol, atol, solver: the ODE solve (``solver=None``: the model's).
         max_steps: step capacity of ``gs.solve`` inside the potential when
@@ -212,12 +212,12 @@ def sample(
         ``wall_time_s``).
 
     Divergences: a step size too large for part of the posterior shows as divergent
-    transitions once sampling starts (divergences during warmup are expected: the step
-    size is still being searched). When the first 100 draws diverge, they are dropped and
-    the step size is re-adapted (mass matrix kept) at ``target_accept`` raised to
-    ``1 - (1 - target_accept) / 2`` over 150 more warmup iterations, then probed again,
-    up to ``max_retunes`` times, and the attributes say so. Divergences left in the
-    sampling phase are reported with a warning naming what to try next.
+    transitions late in warmup or in the first draws. When warmup's terminal step-size
+    window (but its first 10 iterations) or the first 100 draws diverge, those draws are
+    dropped and the step size is re-adapted (mass matrix kept) at ``target_accept`` raised
+    to ``1 - (1 - target_accept) / 2`` over 150 more warmup iterations, up to
+    ``max_retunes`` times, and the attributes say so. Divergences left in the sampling
+    phase are reported with a warning naming what to try next.
 
     Example:
         >>> idata = inference.sample(models.lynx_hare(), models.load_dataset("lynx_hare"))

@@ -10,20 +10,18 @@ position and at the last window's draws (e.g. chains in different modes, or a po
 wide in the ODE's time scales), it is merged with meshes recorded there
 (`sampling_mesh`, `gs.Mesh.merge`).
 
-Divergences are answered, not only counted (`respond_to_probe`): NUTS's step size is
-adapted by dual averaging towards ``target_accept``, and a step size too large for part of
-the posterior (the neck of a random-effects funnel, say) shows as divergent transitions.
-Divergences during warmup are expected and say little: the step size and mass matrix are
-still far off, each adaptation window restarts the step size search, and even the terminal
-window samples with dual averaging's exploring iterate, not the averaged step size the
-sampling phase uses (on theophylline both NumPyro and this sampler diverge in 3-10 % of the
-last warmup iterations and then not once in 1,000 draws). So the judge is the first loop
-call of sampling, on the final step size: a probe (`probe_diverged`). If it diverges, its
-draws count as warmup and the step size is re-adapted at a higher target (``1 - (1 -
-target) / 2``: 0.8, 0.9, 0.95, 0.975), keeping the mass matrix, over `RETUNE_ITERATIONS`
-more warmup iterations on the sampling mesh, then probed again, until a probe is clean or
-``max_retunes`` re-adaptations are spent; the result's attributes report each step. This
-is the advice Stan and PyMC print ("increase target_accept"), taken.
+Divergences are answered, not only counted (`respond_to_divergences`): NUTS's step size
+is adapted by dual averaging towards ``target_accept``, and a step size too large for
+part of the posterior (the neck of a random-effects funnel, say) shows as divergent
+transitions. Those early in warmup are expected (the step size and mass matrix are still
+far off, and each adaptation window restarts the step size search), so only the late
+iterations of the terminal step-size window count (`late_iterations`), and the first loop
+call of sampling is a probe (`probe_diverged`): if it diverges, its draws count as warmup.
+Either way the response re-adapts the step size at a higher target (``1 - (1 - target) /
+2``: 0.8, 0.9, 0.95, 0.975), keeping the mass matrix, over `RETUNE_ITERATIONS` more
+warmup iterations on the sampling mesh, until both are clean or ``max_retunes``
+re-adaptations are spent; the result's attributes report each step. This is the advice
+Stan and PyMC print ("increase target_accept"), taken.
 """
 
 from __future__ import annotations
@@ -43,7 +41,7 @@ from ._space import checked_init
 from ._starts import jittered, prior_draws
 
 __all__ = ["windows", "initial_state", "warmup_window", "sampling_mesh", "late_iterations",
-           "end_warmup", "respond_to_probe", "RETUNE_ITERATIONS"]
+           "respond_to_divergences", "respond_to_probe", "RETUNE_ITERATIONS"]
 
 RETUNE_ITERATIONS = 150
 """Iterations of one re-adaptation of the step size. NumPyro's schedule for 150 warmup
@@ -324,10 +322,6 @@ def respond_to_probe(kernel: ChainKernel, s: SampleState, num_warmup: int,
     draws become warmup iterations and the sampler adapts again (the step size, or the
     mesh re-recorded there; ``save`` after). Returns ``(kernel, state, whether the
     sampling phase starts again)``."""
-    if s.adaptations and len(s.draws) == 1:
-        (target, _), = s.adaptations[-1:]
-        s = s._replace(adaptations=s.adaptations[:-1] + (
-            (target, int(np.sum(s.draws[0].diverging))),))
     diverged = probe_diverged(s, max_retunes)
     if not (diverged or probe_mesh_fails(kernel, s)):
         return kernel, s, False
@@ -337,9 +331,10 @@ def respond_to_probe(kernel: ChainKernel, s: SampleState, num_warmup: int,
                    failures_warmup=s.failures_warmup + s.failures_sampling,
                    failures_sampling=0)
     if diverged:
-        kernel = kernel.retuned(1.0 - (1.0 - s.target_accept) / 2.0, RETUNE_ITERATIONS)
-        s = _retune(kernel, s)
-        save(s)
+        (target, late), = s.adaptations[-1:]
+        late += int(np.sum(probe.diverging))
+        s = s._replace(adaptations=s.adaptations[:-1] + ((target, late),))
+        kernel, s = respond_to_divergences(kernel, s, max_retunes, save)
     else:
         s = install_sampling_mesh(kernel, s, np.asarray(s.chains.z), bulk_draws(probe.z))
         s = s._replace(mesh_probes=s.mesh_probes + 1)
@@ -350,18 +345,27 @@ def respond_to_probe(kernel: ChainKernel, s: SampleState, num_warmup: int,
 def probe_diverged(s: SampleState, max_retunes: int) -> bool:
     """Whether the first loop call of the sampling phase (the last of ``s.draws``, on
     the final step size) diverged while re-adaptations are left: its draws are then
-    dropped (they count as warmup) and the step size re-adapted. A step size too long
-    for the posterior's narrowest part, or a chain stuck in a funnel's neck, shows here."""
+    dropped (they count as warmup) and the step size re-adapted. Rare divergences slip
+    past the late warmup iterations; a chain stuck in a funnel's neck shows here."""
     return (len(s.draws) == 1 and bool(np.any(s.draws[0].diverging))
             and len(s.adaptations) <= max_retunes)
 
 
-def end_warmup(s: SampleState) -> SampleState:
-    """``s`` with warmup's step-size adaptation listed in ``adaptations`` (its probe's
-    divergences filled in by `respond_to_probe`)."""
-    if s.adaptations:
-        return s
-    return s._replace(adaptations=((s.target_accept, 0),))
+def respond_to_divergences(kernel: ChainKernel, s: SampleState, max_retunes: int,
+                           save) -> tuple[ChainKernel, SampleState]:
+    """While the latest adaptation's late iterations diverged and fewer than
+    ``max_retunes`` re-adaptations were made, re-adapt the step size at a higher
+    ``target_accept`` (``save`` after each). Returns the kernel the sampling phase runs
+    and the state, whose ``adaptations`` list every adaptation's target and late
+    divergences."""
+    if not s.adaptations:
+        s = s._replace(adaptations=((s.target_accept, s.late_divergences),))
+    while s.adaptations[-1][1] > 0 and len(s.adaptations) <= max_retunes:
+        target = 1.0 - (1.0 - s.target_accept) / 2.0
+        kernel = kernel.retuned(target, RETUNE_ITERATIONS)
+        s = _retune(kernel, s)
+        save(s)
+    return kernel, s
 
 
 def _retune(kernel: ChainKernel, s: SampleState) -> SampleState:
@@ -372,13 +376,15 @@ def _retune(kernel: ChainKernel, s: SampleState) -> SampleState:
     key = jax.random.fold_in(s.chains.rng_key[0], len(s.adaptations))
     r = s._replace(chains=kernel.init(np.asarray(s.chains.z), key, s,
                                       tuned=s.chains.adapt_state))
-    failures = 0
+    late = failures = 0
     for n in windows_of(RETUNE_ITERATIONS):
-        r, _, failed = kernel.run(r, n)
+        start = r.iteration - s.iteration
+        r, draws, failed = kernel.run(r, n)
+        late += late_divergences(draws, start, RETUNE_ITERATIONS)
         failures += failed
     return r._replace(
         iteration=s.iteration, target_accept=kernel.target_accept,
-        adaptations=s.adaptations + ((kernel.target_accept, 0),),
+        adaptations=s.adaptations + ((kernel.target_accept, late),),
         failures_warmup=s.failures_warmup + failures,
         warmup_time=s.warmup_time + time.perf_counter() - t)
 

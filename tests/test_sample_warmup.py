@@ -1,5 +1,5 @@
-"""The sampler answers divergences: when the first draws after warmup diverge,
-`inference.sample` re-adapts the step size at a higher ``target_accept``, says so
+"""The sampler's warmup answers divergences: when the end of warmup (or the first draws)
+diverges, `inference.sample` re-adapts the step size at a higher ``target_accept``, says so
 in the result, and a run killed after a re-adaptation resumes to the same draws.
 
 The posterior is the centred eight-schools model (Rubin 1981; the classic funnel on which
@@ -52,9 +52,8 @@ def runs():
 
 
 def test_late_warmup_is_numpyros_terminal_window_after_its_restart():
-    # (reported as warmup_late_divergences) NumPyro's default schedule ends with a
-    # 50-iteration step-size window; its first 10 iterations restart dual averaging from
-    # 10x the step size and do not count
+    # NumPyro's default schedule ends with a 50-iteration step-size window; its first 10
+    # iterations restart dual averaging from 10x the step size and do not count
     assert late_iterations(500) == 40
     assert late_iterations(150) == 40
     assert late_iterations(1) == 0
