@@ -106,7 +106,14 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
     when the backward pass is traced, as ``before_bwd(with_times)`` (e.g. to build that
     variant), and returns whether ``bwd`` can run; if not, reverse mode is the batched
     driver's too.
+
+    With known-time events (``nodes.events``, `gradsolve._events.ReplayEvents`) the jump
+    times and sizes are differentiable inputs too: ``fwd`` and ``bwd`` then take the
+    events as a last argument ``ev`` and ``bwd`` also returns ``ct_jump_times (n, J)`` and
+    ``ct_jump_sizes (n, J, d)``; ``with_times`` is then true where save times or jump times
+    carry a derivative (a jump time moves its nodes).
     """
+    from ._events import ReplayEvents
     from .drivers.batched import replay_nodes  # the tangent rule: same steps, JAX's AD
 
     dtype = jnp.result_type(y0)
@@ -119,39 +126,55 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
     n_eff = nodes.n_eff.astype(jnp.int32)
     save_index = nodes.save_index.astype(jnp.int32)
     times = nodes.times
+    ev = nodes.events
+    has_events = ev is not None
+    # Differentiable inputs: (tsave, y0, pflat) and, with events, (jump_times, jump_sizes).
+    # ``aux``: (times, n_eff, save_index, tol, subst) and, with events, the event indices
+    # (jump_index, land_index, reset_index).
+    n_diff = 5 if has_events else 3
 
-    def xla(tm, y, pf, aux):
+    def events_of(diff, aux):
+        if not has_events:
+            return ()
+        jidx, land, reset = aux[5:]
+        return (ReplayEvents(jidx, land, diff[3], diff[4], reset),)
+
+    def xla(diff, aux):
+        tm, y, pf = diff[:3]
         params = jax.vmap(lambda q: unflatten_one(q, treedef, shapes, dtypes))(pf)
-        times, n_eff, save, tol, subst = aux
-        out = replay_nodes(f, solver, ReplayNodes(times, n_eff, save, tm, subst), y, params,
-                           tol[0, 0], tol[0, 1], moved, layout)
+        times, n_eff, save, tol, subst = aux[:5]
+        evs = events_of(diff, aux)
+        out = replay_nodes(f, solver, ReplayNodes(times, n_eff, save, tm, subst, *evs), y,
+                           params, tol[0, 0], tol[0, 1], moved, layout)
         return out.ys, out.y1
 
-    # ``tm`` below is ``tsave``; ``aux = (times, n_eff, save_index, tol, subst)``.
     @jax.custom_jvp
-    def forward(tm, y, pf, aux):
-        times, n_eff, save, tol, subst = aux
-        return fwd(times, n_eff, y, pf, save, tol, tm, subst)
+    def forward(diff, aux):
+        tm, y, pf = diff[:3]
+        times, n_eff, save, tol, subst = aux[:5]
+        return fwd(times, n_eff, y, pf, save, tol, tm, subst, *events_of(diff, aux))
 
-    def vjp_xla(tm, y, pf, ct_ys, ct_y1, aux):
-        _, back = jax.vjp(lambda a, b, c: xla(a, b, c, aux), tm, y, pf)
-        return back((ct_ys, ct_y1))
+    def vjp_xla(diff, ct_ys, ct_y1, aux):
+        _, back = jax.vjp(lambda d: xla(d, aux), diff)
+        return back((ct_ys, ct_y1))[0]
 
     def make_backward(with_times: bool):
         @jax.custom_jvp
-        def backward(tm, y, pf, states, ct_ys, ct_y1, aux):
-            times, n_eff, save, _, subst = aux
+        def backward(diff, states, ct_ys, ct_y1, aux):
+            tm, y, pf = diff[:3]
+            times, n_eff, save, _, subst = aux[:5]
             if before_bwd is not None and not before_bwd(with_times):
                 # The hand-written adjoint could not be built: the batched one, same values.
-                return vjp_xla(tm, y, pf, ct_ys, ct_y1, aux)
-            return bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times)
+                return vjp_xla(diff, ct_ys, ct_y1, aux)
+            return tuple(bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst,
+                             with_times, *events_of(diff, aux)))
 
         def backward_jvp(primals, tangents):
-            tm, y, pf, states, ct_ys, ct_y1, aux = primals
-            dtm, dy, dpf, _, dct_ys, dct_y1, _ = tangents
+            diff, states, ct_ys, ct_y1, aux = primals
+            ddiff, _, dct_ys, dct_y1, _ = tangents
             out = backward(*primals)
-            _, dout = jax.jvp(lambda *a: vjp_xla(*a, aux), (tm, y, pf, ct_ys, ct_y1),
-                              (dtm, dy, dpf, dct_ys, dct_y1))
+            _, dout = jax.jvp(lambda a, b, c: vjp_xla(a, b, c, aux), (diff, ct_ys, ct_y1),
+                              (ddiff, dct_ys, dct_y1))
             return out, dout
 
         backward.defjvp(backward_jvp)
@@ -160,30 +183,33 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
     backwards = {True: make_backward(True), False: make_backward(False)}
 
     def forward_jvp(primals, tangents):
-        tm, y, pf, aux = primals
-        ys, y1, err, states, cost = forward(tm, y, pf, aux)
+        diff, aux = primals
+        ys, y1, err, states, cost = forward(diff, aux)
         # Only non-zero tangents are linear arguments: the transpose returns cotangents
         # for exactly those.
-        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[:3]]
+        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[0]]
+        times_live = (moved and live[0]) or (has_events and live[3])
 
         def full(tans, like):
             it = iter(tans)
             return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
 
+        # linear_apply's residuals are flat: diff, states, aux.
+        unpack = lambda res: (res[:n_diff], res[n_diff], res[n_diff + 1:])
+
         def lin(res, tans):
-            tm, y, pf, _, *aux = res
-            return jax.jvp(lambda a, b, c: xla(a, b, c, tuple(aux)), (tm, y, pf),
-                           full(tans, (tm, y, pf)))[1]
+            diff, _, aux = unpack(res)
+            return jax.jvp(lambda d: xla(d, aux), (diff,), (full(tans, diff),))[1]
 
         def lin_t(res, cts):
-            tm, y, pf, states, *aux = res
+            diff, states, aux = unpack(res)
             ct_ys, ct_y1 = cts
-            out = backwards[moved and live[0]](tm, y, pf, states, ct_ys, ct_y1, tuple(aux))
+            out = backwards[times_live](diff, states, ct_ys, ct_y1, aux)
             return [o for lv, o in zip(live, out) if lv]
 
-        tans = [t for lv, t in zip(live, tangents[:3]) if lv]
+        tans = [t for lv, t in zip(live, tangents[0]) if lv]
         if tans:
-            dys, dy1 = linear_apply(lin, lin_t, (tm, y, pf, states, *aux), tans,
+            dys, dy1 = linear_apply(lin, lin_t, (*diff, states, *aux), tans,
                                     out_shapes=(ys, y1))
         else:
             dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
@@ -193,7 +219,14 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
 
     forward.defjvp(forward_jvp, symbolic_zeros=True)
 
-    ys, y1, err, _, cost = forward(tsave, y0, pflat, (times, n_eff, save_index, tol, subst))
+    diff = (tsave, y0, pflat)
+    aux = (times, n_eff, save_index, tol, subst)
+    if has_events:
+        diff += (ev.jump_times.astype(dtype), ev.jump_sizes.astype(dtype))
+        aux += (ev.jump_index.astype(jnp.int32), ev.land_index.astype(jnp.int32),
+                ev.reset_index.astype(jnp.int32))
+    assert len(diff) == n_diff
+    ys, y1, err, _, cost = forward(diff, aux)
     # Lane-steps computed, idle lanes included.
     work = jnp.sum(cost).astype(dtype)
     return ReplayOutput(ys, y1, jax.lax.stop_gradient(err), work)

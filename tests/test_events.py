@@ -72,19 +72,29 @@ def obs_mesh():
                      **TOL)
 
 
-def replay_loss(mesh, dose_t, dose, p):
-    return loss_of(gs.replay(pk, mesh, Y0, p, jumps=(dose_t, gut_sizes(dose))).ys)
+# The replay drivers that apply events: the batched driver (JAX's AD through the steps) and
+# the lanes replay (hand-written adjoint); each is checked against the closed form.
+REPLAY_DRIVERS = [gs.drivers.Batched(), gs.drivers.Lanes()]
+
+
+@pytest.fixture(scope="module", params=REPLAY_DRIVERS, ids=lambda d: d.name)
+def driver(request):
+    return request.param
+
+
+def replay_loss(mesh, dose_t, dose, p, driver=None):
+    return loss_of(gs.replay(pk, mesh, Y0, p, jumps=(dose_t, gut_sizes(dose)), driver=driver).ys)
 
 
 @pytest.fixture(scope="module")
-def grads(grad_mesh):
+def grads(grad_mesh, driver):
     """Reverse-mode gradient of the frozen-mesh loss w.r.t. dose times, doses, params."""
-    return jax.grad(replay_loss, argnums=(1, 2, 3))(grad_mesh, DOSE_T, DOSE, P)
+    return jax.grad(replay_loss, argnums=(1, 2, 3))(grad_mesh, DOSE_T, DOSE, P, driver)
 
 
-def test_values_match_the_closed_form_with_pre_dose_saves(obs_mesh):
-    sol = gs.replay(pk, obs_mesh, Y0, P, jumps=(DOSE_T, gut_sizes(DOSE)))
-    assert sol.route == "gradsolve-batched"
+def test_values_match_the_closed_form_with_pre_dose_saves(obs_mesh, driver):
+    sol = gs.replay(pk, obs_mesh, Y0, P, jumps=(DOSE_T, gut_sizes(DOSE)), driver=driver)
+    assert sol.route == driver.name
     ref = closed_form(TS, DOSE_T, DOSE, P)
     np.testing.assert_allclose(sol.ys, ref, rtol=1e-7, atol=1e-7)
     # Pre-dose trough: at 12 h the gut holds what is left of the first dose, not 100 more.
@@ -98,16 +108,22 @@ def test_values_match_the_closed_form_with_pre_dose_saves(obs_mesh):
     assert np.all(np.asarray(mesh.save_index)[[0, 3, 6]] < np.asarray(mesh.jump_index))
 
 
-def test_jump_at_t1_changes_y1_only():
+def test_jump_at_t1_changes_y1_only(driver):
     f = lambda t, y, p: -p * y
-    sol = gs.solve(f, 0.0, 1.0, jnp.ones(1), jnp.array(0.5),
+    sol = gs.solve(f, 0.0, 1.0, jnp.ones(1), jnp.array(0.5), driver=driver,
                    jumps=(jnp.array([1.0]), jnp.array([[2.0]])), ts=jnp.array([0.5, 1.0]))
     e = np.exp(-0.5)
     np.testing.assert_allclose(sol.ys[:, 0], [np.exp(-0.25), e], rtol=1e-6)
     np.testing.assert_allclose(sol.y1, [e + 2.0], rtol=1e-6)
+    # d y1 / d size = 1; d y1 / d y0 = exp(-0.5): the jump adds after the last step.
+    g = jax.grad(lambda y0, s: gs.solve(f, 0.0, 1.0, y0, jnp.array(0.5), driver=driver,
+                                        jumps=(jnp.array([1.0]), s)).y1[0],
+                 argnums=(0, 1))(jnp.ones(1), jnp.array([[2.0]]))
+    np.testing.assert_allclose(g[0], [e], rtol=1e-6)
+    np.testing.assert_allclose(g[1], [[1.0]], rtol=1e-12)
 
 
-def test_gradients_match_closed_form_and_finite_differences(grad_mesh, grads):
+def test_gradients_match_closed_form_and_finite_differences(grad_mesh, grads, driver):
     g = grads
     gc = jax.grad(loss_closed, argnums=(0, 1, 2))(DOSE_T, DOSE, P)
     for a, b in zip(g, gc):
@@ -118,15 +134,15 @@ def test_gradients_match_closed_form_and_finite_differences(grad_mesh, grads):
     fd = lambda fn, x, e: (fn(x + h * e) - fn(x - h * e)) / (2 * h)
     eye3, eye5 = jnp.eye(3), jnp.eye(5)
     for i in (1, 2):  # the dose at t0 can only move forward: one-sided below
-        got = fd(lambda x: replay_loss(grad_mesh, x, DOSE, P), DOSE_T, eye3[i])
+        got = fd(lambda x: replay_loss(grad_mesh, x, DOSE, P, driver), DOSE_T, eye3[i])
         np.testing.assert_allclose(g[0][i], got, rtol=1e-6)
     one_sided = lambda fn, x, e: (-3 * fn(x) + 4 * fn(x + h * e) - fn(x + 2 * h * e)) / (2 * h)
-    got = one_sided(lambda x: replay_loss(grad_mesh, x, DOSE, P), DOSE_T, eye3[0])
+    got = one_sided(lambda x: replay_loss(grad_mesh, x, DOSE, P, driver), DOSE_T, eye3[0])
     np.testing.assert_allclose(g[0][0], got, rtol=1e-6)
-    got = fd(lambda x: replay_loss(grad_mesh, DOSE_T, x, P), DOSE, eye3[0])
+    got = fd(lambda x: replay_loss(grad_mesh, DOSE_T, x, P, driver), DOSE, eye3[0])
     np.testing.assert_allclose(g[1][0], got, rtol=1e-6)
     for i in (0, 1):  # ka, ke
-        got = fd(lambda x: replay_loss(grad_mesh, DOSE_T, DOSE, x), P, eye5[i])
+        got = fd(lambda x: replay_loss(grad_mesh, DOSE_T, DOSE, x, driver), P, eye5[i])
         np.testing.assert_allclose(g[2][i], got, rtol=1e-6)
 
 
@@ -145,7 +161,7 @@ def test_ragged_ensemble_equals_single_solves():
     tol = dict(rtol=1e-8, atol=1e-8)
     sol = gs.solve(pk, T0, T1, jnp.zeros((3, 2)), p, ts=TS, jumps=(times, gut_sizes(doses)),
                    tstops=tstops, **tol)
-    assert sol.route == "gradsolve-batched"
+    assert sol.route in ("gradsolve-batched+gradsolve-lanes", "gradsolve-lanes")
     counts = [3, 2, 2]
     for i, c in enumerate(counts):
         # Row 0's schedule as given; the others padded the same way (one compiled shape):
@@ -171,18 +187,43 @@ def test_ragged_ensemble_equals_single_solves():
         gs.Mesh.union([sol.mesh])
 
 
-def test_jit_vmap_and_forward_mode(grad_mesh, grads):
+def test_ragged_gradients_agree_between_replay_drivers():
+    """Padded (inert, NaN-sized) jumps, two jumps at one time, a jump at t0 and tstops, in
+    one ensemble: the lanes adjoint equals JAX's AD through the batched steps."""
+    times, doses, tstops, p = _ragged()
+    mesh = gs.record(pk, T0, T1, jnp.zeros((3, 2)), p, ts=TS, jumps=(times, gut_sizes(doses)),
+                     tstops=tstops, rtol=1e-8, atol=1e-8)
+
+    def loss(driver, jt, d, p, ts):
+        sol = gs.replay(pk, mesh, jnp.full((3, 2), 0.5), p, ts=ts, jumps=(jt, gut_sizes(d)),
+                        driver=driver)
+        return jnp.sum(sol.ys ** 2 * jnp.arange(1.0, 3.0)) + jnp.sum(sol.y1)
+
+    live = jnp.isfinite(times)
+    ts = jnp.broadcast_to(TS, (3, TS.shape[0]))
+    args = (times, doses, p, ts)
+    ref = jax.grad(lambda *a: loss(gs.drivers.Batched(), *a), argnums=(0, 1, 2, 3))(*args)
+    got = jax.grad(lambda *a: loss(gs.drivers.Lanes(), *a), argnums=(0, 1, 2, 3))(*args)
+    for a, b in zip(got, ref):
+        a, b = np.where(np.isfinite(b), a, 0.0), np.where(np.isfinite(b), b, 0.0)
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * np.max(np.abs(b)))
+    # Padded jumps get zero gradient, their NaN sizes included.
+    assert np.all(np.asarray(got[1])[~np.asarray(live)] == 0.0)
+
+
+def test_jit_vmap_and_forward_mode(grad_mesh, grads, driver):
     # gs.solve under jit, differentiated: the value and gradient of the frozen-mesh replay
     # (the mesh it records is the same one).
     solve_loss = lambda t, d: loss_of(gs.solve(pk, T0, T1, Y0, P, ts=TS_GRAD,
                                                jumps=(t, gut_sizes(d)), tstops=TSTOPS,
                                                **TOL).ys)
     value, g = jax.jit(jax.value_and_grad(solve_loss, argnums=(0, 1)))(DOSE_T, DOSE)
-    np.testing.assert_allclose(value, replay_loss(grad_mesh, DOSE_T, DOSE, P), rtol=1e-12)
+    np.testing.assert_allclose(value, replay_loss(grad_mesh, DOSE_T, DOSE, P, driver), rtol=1e-12)
     np.testing.assert_allclose(g[0], grads[0], rtol=1e-10)
     np.testing.assert_allclose(g[1], grads[1], rtol=1e-10)
     # vmap over dose sizes of a frozen-mesh replay: linear in the doses, as it must be.
-    rep = lambda d: gs.replay(pk, grad_mesh, Y0, P, jumps=(DOSE_T, gut_sizes(d))).ys
+    rep = lambda d: gs.replay(pk, grad_mesh, Y0, P, jumps=(DOSE_T, gut_sizes(d)),
+                              driver=driver).ys
     vm = jax.vmap(rep)(jnp.stack([DOSE, 2 * DOSE, 0 * DOSE]))
     np.testing.assert_allclose(vm[1], 2 * vm[0] - vm[2], rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(loss_of(vm[0]), value, rtol=1e-12)
@@ -195,7 +236,8 @@ def test_jit_vmap_and_forward_mode(grad_mesh, grads):
                                atol=1e-7)
     # Forward mode (jacfwd) equals reverse mode, for jump times and sizes.
     jf = jax.jacfwd(lambda t, d: loss_of(gs.replay(
-        pk, grad_mesh, Y0, P, jumps=(t, gut_sizes(d))).ys), argnums=(0, 1))(DOSE_T, DOSE)
+        pk, grad_mesh, Y0, P, jumps=(t, gut_sizes(d)), driver=driver).ys),
+        argnums=(0, 1))(DOSE_T, DOSE)
     np.testing.assert_allclose(jf[0], grads[0], rtol=1e-10)
     np.testing.assert_allclose(jf[1], grads[1], rtol=1e-10)
 
@@ -218,14 +260,15 @@ def test_drivers_that_refuse_events_say_why(grad_mesh):
     jumps = (DOSE_T, gut_sizes(DOSE))
     with pytest.raises(ValueError, match="compiled kernel does not apply known-time events"):
         gs.solve(pk, T0, T1, Y0, P, jumps=jumps, driver=gs.drivers.Kernel())
-    with pytest.raises(ValueError, match="lanes replay.*known-time events"):
-        gs.replay(pk, grad_mesh, Y0, P, jumps=jumps, driver=gs.drivers.Lanes())
     with pytest.raises(ValueError, match="known-time events"):
         gs.replay(pk, grad_mesh, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
     with pytest.raises(ValueError, match="known-time events"):
         gs.solve(pk, T0, T1, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
     y0b, pb = Y0[None], P[None]
+    # Replays with events: the lanes replay (explicit solvers), else the batched driver.
     assert gs.drivers.Auto().choose("replay", pk, gs.Tsit5(), y0b, pb, events=True).name == \
+        "gradsolve-lanes"
+    assert gs.drivers.Auto().choose("replay", pk, gs.Rodas5P(), y0b, pb, events=True).name == \
         "gradsolve-batched"
     assert gs.drivers.Auto().choose("record", pk, gs.Tsit5(), y0b, pb, events=True).name == \
         "gradsolve-batched"

@@ -435,8 +435,8 @@ class Batched(AbstractDriver):
     """The XLA record loop and the replay of vmapped solver steps (``lax.scan`` in
     rematerialised chunks), differentiated by JAX.
 
-    Applies to every solver and vector field, and the one that applies known-time events
-    (``jumps=``, ``tstops=``, SPEC §8.1); the slowest of the replays for explicit
+    Applies to every solver and vector field, known-time events included (``jumps=``,
+    ``tstops=``; it records every mesh that has them); the slowest of the replays for explicit
     solvers on CPU, and the only one for stiff (Rosenbrock) and Diffrax solvers, for
     forward mode and for second derivatives. ``Solution.route == "gradsolve-batched"``.
 

@@ -18,6 +18,12 @@ faster than AD through the batched (``jax.vmap``-ed) step of `gradsolve._replay`
   the stored state, as in the C++ kernel) to the adjoint state, instead of AD through
   rematerialised ``scan`` chunks. With FSAL the carried first stage is recomputed as the
   function of the node state that the previous step computed.
+- **Known-time events.** After the step into a jump's node the state jumps, and after a
+  jump or tstop node the carried stage is recomputed there, as in the record. The stored
+  node state is the one before its jump (what a save there reads); the reverse sweep adds
+  the jump again (the same arithmetic, so bitwise the forward's state) and keeps the
+  cotangent of the state after each node: a jump size's cotangent is the one at its node,
+  and a jump time's comes from the cotangents of the node times it sets.
 
 `gradsolve._adjoint.adjoint_replay` makes the pair differentiable in every mode: ``grad``
 runs the adjoint here, forward mode and second derivatives the batched driver.
@@ -41,6 +47,7 @@ from .._caches import cache
 from .._jaxpr import Scalarizer, Unsupported, unsupported_primitive
 from .._misc import length_groups
 from .._mesh import Mesh
+from .._events import jump_node_times
 from .._savetimes import node_times
 from .._solver.base import AbstractExplicitRK
 from .base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
@@ -295,10 +302,28 @@ def _chunked_loop(n, body, carry, chunk: int = 8):
     return jax.lax.fori_loop(0, (n + chunk - 1) // chunk, one_chunk, carry)
 
 
-def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
-    """Replay one group. ``nodes (g, S1)`` (moved save nodes included), ``n_eff (g,)``,
-    ``y0 (g, d)``, ``pflat (g, P)``, ``save (g, k)``, ``tol (g, 2)``. Returns ``ys (g, k, d)``,
-    ``y1 (g, d)``, ``err (g,)``, ``states (S1, d, g)`` (node states) and ``cost (g,)``."""
+def _jumped(y: LaneArray, node, active, ev) -> LaneArray:
+    """``y`` after the jumps at ``node`` on ``active`` lanes (`gradsolve._events.apply_jumps`
+    over lanes); the forward and the reverse sweep both call it, so they agree bitwise."""
+    jump_index, jump_sizes, _ = ev
+    hit = (jump_index == node) & active[:, None]
+    any_hit = jnp.any(hit, axis=1)
+    return LaneArray(jnp.where(any_hit, r + jnp.sum(jnp.where(hit, jump_sizes[:, :, j], 0.0), axis=1), r)
+                     for j, r in enumerate(y.rows))
+
+
+def _is_reset(node, ev):
+    """``(g,)``: is ``node`` a jump or tstop node, after which the carried stage is
+    recomputed (the record does so)."""
+    return jnp.any(ev[2] == node, axis=1)
+
+
+def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol, ev=None):
+    """Replay one group. ``nodes (g, S1)`` (moved save and jump nodes included), ``n_eff
+    (g,)``, ``y0 (g, d)``, ``pflat (g, P)``, ``save (g, k)``, ``tol (g, 2)``; ``ev``
+    ``None`` or ``(jump_index (g, J), jump_sizes (g, J, d), reset_index (g, R))``.
+    Returns ``ys (g, k, d)``, ``y1 (g, d)``, ``err (g,)``, ``states (S1, d, g)`` (node
+    states, before the node's jump) and ``cost (g,)``."""
     g, d = y0.shape
     s1 = nodes.shape[1]
     p = LaneArray.from_matrix(pflat)
@@ -319,6 +344,15 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
         y = _where(active, y1, y)
         st = st1 if st is None else _where(active, st1, st)
         states = jax.lax.dynamic_update_index_in_dim(states, jnp.stack(y.rows), i + 1, axis=0)
+        if ev is not None:
+            # After the step into a jump's node the state jumps; after a jump or tstop node
+            # the carried stage is recomputed at the node (as the record does).
+            y = _jumped(y, i + 1, active, ev)
+            if st is not None:
+                reset = _is_reset(i + 1, ev) & active
+                st = jax.lax.cond(jnp.any(reset),
+                                  lambda: _where(reset, solver.init(field, tb, y, p), st),
+                                  lambda: st)
         return y, st, emax, states
 
     # Steps past n_max (the last chunk's tail) are inactive everywhere; their clamped state
@@ -331,81 +365,125 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol):
 
 
 def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_y1,
-                    with_times):
+                    with_times, ev=None):
     """Exact discrete adjoint of `_forward_group`'s steps. Returns ``ct_y0 (g, d)``,
-    ``ct_pflat (g, P)`` and, if ``with_times``, the node-time cotangents ``(S1, g)`` (else
-    None)."""
+    ``ct_pflat (g, P)``, the node-time cotangents ``(S1, g)`` if ``with_times`` (else None)
+    and, with events, the cotangents of the state after each node's jump ``(S1, d, g)``
+    (a jump size's cotangent is the one at its node; else None)."""
     s1, d, g = states.shape
     rows = jnp.arange(g)
     node = jnp.minimum(save, n_eff[:, None])
     # Cotangents of the saved states, per node (equal save times share a node and add).
     inject = jnp.zeros_like(states).at[node, :, rows[:, None]].add(ct_ys)
-    lam = ct_y1 + inject[n_eff, :, rows]
     p = LaneArray.from_matrix(pflat)
     n_max = jnp.max(n_eff)
+    c_last = float(solver.c[-1])
 
-    def unit(y, p, t_prev, ta, tb):
-        st = _stage(field, solver, t_prev, ta, y, p)
+    def unit(y, p, t_prev, ta, tb, reset):
+        if solver.fsal:
+            # The carried stage as the forward computed it: at the previous step's last
+            # stage time, or recomputed at the node after a jump or tstop.
+            ts = t_prev + c_last * (ta - t_prev)
+            st = field(ts if reset is None else jnp.where(reset, ta, ts), y, p)
+        else:
+            st = None
         return solver.step(field, ta, tb - ta, y, p, st)[0]
 
     def body(j, carry):
-        lam, gp, ct_t = carry
+        lam, gp, ct_t, ct_after = carry  # lam: cotangent of the state after node i + 1
         i = n_max - 1 - j
         active = (i >= 0) & (i < n_eff)
         t_prev = _column(nodes, jnp.maximum(i - 1, 0))
         ta, tb = _column(nodes, i), _column(nodes, i + 1)
         y = LaneArray(jax.lax.dynamic_index_in_dim(states, i, axis=0, keepdims=False))
-        _, vjp = jax.vjp(unit, y, p, t_prev, ta, tb)
-        dy, dp, dt_prev, dta, dtb = vjp(lam)
-        at_i = LaneArray(jax.lax.dynamic_index_in_dim(inject, i, axis=0, keepdims=False))
-        lam = _where(active, dy + at_i, lam)
+        reset = None
+        if ev is not None:
+            ct_after = jax.lax.dynamic_update_index_in_dim(
+                ct_after, jnp.stack(lam.rows), i + 1, axis=0)
+            y = _jumped(y, i, active, ev)
+            reset = _is_reset(i, ev)
+        # The state at node i + 1 before its jump feeds the saves there and the next step.
+        at_next = LaneArray(jax.lax.dynamic_index_in_dim(inject, i + 1, axis=0, keepdims=False))
+        _, vjp = jax.vjp(lambda *a: unit(*a, reset), y, p, t_prev, ta, tb)
+        dy, dp, dt_prev, dta, dtb = vjp(lam + at_next)
+        lam = _where(active, dy, lam)
         gp = _where(active, gp + dp, gp)
         if with_times:
             zero = jnp.zeros_like(ta)
             upd = lambda c, idx, v: c.at[idx].add(jnp.where(active, v, zero))
             ct_t = upd(upd(upd(ct_t, i + 1, dtb), i, dta), jnp.maximum(i - 1, 0), dt_prev)
-        return lam, gp, ct_t
+        return lam, gp, ct_t, ct_after
 
     # Carries are `LaneArray` (one array per component), not (g, d) matrices: XLA would fuse
     # each output entry's whole reverse step separately and compute it d times.
     ct_t0 = jnp.zeros((s1, g), states.dtype) if with_times else None
-    lam, gp, ct_t = _chunked_loop(
-        n_max, body, (LaneArray.from_matrix(lam), LaneArray.from_matrix(jnp.zeros_like(pflat)), ct_t0))
-    return lam.matrix(), gp.matrix(), ct_t
+    ct_after0 = jnp.zeros_like(states) if ev is not None else None
+    lam, gp, ct_t, ct_after = _chunked_loop(
+        n_max, body, (LaneArray.from_matrix(ct_y1), LaneArray.from_matrix(jnp.zeros_like(pflat)),
+                      ct_t0, ct_after0))
+    ct_y0 = lam.matrix() + inject[0].T
+    return ct_y0, gp.matrix(), ct_t, ct_after
 
 
 def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
                  moved: bool, layout: ReplayLayout) -> ReplayOutput:
-    """The lanes replay of ``nodes``, differentiable in every mode
-    (`gradsolve._adjoint.adjoint_replay`)."""
+    """The lanes replay of ``nodes`` (known-time events included), differentiable in every
+    mode (`gradsolve._adjoint.adjoint_replay`)."""
     group_size = layout.group_size or default_group_size(layout.backend)
 
-    def fwd(times, n_eff, y, pf, save, tol, tm, subst):
-        nodes, _ = node_times(times, save, tm, subst)
+    def node_fn(times, save, tm, subst, ev):
+        nodes = node_times(times, save, tm, subst)[0]
+        return nodes if ev is None else jump_node_times(nodes, ev)
+
+    def lane_events(ev):
+        return None if ev is None else (ev.jump_index, ev.jump_sizes, ev.reset_index)
+
+    def fwd(times, n_eff, y, pf, save, tol, tm, subst, ev=None):
+        nodes = node_fn(times, save, tm, subst, ev)
         group, ungroup, _ = length_groups(n_eff, group_size)
         ys, y1, err, states, cost = jax.lax.map(
             lambda a: _forward_group(field, solver, *a),
-            jax.tree_util.tree_map(group, (nodes, n_eff, y, pf, save, tol)))
+            jax.tree_util.tree_map(group, (nodes, n_eff, y, pf, save, tol, lane_events(ev))))
         return ungroup(ys), ungroup(y1), ungroup(err), states, ungroup(cost)
 
-    def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times):
-        nodes, owner = node_times(times, save, tm, subst)
+    def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, ev=None):
+        nodes = node_fn(times, save, tm, subst, ev)
         group, ungroup, _ = length_groups(n_eff, group_size)
-        args = jax.tree_util.tree_map(group, (nodes, n_eff, pf, save, ct_ys, ct_y1))
+        args = jax.tree_util.tree_map(group, (nodes, n_eff, pf, save, ct_ys, ct_y1,
+                                              lane_events(ev)))
 
         def one(a):
-            (nodes, n_eff, pf, save, ct_ys, ct_y1), st = a
+            (nodes, n_eff, pf, save, ct_ys, ct_y1, lev), st = a
             return _backward_group(field, solver, nodes, n_eff, pf, save, st, ct_ys, ct_y1,
-                                   with_times)
+                                   with_times, lev)
 
-        ct_y0, ct_pf, ct_t = jax.lax.map(one, (args, states))
+        ct_y0, ct_pf, ct_t, ct_after = jax.lax.map(one, (args, states))
+        ct_y0, ct_pf = ungroup(ct_y0), ungroup(ct_pf)
         if with_times:
             ct_t = ungroup(jnp.swapaxes(ct_t, 1, 2))  # (n, S1)
-            rows = jnp.arange(ct_t.shape[0])[:, None]
-            ct_tm = jnp.where(owner, ct_t[rows, save], 0.0)
+        if ev is None:
+            if with_times:
+                owner = node_times(times, save, tm, subst)[1]
+                rows = jnp.arange(ct_t.shape[0])[:, None]
+                ct_tm = jnp.where(owner, ct_t[rows, save], 0.0)
+            else:
+                ct_tm = jnp.zeros(save.shape, ct_y1.dtype)
+            return ct_tm, ct_y0, ct_pf
+        # A jump size's cotangent is that of the state after its node; padded jumps
+        # (index 0) get none.
+        ct_after = ungroup(jnp.transpose(ct_after, (0, 3, 1, 2)))  # (n, S1, d)
+        rows = jnp.arange(ct_after.shape[0])[:, None]
+        live = ev.jump_index > 0
+        ct_js = jnp.where(live[..., None], ct_after[rows, ev.jump_index], 0.0)
+        if with_times:
+            # Node-time cotangents back to the save times and jump times that set them.
+            _, back = jax.vjp(lambda a, b: node_fn(times, save, a, subst, ev._replace(jump_times=b)),
+                              tm, ev.jump_times)
+            ct_tm, ct_jt = back(ct_t)
         else:
             ct_tm = jnp.zeros(save.shape, ct_y1.dtype)
-        return ct_tm, ungroup(ct_y0), ungroup(ct_pf)
+            ct_jt = jnp.zeros(ev.jump_times.shape, ct_y1.dtype)
+        return ct_tm, ct_y0, ct_pf, ct_jt, ct_js
 
     return adjoint_replay(fwd, bwd, f, solver, nodes, y0, params, rtol, atol, layout, moved)
 
@@ -431,7 +509,8 @@ class Lanes(AbstractDriver):
     Applies to explicit solvers with an error estimate on any backend, where the vector
     field translates entry by entry and has few states with short expressions (it pays
     there: up to 16 states, at most 8 lane operations each); the fastest replay off the
-    compiled kernel (GPU, TPU, no compiler). Records with the XLA loop of
+    compiled kernel (GPU, TPU, no compiler), and the fastest replay of known-time events
+    (``jumps=``, ``tstops=``) on any backend. Records with the XLA loop of
     `gradsolve.drivers.Batched`. ``Solution.route == "gradsolve-lanes"``.
 
     Example:
@@ -444,10 +523,6 @@ class Lanes(AbstractDriver):
         return None
 
     def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
-        if events:
-            return ("the lanes replay's hand-written adjoint does not apply known-time events "
-                    "yet (jumps= or tstops=); gs.drivers.Batched() does, and "
-                    "gs.drivers.Auto() picks it.")
         return lane_field(f, solver, y0, params).reason
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,

@@ -243,8 +243,8 @@ def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rt
 
 EVENTS_REASON = (
     "the compiled kernel does not apply known-time events yet (jumps= or tstops=: its C++ "
-    "record and adjoint have no jump nodes or stage resets); gs.drivers.Batched() does, and "
-    "gs.drivers.Auto() picks it."
+    "record and adjoint have no jump nodes or stage resets); gs.drivers.Lanes() and "
+    "gs.drivers.Batched() do, and gs.drivers.Auto() picks one."
 )
 
 
