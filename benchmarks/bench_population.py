@@ -22,6 +22,7 @@ Usage::
     python benchmarks/bench_population.py             # 4 chains x (500 + 1,000)
     python benchmarks/bench_population.py --quick     # 4 chains x (200 + 300)
     python benchmarks/bench_population.py --diffrax   # also NumPyro + Diffrax NUTS
+    python benchmarks/bench_population.py --study 200 # the simulated 200-subject study
 
 Writes ``benchmarks/results/bench_population[_quick].json``.
 """
@@ -52,6 +53,7 @@ from inference._program import ProgramProblem  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 POP = ["lKa", "lCl", "lKe", "omega", "sigma"]
+TWO_CPT = ["lKa", "lCl", "lV1", "lQ", "lV2", "omega", "sigma_add", "sigma_prop"]
 RTOL, ATOL = inference.TOLERANCES.rtol, inference.TOLERANCES.atol
 
 
@@ -95,30 +97,32 @@ def diffrax_program(model):
     return program
 
 
-def min_ess(idata):
-    ess = az.ess(idata, var_names=POP)
-    return float(min(np.min(ess[k].values) for k in POP))
+def min_ess(idata, pop=POP):
+    ess = az.ess(idata, var_names=pop)
+    return float(min(np.min(ess[k].values) for k in pop))
 
 
-def summary(idata):
-    s = az.summary(idata, var_names=POP)
+def summary(idata, pop=POP):
+    s = az.summary(idata, var_names=pop)
     return {k: [float(s.loc[k, "mean"]), float(s.loc[k, "sd"]), float(s.loc[k, "r_hat"])]
             for k in s.index}
 
 
-def run_gradsolve(model, data, warm, draws, chains, seed):
+def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None):
     t = time.perf_counter()
     idata = inference.sample(model, data, num_warmup=warm, num_samples=draws,
-                             num_chains=chains, seed=seed, progress=False)
+                             num_chains=chains, seed=seed, progress=False, rerecord=rerecord)
     total = time.perf_counter() - t
-    return dict(total_s=total, min_ess=min_ess(idata), ess_per_s=min_ess(idata) / total,
+    return dict(total_s=total, min_ess=min_ess(idata, pop),
+                ess_per_s=min_ess(idata, pop) / total, policy=idata.posterior.attrs["mesh_policy"],
                 divergences=int(idata.sample_stats["diverging"].sum()),
                 max_error_ratio=float(idata.posterior.attrs["max_error_ratio"]),
                 sampling_mesh=idata.posterior.attrs["sampling_mesh"],
-                leapfrog_steps=int(idata.sample_stats["n_steps"].sum()), posterior=summary(idata))
+                leapfrog_steps=int(idata.sample_stats["n_steps"].sum()),
+                posterior=summary(idata, pop))
 
 
-def run_numpyro(program, data, warm, draws, chains, seed):
+def run_numpyro(program, data, warm, draws, chains, seed, pop=POP):
     t = time.perf_counter()
     mcmc = MCMC(NUTS(program), num_warmup=warm, num_samples=draws, num_chains=chains,
                 chain_method="vectorized", progress_bar=False)
@@ -129,9 +133,36 @@ def run_numpyro(program, data, warm, draws, chains, seed):
     total = time.perf_counter() - t
     idata = az.from_numpyro(mcmc)
     ex = mcmc.get_extra_fields()
-    return dict(total_s=total, min_ess=min_ess(idata), ess_per_s=min_ess(idata) / total,
-                divergences=int(np.sum(ex["diverging"])),
-                leapfrog_steps=int(np.sum(ex["num_steps"])), posterior=summary(idata))
+    return dict(total_s=total, min_ess=min_ess(idata, pop),
+                ess_per_s=min_ess(idata, pop) / total, divergences=int(np.sum(ex["diverging"])),
+                leapfrog_steps=int(np.sum(ex["num_steps"])), posterior=summary(idata, pop))
+
+
+def study(warm, draws, chains, seed, subjects):
+    """The simulated multiple-dose study (`models.simulated_study`): `inference.sample`
+    under its default policy and under ``rerecord="warmup"`` (the mesh reused through
+    sampling), and NumPyro + ``gs.solve``; each row with its z-scores against the truth."""
+    model = models.two_compartment_oral()
+    data, _ = models.simulated_study(n_subjects=subjects, seed=0)
+    truth = np.concatenate([np.ravel(models.TWO_COMPARTMENT_TRUTH[k]) for k in TWO_CPT])
+    print(f"simulated study, {subjects} subjects, {chains} chains x ({warm} + {draws}):",
+          flush=True)
+    out = {}
+    for name, run in (
+            ("gradsolve", lambda: run_gradsolve(model, data, warm, draws, chains, seed, TWO_CPT)),
+            ("gradsolve_warmup", lambda: run_gradsolve(model, data, warm, draws, chains, seed,
+                                                       TWO_CPT, rerecord="warmup")),
+            ("numpyro_gs_solve", lambda: run_numpyro(inference.population_program(model), data,
+                                                     warm, draws, chains, seed, TWO_CPT))):
+        r = run()
+        est = np.array([v[:2] for v in r["posterior"].values()])
+        r["max_abs_z"] = float(np.max(np.abs((est[:, 0] - truth) / est[:, 1])))
+        r["max_r_hat"] = float(max(v[2] for v in r["posterior"].values()))
+        out[name] = r
+        print(f"  {name:17s} {r['total_s']:7.1f} s, min ESS {r['min_ess']:6.0f}, "
+              f"{r['ess_per_s']:6.2f} ESS/s, {r['divergences']} divergences, max |z| vs truth "
+              f"{r['max_abs_z']:.2f}, max R-hat {r['max_r_hat']:.3f}", flush=True)
+    return out
 
 
 def repeated(data, S):
@@ -180,7 +211,21 @@ def main(argv=None):
     ap.add_argument("--diffrax", action="store_true", help="also NumPyro + Diffrax NUTS (slow)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sizes", default="12,100,1000", help="subjects for the gradient timing")
+    ap.add_argument("--study", type=int, default=0, metavar="S",
+                    help="run only the simulated S-subject study (e.g. 200), 4 chains x "
+                         "(500 + 500): both mesh policies and NumPyro + gs.solve")
     a = ap.parse_args(argv)
+    if a.study:
+        res = dict(config=dict(warmup=500, draws=500, chains=4, seed=a.seed, subjects=a.study,
+                               date=time.strftime("%Y-%m-%d"), machine=platform.platform(),
+                               cpus=os.cpu_count()), **study(500, 500, 4, a.seed, a.study))
+        out = os.path.join(os.path.dirname(__file__), "results",
+                           f"bench_population_study_{a.study}.json")
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "w") as fh:
+            json.dump(res, fh, indent=1)
+        print(f"wrote {out}")
+        return
     warm, draws, chains = (200, 300, 4) if a.quick else (500, 1000, 4)
     model, data = models.theophylline(), models.load_dataset("theophylline")
     print(f"theophylline, {chains} chains x ({warm} + {draws}), {platform.machine()}, "

@@ -35,7 +35,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ._checks import is_concrete
-from ._misc import tree_where
+from ._misc import shared_any, tree_where
 from ._savetimes import node_times, save_roles
 from ._sharding import host
 
@@ -255,7 +255,7 @@ def reset_state(solver, f, t, y, params, st, mask):
         return st
     fresh = lambda: tree_where(mask, jax.vmap(lambda t, y, p: solver.init(f, t, y, p))(
         t, y, params), st)
-    return jax.lax.cond(jnp.any(mask), fresh, lambda: st)
+    return jax.lax.cond(shared_any(mask), fresh, lambda: st)
 
 
 def events_out_of_order(bm, times, tsave, subst, events, t0, t1, jumps):

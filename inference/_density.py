@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
+from ._ode import ode
 from ._problem import MAX_STEPS, TOLERANCES, Problem
 
 __all__ = ["log_density", "numpyro_model"]
@@ -81,11 +82,17 @@ def numpyro_model(
     """The NumPyro program of ``model`` given ``data``, solving the ODE with gradsolve.
 
     Returns a function ``program(ts=data.ts, ys=data.ys)`` that samples each parameter from
-    its prior (``numpyro.sample(name, prior)``), solves with ``gs.solve`` and observes
+    its prior (``numpyro.sample(name, prior)``), solves at an `inference.ode` site named
+    ``"ode"`` and observes
     ``numpyro.sample("obs", model.observations(params, y_pred), obs=ys)`` (the model's
     ``noise``, skipping missing observations: NaN in ``ys``). Pass ``ys=None`` for
     predictive simulation. A failed solve adds ``numpyro.factor("solver_failure", -inf)``.
     ``numpyro.infer.util.log_density`` of it equals `log_density`.
+
+    Under plain NumPyro the site is ``gs.solve``; passed to `inference.sample` or
+    `inference.fit` with a data set (``inference.sample(numpyro_model(model), data)``: the
+    program is then called as ``program(data)``) its mesh is recorded and reused like any
+    program's, so a NumPyro user can extend the model's program and keep the fast gradient.
 
     Args:
         model: a `models.ODEModel`.
@@ -106,6 +113,8 @@ def numpyro_model(
     default_ys = None if data is None else jnp.asarray(data.ys)
 
     def program(ts=default_ts, ys=default_ys):
+        if hasattr(ts, "ts") and hasattr(ts, "ys"):  # program(data), as sample and fit call it
+            ts, ys = ts.ts, ts.ys
         if ts is None:
             raise ValueError("numpyro_model: pass `ts` (no data given)")
         ts = np.asarray(ts, dtype=float)
@@ -113,7 +122,9 @@ def numpyro_model(
         prob = Problem(model, _Data(ts, obs), solver=solver, rtol=rtol, atol=atol,
                        max_steps=max_steps)
         params = {k: numpyro.sample(k, d) for k, d in model.priors.items()}
-        y_pred, ok = prob.predictions(params, prob.solve(params).ys)
+        sol = ode("ode", *prob._args(params), ts=prob.ts, solver=prob.solver, rtol=rtol,
+                  atol=atol, max_steps=max_steps)
+        y_pred, ok = prob.predictions(params, sol.ys)
         numpyro.deterministic("y_pred", y_pred)
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
         numpyro.sample("obs", model.observations(params, y_pred), obs=ys)

@@ -105,3 +105,28 @@ def test_theophylline_posterior_matches_closed_form_reference(theoph):
     idata = inference.sample(hand_written, data, num_warmup=500, num_samples=1000,
                              num_chains=4, seed=0, progress=False)
     _agrees(idata, ref)
+
+
+TWO_CPT = ["lKa", "lCl", "lV1", "lQ", "lV2", "omega", "sigma_add", "sigma_prop"]
+
+
+@pytest.mark.slow
+def test_simulated_study_posterior_covers_the_truth():
+    """200 subjects, six oral doses each, sparse samples, simulated at known population
+    values: every population parameter's posterior mean lies within 3.5 posterior sd of
+    the value the data were drawn from (for a well-specified model and this many subjects
+    the z-scores are close to standard normal), the chains mix and nothing diverges."""
+    import arviz as az
+
+    model = models.two_compartment_oral()
+    data, _ = models.simulated_study(n_subjects=200, seed=0)
+    idata = inference.sample(model, data, num_warmup=500, num_samples=500, num_chains=4,
+                             seed=0, progress=False)
+    assert int(idata.sample_stats["diverging"].sum()) == 0
+    rhat = az.rhat(idata, var_names=TWO_CPT)
+    for k in TWO_CPT:
+        post = idata.posterior[k].values.reshape((-1,) + idata.posterior[k].shape[2:])
+        truth = np.asarray(models.TWO_COMPARTMENT_TRUTH[k])
+        z = (post.mean(0) - truth) / post.std(0)
+        assert np.all(np.abs(z) < 3.5), (k, z)
+        assert np.all(rhat[k].values < 1.05), (k, rhat[k].values)

@@ -54,7 +54,7 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 from .._controller import PIDController, error_norm, initial_step
 from .._events import Events, apply_jumps, empty_events, jump_node_times, reset_state
 from .._mesh import Mesh, Status
-from .._misc import length_groups, tree_where
+from .._misc import length_groups, shared_max, tree_where
 from .._savetimes import node_times
 from .._solver.base import AbstractSolver
 from .base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
@@ -418,7 +418,7 @@ def _replay_block(
     n_blocks = math.ceil(n_chunks / per_block)
     span = per_block * chunk  # steps per block
     n_steps = n_blocks * span
-    n_max = jnp.max(n_eff)
+    n_max = shared_max(n_eff)
     rows = jnp.arange(g)[:, None]
     # Nodes past n_eff repeat node n_eff (zero-length steps), and every node up to n_max is
     # replayed, so each save slot is met in some block.

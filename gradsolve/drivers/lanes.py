@@ -45,7 +45,7 @@ from jaxtyping import Array, Float
 from .._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
 from .._caches import cache
 from .._jaxpr import Scalarizer, Unsupported, unsupported_primitive
-from .._misc import length_groups
+from .._misc import length_groups, shared_any, shared_max
 from .._mesh import Mesh
 from .._events import jump_node_times
 from .._savetimes import node_times
@@ -328,7 +328,7 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol, ev=None):
     s1 = nodes.shape[1]
     p = LaneArray.from_matrix(pflat)
     rtol, atol = tol[:, 0], tol[:, 1]
-    n_max = jnp.max(n_eff)
+    n_max = shared_max(n_eff)
     y = LaneArray.from_matrix(y0)
     states = jnp.zeros((s1, d, g), y0.dtype).at[0].set(y0.T)
     st = solver.init(field, nodes[:, 0], y, p)
@@ -350,7 +350,7 @@ def _forward_group(field, solver, nodes, n_eff, y0, pflat, save, tol, ev=None):
             y = _jumped(y, i + 1, active, ev)
             if st is not None:
                 reset = _is_reset(i + 1, ev) & active
-                st = jax.lax.cond(jnp.any(reset),
+                st = jax.lax.cond(shared_any(reset),
                                   lambda: _where(reset, solver.init(field, tb, y, p), st),
                                   lambda: st)
         return y, st, emax, states
@@ -376,7 +376,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     # Cotangents of the saved states, per node (equal save times share a node and add).
     inject = jnp.zeros_like(states).at[node, :, rows[:, None]].add(ct_ys)
     p = LaneArray.from_matrix(pflat)
-    n_max = jnp.max(n_eff)
+    n_max = shared_max(n_eff)
     c_last = float(solver.c[-1])
 
     def unit(y, p, t_prev, ta, tb, reset):

@@ -1,9 +1,12 @@
-"""The XLA record under ``jax.vmap``: the mapped axis folds into the ensemble axis.
+"""Recording and replaying under ``jax.vmap`` (a batch of ensembles: NumPyro's vectorised
+chains, a vmapped loss).
 
-``B`` vmapped records of ``n`` trajectories must be exactly one record of the ``B * n``
+The XLA record folds the mapped axis into the ensemble axis: ``B`` vmapped records of ``n`` trajectories must be exactly one record of the ``B * n``
 concatenated trajectories (each trajectory's steps do not depend on the others), including
 with events; inputs that cannot fold (a mapped tolerance, a mapped value ``f`` closes over)
-fall back to a plain ``vmap`` and still agree with calls one by one.
+fall back to a plain ``vmap`` and still agree with calls one by one. The replays run one
+loop over a batch of meshes of different lengths (to the longest); each member's values and
+gradients must equal its own replay's.
 """
 
 import jax
@@ -87,3 +90,53 @@ def test_gradient_through_vmapped_solve_matches_calls_one_by_one(batch):
     mapped = jax.jit(jax.vmap(jax.grad(loss)))(p)
     for j in range(B):
         np.testing.assert_allclose(mapped[j], jax.grad(loss)(p[j]), rtol=1e-9)
+
+
+def _spread(batch):
+    """Parameters whose step counts differ several-fold across the batch."""
+    y0, p = batch
+    return y0, p * jnp.array([0.5, 1.0, 2.5])[:, None, None]
+
+
+@pytest.mark.parametrize("driver", ["batched", "lanes"])
+@pytest.mark.parametrize("events", [False, True])
+def test_vmapped_replay_of_meshes_of_different_lengths_matches_each_replay(batch, driver, events):
+    y0, p = _spread(batch)
+    drv = gs.drivers.Batched() if driver == "batched" else gs.drivers.Lanes()
+    jt = jnp.array([2.0, 5.0])
+    js = jnp.array([[0.3, 0.0], [0.0, 0.2]])
+    jumps = (jt, js) if events else None
+    rec = jax.jit(jax.vmap(lambda q: gs.record(f, 0.0, 8.0, y0, q, ts=TS, jumps=jumps,
+                                               max_steps=512)))
+    meshes = rec(p)
+    steps = np.asarray(meshes.n_steps)
+    assert steps.max(axis=1).min() * 2 < steps.max()          # lengths differ across members
+
+    def loss(q, sizes, mesh):
+        j = (jt, sizes) if events else None
+        return jnp.sum(gs.replay(f, mesh, y0, q, ts=TS, jumps=j, driver=drv).ys ** 2)
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    value, (gp, gs_) = jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1)),
+                                        in_axes=(0, None, 0)))(p, js, meshes)
+    for j in range(B):
+        m = jax.tree_util.tree_map(lambda x: x[j], meshes)
+        np.testing.assert_allclose(value[j], loss(p[j], js, m), rtol=1e-13)
+        one_p, one_s = grad(p[j], js, m)
+        np.testing.assert_allclose(gp[j], one_p, rtol=1e-12, atol=1e-14)
+        if events:
+            np.testing.assert_allclose(gs_[j], one_s, rtol=1e-12, atol=1e-14)
+
+
+def test_nested_vmapped_replay_matches_each_replay(batch):
+    y0, p = _spread(batch)
+    P = jnp.stack([p, p * 1.1])                                      # (2, B, N, 4)
+    rec = jax.jit(jax.vmap(jax.vmap(lambda q: gs.record(f, 0.0, 8.0, y0, q, ts=TS,
+                                                        max_steps=512))))
+    meshes = rec(P)
+    loss = lambda q, m: jnp.sum(gs.replay(f, m, y0, q, driver=gs.drivers.Lanes()).ys ** 2)
+    g = jax.jit(jax.vmap(jax.vmap(jax.grad(loss))))(P, meshes)
+    for a in range(2):
+        for b in range(B):
+            m = jax.tree_util.tree_map(lambda x: x[a, b], meshes)
+            np.testing.assert_allclose(g[a, b], jax.grad(loss)(P[a, b], m), rtol=1e-12)
