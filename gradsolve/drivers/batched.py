@@ -237,7 +237,9 @@ def _record_arrays(f, solver: AbstractSolver, controller: PIDController, t0, t1,
         h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
     h0 = jnp.minimum(h0, t1 - t0)
 
-    times = jnp.zeros((n, max_steps + 1), dtype).at[:, 0].set(t0)
+    # The barrier keeps XLA from constant-folding the buffer when t0 is a constant: it would
+    # embed an (n, max_steps + 1) literal in the program (seconds of compile, its size in RAM).
+    times = jnp.zeros((n, max_steps + 1), dtype).at[:, 0].set(jax.lax.optimization_barrier(t0))
     ptr0 = jnp.sum(ts <= t0, axis=1).astype(jnp.int32)
     init = _RecordState(
         t=jnp.full((n,), t0),
