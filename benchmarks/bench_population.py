@@ -213,14 +213,16 @@ def main(argv=None):
     ap.add_argument("--sizes", default="12,100,1000", help="subjects for the gradient timing")
     ap.add_argument("--study", type=int, default=0, metavar="S",
                     help="run only the simulated S-subject study (e.g. 200), 4 chains x "
-                         "(500 + 500): both mesh policies and NumPyro + gs.solve")
+                         "(500 + 500) (--quick: 200 + 300): both mesh policies and NumPyro + "
+                         "gs.solve")
     a = ap.parse_args(argv)
     if a.study:
-        res = dict(config=dict(warmup=500, draws=500, chains=4, seed=a.seed, subjects=a.study,
+        sw, sd = (200, 300) if a.quick else (500, 500)
+        res = dict(config=dict(warmup=sw, draws=sd, chains=4, seed=a.seed, subjects=a.study,
                                date=time.strftime("%Y-%m-%d"), machine=platform.platform(),
-                               cpus=os.cpu_count()), **study(500, 500, 4, a.seed, a.study))
+                               cpus=os.cpu_count()), **study(sw, sd, 4, a.seed, a.study))
         out = os.path.join(os.path.dirname(__file__), "results",
-                           f"bench_population_study_{a.study}.json")
+                           f"bench_population_study_{a.study}{'_quick' if a.quick else ''}.json")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         with open(out, "w") as fh:
             json.dump(res, fh, indent=1)

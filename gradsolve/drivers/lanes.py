@@ -368,8 +368,8 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
                     with_times, ev=None):
     """Exact discrete adjoint of `_forward_group`'s steps. Returns ``ct_y0 (g, d)``,
     ``ct_pflat (g, P)``, the node-time cotangents ``(S1, g)`` if ``with_times`` (else None)
-    and, with events, the cotangents of the state after each node's jump ``(S1, d, g)``
-    (a jump size's cotangent is the one at its node; else None)."""
+    and, with events, the jump sizes' cotangents ``(g, J, d)``: the cotangent of the state
+    after the jump's node (else None; padded jumps' entries are meaningless)."""
     s1, d, g = states.shape
     rows = jnp.arange(g)
     node = jnp.minimum(save, n_eff[:, None])
@@ -390,7 +390,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
         return solver.step(field, ta, tb - ta, y, p, st)[0]
 
     def body(j, carry):
-        lam, gp, ct_t, ct_after = carry  # lam: cotangent of the state after node i + 1
+        lam, gp, ct_t, ct_js = carry  # lam: cotangent of the state after node i + 1
         i = n_max - 1 - j
         active = (i >= 0) & (i < n_eff)
         t_prev = _column(nodes, jnp.maximum(i - 1, 0))
@@ -398,8 +398,8 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
         y = LaneArray(jax.lax.dynamic_index_in_dim(states, i, axis=0, keepdims=False))
         reset = None
         if ev is not None:
-            ct_after = jax.lax.dynamic_update_index_in_dim(
-                ct_after, jnp.stack(lam.rows), i + 1, axis=0)
+            hit = ev[0] == i + 1                                          # (g, J)
+            ct_js = jnp.where(hit[..., None], jnp.stack(lam.rows, -1)[:, None, :], ct_js)
             y = _jumped(y, i, active, ev)
             reset = _is_reset(i, ev)
         # The state at node i + 1 before its jump feeds the saves there and the next step.
@@ -412,17 +412,19 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
             zero = jnp.zeros_like(ta)
             upd = lambda c, idx, v: c.at[idx].add(jnp.where(active, v, zero))
             ct_t = upd(upd(upd(ct_t, i + 1, dtb), i, dta), jnp.maximum(i - 1, 0), dt_prev)
-        return lam, gp, ct_t, ct_after
+        return lam, gp, ct_t, ct_js
 
     # Carries are `LaneArray` (one array per component), not (g, d) matrices: XLA would fuse
     # each output entry's whole reverse step separately and compute it d times.
     ct_t0 = jnp.zeros((s1, g), states.dtype) if with_times else None
-    ct_after0 = jnp.zeros_like(states) if ev is not None else None
-    lam, gp, ct_t, ct_after = _chunked_loop(
+    # Jump sizes' cotangents are kept per jump, not per node: an (S1, d, g) buffer would
+    # cost the mesh capacity in memory traffic on every call.
+    ct_js0 = jnp.zeros(ev[1].shape, states.dtype) if ev is not None else None
+    lam, gp, ct_t, ct_js = _chunked_loop(
         n_max, body, (LaneArray.from_matrix(ct_y1), LaneArray.from_matrix(jnp.zeros_like(pflat)),
-                      ct_t0, ct_after0))
+                      ct_t0, ct_js0))
     ct_y0 = lam.matrix() + inject[0].T
-    return ct_y0, gp.matrix(), ct_t, ct_after
+    return ct_y0, gp.matrix(), ct_t, ct_js
 
 
 def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
@@ -457,7 +459,7 @@ def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rt
             return _backward_group(field, solver, nodes, n_eff, pf, save, st, ct_ys, ct_y1,
                                    with_times, lev)
 
-        ct_y0, ct_pf, ct_t, ct_after = jax.lax.map(one, (args, states))
+        ct_y0, ct_pf, ct_t, ct_js = jax.lax.map(one, (args, states))
         ct_y0, ct_pf = ungroup(ct_y0), ungroup(ct_pf)
         if with_times:
             ct_t = ungroup(jnp.swapaxes(ct_t, 1, 2))  # (n, S1)
@@ -471,10 +473,8 @@ def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rt
             return ct_tm, ct_y0, ct_pf
         # A jump size's cotangent is that of the state after its node; padded jumps
         # (index 0) get none.
-        ct_after = ungroup(jnp.transpose(ct_after, (0, 3, 1, 2)))  # (n, S1, d)
-        rows = jnp.arange(ct_after.shape[0])[:, None]
         live = ev.jump_index > 0
-        ct_js = jnp.where(live[..., None], ct_after[rows, ev.jump_index], 0.0)
+        ct_js = jnp.where(live[..., None], ungroup(ct_js), 0.0)
         if with_times:
             # Node-time cotangents back to the save times and jump times that set them.
             _, back = jax.vjp(lambda a, b: node_fn(times, save, a, subst, ev._replace(jump_times=b)),
