@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 
 import jax
@@ -47,6 +48,9 @@ import diffrax  # noqa: E402
 from scipy.integrate import solve_ivp  # noqa: E402
 
 import gradsolve as gs  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench_core  # noqa: E402
 
 
 def lorenz(t, y, p):
@@ -81,13 +85,8 @@ def error(ys, ref, idx):
 
 
 def _best(fns: dict, repeats: int) -> dict:
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            jax.block_until_ready(fn())
-            best[k] = min(best[k], time.perf_counter() - t)
-    return {k: 1e3 * v for k, v in best.items()}
+    """`bench_core._best` in milliseconds."""
+    return {k: 1e3 * v for k, v in bench_core._best(fns, repeats).items()}
 
 
 def rung(y0, p, ts, rtol, atol, repeats):

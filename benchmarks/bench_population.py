@@ -205,6 +205,19 @@ def gradient_times(model, data, sizes, reps=20):
     return out
 
 
+def _config(warm, draws, chains, seed, **extra):
+    return dict(warmup=warm, draws=draws, chains=chains, seed=seed, **extra,
+                date=time.strftime("%Y-%m-%d"), machine=platform.platform(), cpus=os.cpu_count())
+
+
+def _write(res, name):
+    out = os.path.join(os.path.dirname(__file__), "results", f"{name}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"wrote {out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="4 chains x (200 + 300)")
@@ -218,23 +231,15 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.study:
         sw, sd = (200, 300) if a.quick else (500, 500)
-        res = dict(config=dict(warmup=sw, draws=sd, chains=4, seed=a.seed, subjects=a.study,
-                               date=time.strftime("%Y-%m-%d"), machine=platform.platform(),
-                               cpus=os.cpu_count()), **study(sw, sd, 4, a.seed, a.study))
-        out = os.path.join(os.path.dirname(__file__), "results",
-                           f"bench_population_study_{a.study}{'_quick' if a.quick else ''}.json")
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with open(out, "w") as fh:
-            json.dump(res, fh, indent=1)
-        print(f"wrote {out}")
+        res = dict(config=_config(sw, sd, 4, a.seed, subjects=a.study),
+                   **study(sw, sd, 4, a.seed, a.study))
+        _write(res, f"bench_population_study_{a.study}{'_quick' if a.quick else ''}")
         return
     warm, draws, chains = (200, 300, 4) if a.quick else (500, 1000, 4)
     model, data = models.theophylline(), models.load_dataset("theophylline")
     print(f"theophylline, {chains} chains x ({warm} + {draws}), {platform.machine()}, "
           f"jax {jax.__version__}, {jax.devices()[0].platform}", flush=True)
-    res = dict(config=dict(warmup=warm, draws=draws, chains=chains, seed=a.seed,
-                           date=time.strftime("%Y-%m-%d"), machine=platform.platform(),
-                           cpus=os.cpu_count()))
+    res = dict(config=_config(warm, draws, chains, a.seed))
     res["gradsolve"] = run_gradsolve(model, data, warm, draws, chains, a.seed)
     print("  inference.sample:   {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} "
           "ESS/s, {divergences} divergences".format(**res["gradsolve"]), flush=True)
@@ -251,12 +256,7 @@ def main(argv=None):
     print(f"  ESS/s ratio inference.sample / NumPyro + gs.solve: {g / n:.2f}x", flush=True)
     print("one log-density gradient, 4 points vectorised:", flush=True)
     res["gradient"] = gradient_times(model, data, [int(s) for s in a.sizes.split(",")])
-    out = os.path.join(os.path.dirname(__file__), "results",
-                       f"bench_population{'_quick' if a.quick else ''}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(res, fh, indent=1)
-    print(f"wrote {out}")
+    _write(res, f"bench_population{'_quick' if a.quick else ''}")
 
 
 if __name__ == "__main__":
