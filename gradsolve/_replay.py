@@ -82,9 +82,8 @@ def replay(
             neighbouring node, or outside ``[t0, t1]``, is a ``ValueError`` (under
             ``jit``: NaN and ``Status.INVALID_INPUT``). Save times equal to a jump time
             read the state before the jump; the mesh's ``tstops`` are replayed as
-            recorded (their stages recomputed). `gradsolve.drivers.Lanes` (explicit
-            solvers) and `gradsolve.drivers.Batched` apply events; the compiled kernel
-            does not yet.
+            recorded (their stages recomputed). Every replay driver but
+            `gradsolve.drivers.Diffrax` applies events.
 
     Returns:
         `Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.

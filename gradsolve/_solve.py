@@ -58,9 +58,9 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             jump time reads the state before the jump; a jump at ``t0`` applies to ``y0``;
             ``y1`` is the state after every jump). Differentiable w.r.t. jump sizes and jump
             times (each jump's node moves with its time); tstops are not. With events the
-            record runs on `gradsolve.drivers.Batched` and the replay on
-            `gradsolve.drivers.Lanes` where it applies (explicit solvers, a small field),
-            else on `Batched`; ``Solution.route`` names the replay's.
+            record runs the XLA loop of `gradsolve.drivers.Batched` and the replay the
+            fastest driver that applies (the compiled kernel on CPU); ``Solution.route``
+            names the replay's.
 
     Returns:
         A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,

@@ -65,6 +65,19 @@ def lv_ensemble():
     return lotka_volterra, y0, p, ts
 
 
+def kernel_builds() -> bool:
+    """Whether this machine builds the compiled CPU kernel (a C++ compiler and jaxlib's FFI
+    headers): tests of the `gs.drivers.Kernel` driver skip where it does not."""
+    import warnings
+
+    import gradsolve as gs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return gs.drivers.Kernel().replay_reason(lotka_volterra, gs.Tsit5(), jnp.ones((2, 2)),
+                                                 jnp.ones((2, 4))) is None
+
+
 def pytest_configure(config):
     # Identical programs built by different Python callables compile once per run.
     import os

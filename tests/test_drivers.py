@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-from conftest import decay, lotka_volterra, van_der_pol
+from conftest import decay, kernel_builds, lotka_volterra, van_der_pol
 
 RTOL = 1e-12  # same steps on the same mesh: agreement to rounding (float64)
 RECORD_TOL = dict(rtol=1e-7, atol=1e-9)
@@ -89,12 +89,7 @@ CASES = [("lv", "Tsit5"), ("vdp", "Vern7"), ("forced", "Dopri5"), ("coupled", "V
 LANES_FIELDS = {"lv", "vdp", "forced"}
 
 
-def _kernel_builds() -> bool:
-    return gs.drivers.Kernel().replay_reason(lotka_volterra, gs.Tsit5(), jnp.ones((2, 2)),
-                                             jnp.ones((2, 4))) is None
-
-
-KERNEL = _kernel_builds()
+KERNEL = kernel_builds()
 
 
 def _expected_to_apply(problem, solver, driver):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
+from conftest import kernel_builds
 
 T0, T1 = 0.0, 48.0
 TOL = dict(rtol=1e-10, atol=1e-10)
@@ -72,9 +73,11 @@ def obs_mesh():
                      **TOL)
 
 
-# The replay drivers that apply events: the batched driver (JAX's AD through the steps) and
-# the lanes replay (hand-written adjoint); each is checked against the closed form.
-REPLAY_DRIVERS = [gs.drivers.Batched(), gs.drivers.Lanes()]
+# The replay drivers that apply events: the batched driver (JAX's AD through the steps), the
+# lanes replay and the compiled kernel (hand-written adjoints); each is checked against the
+# closed form.
+REPLAY_DRIVERS = [gs.drivers.Batched(), gs.drivers.Lanes()] + (
+    [gs.drivers.Kernel()] if kernel_builds() else [])
 
 
 @pytest.fixture(scope="module", params=REPLAY_DRIVERS, ids=lambda d: d.name)
@@ -161,7 +164,7 @@ def test_ragged_ensemble_equals_single_solves():
     tol = dict(rtol=1e-8, atol=1e-8)
     sol = gs.solve(pk, T0, T1, jnp.zeros((3, 2)), p, ts=TS, jumps=(times, gut_sizes(doses)),
                    tstops=tstops, **tol)
-    assert sol.route in ("gradsolve-batched+gradsolve-lanes", "gradsolve-lanes")
+    assert sol.route == ("gradsolve-kernel" if kernel_builds() else "gradsolve-lanes")
     counts = [3, 2, 2]
     for i, c in enumerate(counts):
         # Row 0's schedule as given; the others padded the same way (one compiled shape):
@@ -187,9 +190,14 @@ def test_ragged_ensemble_equals_single_solves():
         gs.Mesh.union([sol.mesh])
 
 
-def test_ragged_gradients_agree_between_replay_drivers():
+@pytest.mark.parametrize("driver", [d for d in REPLAY_DRIVERS if d != gs.drivers.Batched()],
+                         ids=lambda d: d.name)
+@pytest.mark.parametrize("moving", [True, False], ids=["times-differentiated", "sizes-only"])
+def test_ragged_gradients_agree_between_replay_drivers(driver, moving):
     """Padded (inert, NaN-sized) jumps, two jumps at one time, a jump at t0 and tstops, in
-    one ensemble: the lanes adjoint equals JAX's AD through the batched steps."""
+    one ensemble: the hand-written adjoints equal JAX's AD through the batched steps, with
+    jump and save times differentiated or held (the adjoint without node-time
+    cotangents)."""
     times, doses, tstops, p = _ragged()
     mesh = gs.record(pk, T0, T1, jnp.zeros((3, 2)), p, ts=TS, jumps=(times, gut_sizes(doses)),
                      tstops=tstops, rtol=1e-8, atol=1e-8)
@@ -202,13 +210,24 @@ def test_ragged_gradients_agree_between_replay_drivers():
     live = jnp.isfinite(times)
     ts = jnp.broadcast_to(TS, (3, TS.shape[0]))
     args = (times, doses, p, ts)
-    ref = jax.grad(lambda *a: loss(gs.drivers.Batched(), *a), argnums=(0, 1, 2, 3))(*args)
-    got = jax.grad(lambda *a: loss(gs.drivers.Lanes(), *a), argnums=(0, 1, 2, 3))(*args)
+    argnums = (0, 1, 2, 3) if moving else (1, 2)
+    ref = jax.grad(lambda *a: loss(gs.drivers.Batched(), *a), argnums=argnums)(*args)
+    got = jax.grad(lambda *a: loss(driver, *a), argnums=argnums)(*args)
     for a, b in zip(got, ref):
         a, b = np.where(np.isfinite(b), a, 0.0), np.where(np.isfinite(b), b, 0.0)
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * np.max(np.abs(b)))
     # Padded jumps get zero gradient, their NaN sizes included.
-    assert np.all(np.asarray(got[1])[~np.asarray(live)] == 0.0)
+    sizes = got[1] if moving else got[0]
+    assert np.all(np.asarray(sizes)[~np.asarray(live)] == 0.0)
+    # The forward values too: bitwise where the kernel and lanes run the same arithmetic
+    # is not promised, to rounding is.
+    a = gs.replay(pk, mesh, jnp.full((3, 2), 0.5), p, ts=ts, jumps=(times, gut_sizes(doses)),
+                  driver=driver)
+    b = gs.replay(pk, mesh, jnp.full((3, 2), 0.5), p, ts=ts, jumps=(times, gut_sizes(doses)),
+                  driver=gs.drivers.Batched())
+    assert a.route == driver.name
+    np.testing.assert_allclose(a.ys, b.ys, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(a.y1, b.y1, rtol=1e-12, atol=1e-12)
 
 
 def test_jit_vmap_and_forward_mode(grad_mesh, grads, driver):
@@ -258,16 +277,15 @@ def test_traced_invalid_events_give_status_and_nan(grad_mesh):
 
 def test_drivers_that_refuse_events_say_why(grad_mesh):
     jumps = (DOSE_T, gut_sizes(DOSE))
-    with pytest.raises(ValueError, match="compiled kernel does not apply known-time events"):
-        gs.solve(pk, T0, T1, Y0, P, jumps=jumps, driver=gs.drivers.Kernel())
     with pytest.raises(ValueError, match="known-time events"):
         gs.replay(pk, grad_mesh, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
     with pytest.raises(ValueError, match="known-time events"):
         gs.solve(pk, T0, T1, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
     y0b, pb = Y0[None], P[None]
-    # Replays with events: the lanes replay (explicit solvers), else the batched driver.
+    # Replays with events: the kernel (CPU) or the lanes replay (explicit solvers), else the
+    # batched driver; records run the XLA loop.
     assert gs.drivers.Auto().choose("replay", pk, gs.Tsit5(), y0b, pb, events=True).name == \
-        "gradsolve-lanes"
+        ("gradsolve-kernel" if kernel_builds() else "gradsolve-lanes")
     assert gs.drivers.Auto().choose("replay", pk, gs.Rodas5P(), y0b, pb, events=True).name == \
         "gradsolve-batched"
     assert gs.drivers.Auto().choose("record", pk, gs.Tsit5(), y0b, pb, events=True).name == \

@@ -16,19 +16,10 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-from conftest import lotka_volterra
+from conftest import kernel_builds, lotka_volterra
 from gradsolve import _config
 from gradsolve.drivers.kernel import build, driver as kernel_replay_mod
 
-
-
-def _kernel_builds() -> bool:
-    """Whether this machine can build a kernel at all (compiler and jaxlib FFI headers)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        target = kernel_replay_mod.kernel_target(
-            lotka_volterra, gs.Tsit5(), jnp.ones((2, 2)), jnp.ones((2, 4)))
-    return target.prefix is not None
 
 
 def _cache_settings(monkeypatch, **changes):
@@ -37,7 +28,7 @@ def _cache_settings(monkeypatch, **changes):
 
 
 requires_compiler = pytest.mark.skipif(
-    not _kernel_builds(), reason="no working C++ compiler: the kernel falls back to XLA (tested below)"
+    not kernel_builds(), reason="no working C++ compiler: the kernel falls back to XLA (tested below)"
 )
 
 

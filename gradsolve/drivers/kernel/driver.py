@@ -25,8 +25,9 @@ from ..._adjoint import (adjoint_replay, cache_key, flat_field, flat_params, fla
                         per_trajectory)
 from ..._caches import cache
 from ..._config import kernel_enabled
-from ..._events import empty_events
+from ..._events import empty_events, jump_node_times
 from ..._mesh import Mesh
+from ..._savetimes import node_times
 from ..._solver.base import AbstractExplicitRK
 from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
 from . import build
@@ -179,33 +180,71 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
     at ``(n, k)``, not ``(n, S+1)``. Where those save times carry a derivative, reverse
     mode takes the adjoint with node-time cotangents (``bwdt``), built on first use
     (`gradsolve.drivers.kernel.build.load_part`); otherwise the plain one.
+
+    Known-time events (``nodes.events``): the kernel adds each jump after the step into its
+    node and recomputes the carried stage after jump and tstop nodes, as the record does;
+    its adjoint returns the jump sizes' cotangents. The node times (save and jump times
+    moved) are then computed here and handed over as recorded ones. Where jump times or
+    save times carry a derivative, reverse mode is the batched driver's (same values; the
+    kernel computes no node-time cotangents of moved jump nodes).
     """
     dtype = jnp.result_type(y0)
     n, d = y0.shape
     k = nodes.save_index.shape[1]
     s1 = nodes.times.shape[1]
     p_size = int(sum(int(np.prod(s)) for s in flatten_spec(params)[2]))
+    has_events = nodes.events is not None
+    J = nodes.events.jump_index.shape[1] if has_events else 0
+    i32 = jnp.int32
 
-    fwd_call = spread(lambda m: jax.ffi.ffi_call(
+    def event_args(ev):
+        if ev is None:
+            return (jnp.zeros((n, 0), i32), jnp.zeros((n, 0, d), dtype), jnp.zeros((n, 0), i32))
+        # reset_index is (jump nodes, tstop nodes); the kernel finds jump nodes itself.
+        return (ev.jump_index.astype(i32), ev.jump_sizes.astype(dtype),
+                ev.reset_index[:, J:].astype(i32))
+
+    def event_nodes(times, save, tm, subst, ev):
+        if ev is None:
+            return times, subst
+        nodes_ = jump_node_times(node_times(times, save, tm, subst)[0], ev)
+        return nodes_, jnp.zeros_like(subst)
+
+    fwd_ffi = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_fwd",
         (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
          jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, d), dtype),
-         jax.ShapeDtypeStruct((m,), jnp.int32)),
+         jax.ShapeDtypeStruct((m,), i32)),
         vmap_method="broadcast_all",
     ), n)
+
+    def fwd_call(times, n_eff, y, pf, save, tol, tm, subst, ev=None):
+        times, subst = event_nodes(times, save, tm, subst, ev)
+        return fwd_ffi(times, n_eff, y, pf, save, tol, tm, subst, *event_args(ev))
+
     part = lambda with_times: "bwdt" if with_times else "bwd"
 
-    def bwd_call(*args):
-        *args, with_times = args
-        return spread(lambda m: jax.ffi.ffi_call(
+    def bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, ev=None):
+        times, subst = event_nodes(times, save, tm, subst, ev)
+        jidx, jsz, _ = event_args(ev)
+        ct_tm, ct_y0, ct_pf, ct_js = spread(lambda m: jax.ffi.ffi_call(
             f"{prefix}_{part(with_times)}",
             (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
-             jax.ShapeDtypeStruct((m, p_size), dtype)),
+             jax.ShapeDtypeStruct((m, p_size), dtype), jax.ShapeDtypeStruct((m, J, d), dtype)),
             vmap_method="broadcast_all",
-        ), n)(*args)
+        ), n)(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, jidx, jsz)
+        if ev is None:
+            return ct_tm, ct_y0, ct_pf
+        # Padded jumps (node 0) are inert: no cotangent. Jump times carry none here (with
+        # a live one the batched adjoint runs instead, `before_bwd`).
+        ct_js = jnp.where((ev.jump_index > 0)[..., None], ct_js, 0.0)
+        return ct_tm, ct_y0, ct_pf, jnp.zeros(ev.jump_times.shape, dtype), ct_js
+
+    def before_bwd(with_times):
+        return not (with_times and has_events) and build.load_part(prefix, part(with_times))
 
     return adjoint_replay(fwd_call, bwd_call, f, solver, nodes, y0, params, rtol, atol, layout,
-                          moved, before_bwd=lambda wt: build.load_part(prefix, part(wt)))
+                          moved, before_bwd=before_bwd)
 
 
 def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
@@ -239,13 +278,6 @@ def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rt
         t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl)
     return dict(times=times, n_steps=n_steps, n_rejected=n_rej, status=status,
                 save_index=save_index, dt_next=dt_next, y_last=y_last)
-
-
-EVENTS_REASON = (
-    "the compiled kernel does not apply known-time events yet (jumps= or tstops=: its C++ "
-    "record and adjoint have no jump nodes or stage resets); gs.drivers.Lanes() and "
-    "gs.drivers.Batched() do, and gs.drivers.Auto() picks one."
-)
 
 
 class KernelBuild(NamedTuple):
@@ -282,6 +314,11 @@ class Kernel(AbstractDriver):
     times faster than the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
     mode and second derivatives are the batched driver's. ``Solution.route ==
     "gradsolve-kernel"``.
+
+    Known-time events (``jumps=``, ``tstops=``): the replay and its adjoint apply them in
+    C++ (gradients w.r.t. jump sizes there; w.r.t. jump times, which move nodes, through
+    the batched driver's adjoint); the record runs the XLA record loop of
+    `gradsolve.drivers.Batched`, which lands the forced nodes.
 
     An explicit ``Kernel()`` builds its kernel before the first call returns (seconds on
     first use, then cached on disk); `Kernel.prebuild` builds it ahead of time.
@@ -342,19 +379,20 @@ class Kernel(AbstractDriver):
                            len(kernel.source) / 1e6)
 
     def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
-        if events:
-            return EVENTS_REASON
         return kernel_target(f, solver, y0, params).reason
 
     def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
-        if events:
-            return EVENTS_REASON
         return kernel_target(f, solver, y0, params).reason
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
                max_steps: int, fill: bool, events=None) -> Mesh:
         if events is not None:
-            raise ValueError(EVENTS_REASON)
+            # The C++ record has no forced jump nodes: the XLA record loop lands them (it
+            # folds a vmap into one loop, so a population record stays one adaptive loop).
+            from ..batched import record_loop
+
+            return record_loop(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
+                               max_steps, fill, events)
         prefix = kernel_target(f, solver, y0, params).prefix
         out = kernel_record(prefix, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
                             dt0, max_steps, fill)

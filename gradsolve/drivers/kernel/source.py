@@ -6,7 +6,10 @@ no stage leaves registers, and a lane whose trajectory ends is refilled from a q
 (longest first), so ragged ensembles cost the sum of their steps. Three XLA FFI handlers:
 
 - ``Fwd``: the replay. Stores the state at every mesh node for the reverse sweep
-  (``n * (S+1) * d`` numbers).
+  (``n * (S+1) * d`` numbers). Known-time events: after the step into a jump's node the
+  state jumps (the stored node state is the one before, what a save there reads), and
+  after a jump or tstop node the carried first stage is recomputed at the node, as the
+  record does (`gradsolve._events`).
 - ``Bwd``: the exact discrete adjoint of the same steps. Per step (last to first) it
   recomputes the stages from the stored state and runs the Runge–Kutta adjoint recursion
   (Hairer, Lubich & Wanner, *Geometric Numerical Integration*, VI.4; Sandu, "On the
@@ -17,7 +20,9 @@ no stage leaves registers, and a lane whose trajectory ends is refilled from a q
       lambda <- lambda + sum_i mu_i,  grad_p += sum_i pi_i,
 
   plus the cotangents of the two node times through ``h`` and the stage times (only in
-  the ``GS_PART_BWDT`` build). With FSAL the
+  the ``GS_PART_BWDT`` build). A step out of a jump's node starts from the stored state
+  plus the jump (the forward's sum, bitwise), and the jump size's cotangent is
+  ``lambda`` there, before the saves at the node add theirs. With FSAL the
   carried first stage is ``f(t_k, y_k)`` recomputed, the same function of ``y_k``.
 - ``Rec``: the adaptive record, with `gradsolve._controller`'s initial step and controller
   written per lane. Mesh slots past a trajectory's ``n_steps`` are written only when the
@@ -361,7 +366,31 @@ struct Problem {{
   int64_t n, s1, k;
   const real* times; const int32_t* n_eff; const real* p; const int32_t* save;
   const real* tsave; const int32_t* subst;
+  // Known-time events: per trajectory J jumps (their nodes, sorted, 0 padding at the end,
+  // and their sizes) and L tstop nodes (sorted, 0: none); J = L = 0 without events.
+  int64_t J = 0, L = 0;
+  const int32_t* jidx = nullptr; const real* jsz = nullptr; const int32_t* tidx = nullptr;
   std::vector<int64_t> order;
+}};
+
+// A cursor over one trajectory's sorted jump (or tstop) nodes. `ahead(node)` visits nodes
+// in increasing order (the forward sweep), `behind(node)` in decreasing order (the reverse
+// sweep); both return the first slot at `node` or -1, O(1) amortised.
+struct EventCursor {{
+  const int32_t* row; int64_t len, c;
+  void start_up(const int32_t* r, int64_t l) {{ row = r; len = l; c = 0; }}
+  void start_down(const int32_t* r, int64_t l) {{
+    row = r; len = l; c = l - 1;
+    while (c >= 0 && row[c] <= 0) --c;  // padding (node 0) sits at the end
+  }}
+  int64_t ahead(int64_t node) {{
+    while (c < len && row[c] > 0 && row[c] < node) ++c;
+    return (c < len && row[c] == node) ? c : -1;
+  }}
+  int64_t behind(int64_t node) {{
+    while (c >= 0 && row[c] > node) --c;
+    return (c >= 0 && row[c] == node) ? c : -1;
+  }}
 }};
 
 // Mesh node times: the recorded ones, except nodes that a save slot with `subst` moves to
@@ -467,12 +496,16 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
   int64_t traj[LANES]; int32_t kk[LANES] = {{0}}, N[LANES] = {{0}};
   int64_t idle = 0, last = -1;
   Nodes NODES[LANES];
+  EventCursor JUMPS[LANES], STOPS[LANES];
+  const bool events = pr.J > 0 || pr.L > 0;
   for (int j = 0; j < LANES; ++j) NODES[j].pr = &pr;
   auto load = [&](int j) {{
     const int64_t t = queue.pop();
     traj[j] = t;
     if (t < 0) return;
     kk[j] = 0; N[j] = pr.n_eff[t]; FRESH[j] = 1;
+    JUMPS[j].start_up(pr.jidx + t * pr.J, pr.J);
+    STOPS[j].start_up(pr.tidx + t * pr.L, pr.L);
     for (int r = 0; r < D; ++r) {{ YB[r * LANES + j] = y0[t * D + r]; states[t * pr.s1 * D + r] = y0[t * D + r]; }}
     for (int r = 0; r < P_REAL; ++r) PB[r * LANES + j] = pr.p[t * P_REAL + r];
     NODES[j].start_up(t);
@@ -518,6 +551,22 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
       if (!ACT[j]) continue;
       ++kk[j];
       for (int r = 0; r < D; ++r) states[(traj[j] * pr.s1 + kk[j]) * D + r] = YB[r * LANES + j];
+      if (events) {{
+        // The stored state is the one before the node's jump (what a save there reads);
+        // after a jump or a tstop node the carried stage is recomputed at the node, as the
+        // record does.
+        bool reset = false;
+        for (int64_t m = JUMPS[j].ahead(kk[j]); m >= 0 && m < pr.J && pr.jidx[traj[j] * pr.J + m] == kk[j]; ++m) {{
+          const real* sz = pr.jsz + (traj[j] * pr.J + m) * D;
+          for (int r = 0; r < D; ++r) YB[r * LANES + j] += sz[r];
+          reset = true;
+        }}
+        reset = reset || STOPS[j].ahead(kk[j]) >= 0;
+        if (FSAL && reset) {{
+          FRESH[j] = 1;
+          TA[j] = NODES[j].time(kk[j], NODES[j].up(kk[j]));
+        }}
+      }}
     }}
   }}
   if (last >= 0) cost[last] += (int32_t)idle;
@@ -530,15 +579,23 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
 template <bool TIMES>
 void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* states,
                      const real* ct_ys, const real* ct_y1, real* ct_tsave, real* ct_y0,
-                     real* ct_p) {{
+                     real* ct_p, real* ct_jsz) {{
   Queue queue{{pr.order.data(), pr.n, w, threads}};
   alignas(64) real YB[D * LANES] = {{0}}, LAM[D * LANES] = {{0}}, CTP[P * LANES] = {{0}}, PB[P * LANES] = {{0}};
   alignas(64) real H[LANES] = {{0}}, TA[LANES] = {{0}}, CH[LANES] = {{0}}, CT[LANES] = {{0}};
   alignas(64) int ACT[LANES] = {{0}};
   int64_t traj[LANES], ptr[LANES]; int32_t kk[LANES] = {{0}}, N[LANES] = {{0}};
-  int64_t M0[LANES], M1[LANES];
+  int64_t M0[LANES], M1[LANES], JS[LANES];
   Nodes NODES[LANES];
+  EventCursor JUMPS[LANES];
   for (int j = 0; j < LANES; ++j) NODES[j].pr = &pr;
+  // A jump size's cotangent is that of the state after its node: LAM right after the step
+  // out of that node is adjoined, before the saves at the node add theirs.
+  auto jump_cotangents = [&](int j, int64_t first, int64_t node) {{
+    const int64_t t = traj[j];
+    for (int64_t m = first; m >= 0 && pr.jidx[t * pr.J + m] == node; --m)
+      for (int r = 0; r < D; ++r) ct_jsz[(t * pr.J + m) * D + r] = LAM[r * LANES + j];
+  }};
   auto node_of = [&](int j, int64_t m) -> int64_t {{
     return std::min<int64_t>(std::max<int32_t>(pr.save[traj[j] * pr.k + m], 0), N[j]);
   }};
@@ -558,6 +615,11 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
     for (int r = 0; r < D; ++r) LAM[r * LANES + j] = ct_y1[t * D + r];
     for (int r = 0; r < P_REAL; ++r) {{ PB[r * LANES + j] = pr.p[t * P_REAL + r]; CTP[r * LANES + j] = 0; }}
     std::memset(ct_tsave + t * pr.k, 0, sizeof(real) * pr.k);
+    if (pr.J) {{
+      std::memset(ct_jsz + t * pr.J * D, 0, sizeof(real) * pr.J * D);
+      JUMPS[j].start_down(pr.jidx + t * pr.J, pr.J);
+      jump_cotangents(j, JUMPS[j].behind(N[j]), N[j]);  // jumps at the last node
+    }}
     add_saves(j, N[j]);
   }};
   auto finish = [&](int j) {{
@@ -580,6 +642,15 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       TA[j] = nd.time(kk[j], M0[j]);
       H[j] = tb - TA[j];
       for (int r = 0; r < D; ++r) YB[r * LANES + j] = states[(traj[j] * pr.s1 + kk[j]) * D + r];
+      JS[j] = -1;
+      if (pr.J) {{
+        // The step starts from the state after the node's jump, the same sum as forward.
+        JS[j] = JUMPS[j].behind(kk[j]);
+        for (int64_t m = JS[j]; m >= 0 && pr.jidx[traj[j] * pr.J + m] == kk[j]; --m) {{
+          const real* sz = pr.jsz + (traj[j] * pr.J + m) * D;
+          for (int r = 0; r < D; ++r) YB[r * LANES + j] += sz[r];
+        }}
+      }}
       prefetch_back(pr, traj[j], kk[j], states, ct_ys, ptr[j]);
     }}
     if (!busy) break;
@@ -592,6 +663,7 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       // Node times carry a cotangent only where a save time moved them.
       if (M0[j] >= 0) ct_tsave[traj[j] * pr.k + M0[j]] += CT[j];
       if (M1[j] >= 0) ct_tsave[traj[j] * pr.k + M1[j]] += CH[j];
+      if (JS[j] >= 0) jump_cotangents(j, JS[j], kk[j]);
       add_saves(j, kk[j]);
       --kk[j];
     }}
@@ -775,17 +847,28 @@ static bool setup(Problem& pr, ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<f
   return true;
 }}
 
+// Known-time events of the replay (zero-width buffers without them).
+static void set_events(Problem& pr, ffi::Buffer<ffi::S32> jidx, ffi::Buffer<ffi::{ffi_type}> jsz,
+                       const ffi::Buffer<ffi::S32>* tidx) {{
+  pr.J = jidx.element_count() / pr.n;
+  pr.jidx = jidx.typed_data(); pr.jsz = jsz.typed_data();
+  if (tidx) {{ pr.L = tidx->element_count() / pr.n; pr.tidx = tidx->typed_data(); }}
+}}
+
 #ifdef GS_PART_FWD
 static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S32> n_eff,
                           ffi::Buffer<ffi::{ffi_type}> y0, ffi::Buffer<ffi::{ffi_type}> p,
                           ffi::Buffer<ffi::S32> save, ffi::Buffer<ffi::{ffi_type}> tol,
                           ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
+                          ffi::Buffer<ffi::S32> jidx, ffi::Buffer<ffi::{ffi_type}> jsz,
+                          ffi::Buffer<ffi::S32> tidx,
                           ffi::ResultBuffer<ffi::{ffi_type}> ys, ffi::ResultBuffer<ffi::{ffi_type}> y1,
                           ffi::ResultBuffer<ffi::{ffi_type}> err,
                           ffi::ResultBuffer<ffi::{ffi_type}> states,
                           ffi::ResultBuffer<ffi::S32> cost) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
+  set_events(pr, jidx, jsz, &tidx);
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     forward_thread(pr, w, threads, y0.typed_data(), tol.typed_data(), ys->typed_data(),
                    y1->typed_data(), err->typed_data(), states->typed_data(), cost->typed_data());
@@ -799,6 +882,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
+        .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::S32>>());
@@ -817,15 +902,18 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::Buffer<ffi::{ffi_type}> states, ffi::Buffer<ffi::{ffi_type}> ct_ys,
                           ffi::Buffer<ffi::{ffi_type}> ct_y1,
                           ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
+                          ffi::Buffer<ffi::S32> jidx, ffi::Buffer<ffi::{ffi_type}> jsz,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_tsave,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
-                          ffi::ResultBuffer<ffi::{ffi_type}> ct_p) {{
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_p,
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_jsz) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
+  set_events(pr, jidx, jsz, nullptr);
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(),
                               ct_y1.typed_data(), ct_tsave->typed_data(),
-                              ct_y0->typed_data(), ct_p->typed_data());
+                              ct_y0->typed_data(), ct_p->typed_data(), ct_jsz->typed_data());
   }});
   return ffi::Error::Success();
 }}
@@ -837,8 +925,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
+        .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
-        .Ret<ffi::Buffer<ffi::{ffi_type}>>());
+        .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>());
 
 #endif  // GS_PART_BWD || GS_PART_BWDT
 
