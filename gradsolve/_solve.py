@@ -57,10 +57,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
         jumps, tstops: known-time events, as in `gradsolve.record` (a save time equal to a
             jump time reads the state before the jump; a jump at ``t0`` applies to ``y0``;
             ``y1`` is the state after every jump). Differentiable w.r.t. jump sizes and jump
-            times (each jump's node moves with its time); tstops are not. With events the
-            record runs the XLA loop of `gradsolve.drivers.Batched` and the replay the
-            fastest driver that applies (the compiled kernel on CPU); ``Solution.route``
-            names the replay's.
+            times (each jump's node moves with its time); tstops are not. Every driver
+            but `gradsolve.drivers.Diffrax` applies them.
 
     Returns:
         A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,

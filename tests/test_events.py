@@ -282,14 +282,14 @@ def test_drivers_that_refuse_events_say_why(grad_mesh):
     with pytest.raises(ValueError, match="known-time events"):
         gs.solve(pk, T0, T1, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
     y0b, pb = Y0[None], P[None]
-    # Replays with events: the kernel (CPU) or the lanes replay (explicit solvers), else the
-    # batched driver; records run the XLA loop.
+    # With events: the kernel (CPU), else the lanes replay (explicit solvers), else the
+    # batched driver, as without them.
     assert gs.drivers.Auto().choose("replay", pk, gs.Tsit5(), y0b, pb, events=True).name == \
         ("gradsolve-kernel" if kernel_builds() else "gradsolve-lanes")
     assert gs.drivers.Auto().choose("replay", pk, gs.Rodas5P(), y0b, pb, events=True).name == \
         "gradsolve-batched"
     assert gs.drivers.Auto().choose("record", pk, gs.Tsit5(), y0b, pb, events=True).name == \
-        "gradsolve-batched"
+        ("gradsolve-kernel" if kernel_builds() else "gradsolve-batched")
     r = gs.replay(pk, grad_mesh, Y0, P, jumps=jumps, driver=gs.drivers.Batched())
     assert r.route == "gradsolve-batched"
 

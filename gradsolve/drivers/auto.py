@@ -20,9 +20,8 @@ class Auto(AbstractDriver):
 
     Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler), else
     `Batched`. Replay: `Kernel`, else `Lanes` (explicit solvers with a small field; GPU and
-    TPU), else `Batched` (stiff and Diffrax solvers, anything else). With known-time
-    events the record is `Batched`'s (the XLA loop lands the forced nodes), the replay
-    as without them. A solve with a solver
+    TPU), else `Batched` (stiff and Diffrax solvers, anything else); known-time events
+    (``jumps=``, ``tstops=``) change nothing in that order. A solve with a solver
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
     the kernel or the lanes replay is passed over because the vector field uses something
     their translator does not handle, a ``RuntimeWarning`` says what, once per field.
@@ -55,14 +54,14 @@ class Auto(AbstractDriver):
     def choose(self, kind: str, f, solver, y0, params, *, events: bool = False) -> AbstractDriver:
         """The driver that runs the ``kind`` (``"record"`` or ``"replay"``) of ``f`` with
         ``solver`` on batched ``y0 (n, d)`` and ``params``; ``events``: with known-time
-        events (``jumps=``/``tstops=``), whose record runs `Batched`'s XLA loop."""
+        events (``jumps=``/``tstops=``), which every driver but `gradsolve.drivers.Diffrax`
+        applies."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
         untranslated = []  # (driver, what its translator did not handle)
         for driver in order:
             if isinstance(driver, Kernel) and (
-                    not kernel_allowed() or (kind == "record" and events)
+                    not kernel_allowed()
                     or kernel_target(f, solver, y0, params, background=True).building):
-                # A record with events runs the XLA loop in any driver: name it truthfully.
                 continue
             if reason_for(driver, kind, f, solver, y0, params, events) is None:
                 if untranslated:

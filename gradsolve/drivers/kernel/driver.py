@@ -248,16 +248,20 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
 
 
 def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                  max_steps: int, fill: bool = True) -> dict:
+                  max_steps: int, fill: bool = True, events=None) -> dict:
     """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)`` through the kernel ``prefix``;
     returns the `gradsolve.Mesh` fields it computes.
 
     ``fill=False`` leaves mesh slots past each trajectory's ``n_steps`` unwritten (see
-    `gradsolve.Mesh`), so the cost follows the steps taken, not ``max_steps``.
-    """
+    `gradsolve.Mesh`), so the cost follows the steps taken, not ``max_steps``. ``events``:
+    ``None`` or the validated `gradsolve._events.Events`, forced nodes and jumps under the
+    XLA record's rules (`gradsolve.drivers.batched.record_loop`): the same nodes, to the
+    last-bit differences of libm against XLA in the error estimates."""
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype
+    ev = events if events is not None else empty_events(n, d, dtype)
+    J, L = ev.jump_times.shape[1], ev.tstops.shape[1]
     leaves = flatten_spec(params)[0]
     pflat = flat_params(leaves, n, dtype)
     t01 = per_trajectory((t0, t1), n, dtype)
@@ -271,13 +275,18 @@ def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rt
         (jax.ShapeDtypeStruct((m, max_steps + 1), dtype), jax.ShapeDtypeStruct((m,), i32),
          jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32),
          jax.ShapeDtypeStruct((m, k), i32), jax.ShapeDtypeStruct((m,), dtype),
-         jax.ShapeDtypeStruct((m, d), dtype)),
+         jax.ShapeDtypeStruct((m, d), dtype), jax.ShapeDtypeStruct((m, J), i32),
+         jax.ShapeDtypeStruct((m, L), i32)),
         vmap_method="broadcast_all",
     ), fill=bool(fill)), n)
-    times, n_steps, n_rej, status, save_index, dt_next, y_last = call(
-        t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl)
+    sg = jax.lax.stop_gradient
+    times, n_steps, n_rej, status, save_index, dt_next, y_last, jump_index, tstop_index = call(
+        t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl, sg(ev.jump_times).astype(dtype),
+        sg(ev.jump_sizes).astype(dtype), sg(ev.tstops).astype(dtype))
     return dict(times=times, n_steps=n_steps, n_rejected=n_rej, status=status,
-                save_index=save_index, dt_next=dt_next, y_last=y_last)
+                save_index=save_index, dt_next=dt_next, y_last=y_last, jump_times=ev.jump_times,
+                jump_sizes=ev.jump_sizes, jump_index=jump_index, tstops=ev.tstops,
+                tstop_index=tstop_index)
 
 
 class KernelBuild(NamedTuple):
@@ -315,10 +324,9 @@ class Kernel(AbstractDriver):
     mode and second derivatives are the batched driver's. ``Solution.route ==
     "gradsolve-kernel"``.
 
-    Known-time events (``jumps=``, ``tstops=``): the replay and its adjoint apply them in
-    C++ (gradients w.r.t. jump sizes there; w.r.t. jump times, which move nodes, through
-    the batched driver's adjoint); the record runs the XLA record loop of
-    `gradsolve.drivers.Batched`, which lands the forced nodes.
+    Known-time events (``jumps=``, ``tstops=``) run in C++ too: the record lands their
+    forced nodes, the replay applies them, its adjoint gives the jump sizes' gradients
+    (jump times, which move nodes, are differentiated through the batched driver's adjoint).
 
     An explicit ``Kernel()`` builds its kernel before the first call returns (seconds on
     first use, then cached on disk); `Kernel.prebuild` builds it ahead of time.
@@ -386,22 +394,11 @@ class Kernel(AbstractDriver):
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
                max_steps: int, fill: bool, events=None) -> Mesh:
-        if events is not None:
-            # The C++ record has no forced jump nodes: the XLA record loop lands them (it
-            # folds a vmap into one loop, so a population record stays one adaptive loop).
-            from ..batched import record_loop
-
-            return record_loop(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                               max_steps, fill, events)
         prefix = kernel_target(f, solver, y0, params).prefix
         out = kernel_record(prefix, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
-                            dt0, max_steps, fill)
-        none = empty_events(*y0.shape, y0.dtype)
-        n = y0.shape[0]
-        return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, jump_times=none.jump_times,
-                    jump_sizes=none.jump_sizes, jump_index=jnp.zeros((n, 0), jnp.int32),
-                    tstops=none.tstops, tstop_index=jnp.zeros((n, 0), jnp.int32),
-                    params=params, solver=solver, rtol=rtol, atol=atol, controller=controller)
+                            dt0, max_steps, fill, events)
+        return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, params=params, solver=solver, rtol=rtol,
+                    atol=atol, controller=controller)
 
     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
         prefix = kernel_target(f, solver, y0, params).prefix

@@ -679,12 +679,16 @@ struct RecordIn {{
   int64_t n, k, cap;
   bool fill;  // write the slots past n_steps (repeat the last time) or leave them untouched
   const real *t01, *y0, *p, *ts, *tol, *dt0, *ctrl;
+  // Known-time events: J jump times (sorted, +inf padding) and sizes, L tstops per
+  // trajectory; J = L = 0 without them.
+  int64_t J = 0, L = 0;
+  const real *jt = nullptr, *jsz = nullptr, *tst = nullptr;
   std::vector<int64_t> order;
 }};
 
 void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, int32_t* n_steps,
                    int32_t* n_rej_out, int32_t* status, int32_t* save_index, real* dt_next,
-                   real* y_last) {{
+                   real* y_last, int32_t* jump_index, int32_t* tstop_index) {{
   const int64_t attempts_cap = 4 * in.cap + 64;
   const real eps = std::numeric_limits<real>::epsilon();
   alignas(64) real YB[D * LANES] = {{0}}, K0[D * LANES] = {{0}}, PB[P * LANES] = {{0}};
@@ -694,6 +698,19 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
   int64_t traj[LANES];
   real T[LANES], HS[LANES], EPREV[LANES], T1[LANES], HNEXT[LANES];
   int32_t NA[LANES], NR[LANES], SP[LANES], ST[LANES];
+  // Events (the XLA record's rules, gradsolve.drivers.batched): an iteration that finds a
+  // jump pending at its time takes no step but adds the jump's node there (ISJ), applies
+  // the jump and recomputes the carried stage (RESET), as after landing on a tstop.
+  const bool events = in.J > 0 || in.L > 0;
+  const real inf = std::numeric_limits<real>::infinity();
+  int32_t JP[LANES] = {{0}}, LP[LANES] = {{0}};
+  alignas(64) int RESET[LANES] = {{0}};
+  bool ISJ[LANES] = {{false}};
+  real Y0KEEP[D * LANES];
+  bool START_JUMPED[LANES] = {{false}};
+  auto next_jump = [&](int j) -> real {{
+    return JP[j] < in.J ? in.jt[traj[j] * in.J + JP[j]] : inf;
+  }};
   Queue queue{{in.order.data(), in.n, w, threads}};
   const real pco = in.ctrl[0], ico = in.ctrl[1], safety = in.ctrl[2], fmin = in.ctrl[3], fmaxc = in.ctrl[4];
   auto load = [&](int j) {{
@@ -711,6 +728,21 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
     SP[j] = ptr;
     for (int64_t m = 0; m < in.k; ++m) save_index[t * in.k + m] = 0;
     times[t * (in.cap + 1)] = T[j];
+    if (events) {{
+      JP[j] = 0; RESET[j] = 0;
+      LP[j] = 0;
+      while (LP[j] < in.L && in.tst[t * in.L + LP[j]] <= T[j]) ++LP[j];
+      for (int64_t m = 0; m < in.J; ++m) jump_index[t * in.J + m] = 0;
+      for (int64_t m = 0; m < in.L; ++m) tstop_index[t * in.L + m] = 0;
+      // With jumps at t0 the initial step is picked at the jumped state (restored after).
+      START_JUMPED[j] = false;
+      for (int64_t m = 0; m < in.J && in.jt[t * in.J + m] <= T[j]; ++m) {{
+        if (!START_JUMPED[j])
+          for (int r = 0; r < D; ++r) Y0KEEP[r * LANES + j] = YB[r * LANES + j];
+        START_JUMPED[j] = true;
+        for (int r = 0; r < D; ++r) YB[r * LANES + j] += in.jsz[(t * in.J + m) * D + r];
+      }}
+    }}
   }};
   auto finish = [&](int j) {{
     const int64_t t = traj[j];
@@ -773,16 +805,33 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
         }}
         HS[j] = std::min(h, T1[j] - T[j]);
         FRESH[j] = 0;
+        if (events && START_JUMPED[j]) {{
+          for (int r = 0; r < D; ++r) YB[r * LANES + j] = Y0KEEP[r * LANES + j];
+          START_JUMPED[j] = false;
+        }}
       }}
+    }}
+    if (FSAL && events) {{
+      int any = 0;
+      for (int j = 0; j < LANES; ++j) {{ RESET[j] = RESET[j] && traj[j] >= 0; any += RESET[j]; TQ[j] = T[j]; }}
+      if (any) eval_rhs(TQ, YB, PB, RESET, K0);
+      for (int j = 0; j < LANES; ++j) RESET[j] = 0;
     }}
     for (int j = 0; j < LANES; ++j) {{
       ACT[j] = traj[j] >= 0;
       if (!ACT[j]) {{ H[j] = 0; continue; }}
       const real* tsr = in.ts + traj[j] * in.k;
-      const real target = SP[j] < in.k ? tsr[SP[j]] : T1[j];
+      real target = SP[j] < in.k ? tsr[SP[j]] : T1[j];
+      ISJ[j] = false;
+      if (events) {{
+        const real jn = next_jump(j);
+        ISJ[j] = jn <= T[j];
+        const real sn = LP[j] < in.L ? in.tst[traj[j] * in.L + LP[j]] : inf;
+        target = std::min(target, std::min(jn, sn));
+      }}
       const real t_try = T[j] + HS[j];
       const bool clipped = t_try >= target;
-      const real t_new = clipped ? target : t_try;
+      const real t_new = ISJ[j] ? T[j] : (clipped ? target : t_try);
       TA[j] = T[j];
       H[j] = t_new - T[j];  // the replay recomputes h this way: bitwise the same step
       HNEXT[j] = clipped ? 1 : 0;
@@ -794,6 +843,23 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
     for (int j = 0; j < LANES; ++j) {{
       if (!ACT[j]) continue;
       const int64_t t = traj[j];
+      if (ISJ[j]) {{
+        // The jump's own node at the current time; the step size carries over.
+        NA[j] += 1;
+        times[t * (in.cap + 1) + NA[j]] = T[j];
+        for (int r = 0; r < D; ++r) YB[r * LANES + j] += in.jsz[(t * in.J + JP[j]) * D + r];
+        jump_index[t * in.J + JP[j]] = NA[j];
+        ++JP[j];
+        RESET[j] = 1;
+        const bool finished = T[j] >= T1[j] && !(next_jump(j) <= T[j]);
+        const real tiny = 10 * eps * std::abs(T[j]);
+        const bool underflow = !finished && HS[j] <= tiny;
+        const bool over = !finished && (NA[j] >= in.cap || NA[j] + NR[j] >= attempts_cap);
+        if (underflow) ST[j] = 3;
+        else if (over) ST[j] = 1;
+        done[j] = finished || underflow || over;
+        continue;
+      }}
       const real err = ERR[j];
       const bool clipped = HNEXT[j] != 0;
       const real t_new = T[j] + H[j];
@@ -816,11 +882,17 @@ void record_thread(const RecordIn& in, int64_t w, int64_t threads, real* times, 
         for (int r = 0; r < D; ++r) YB[r * LANES + j] = Y1[r * LANES + j];
         if (FSAL) for (int r = 0; r < D; ++r) K0[r * LANES + j] = KL[r * LANES + j];
         EPREV[j] = std::max(err, (real)1e-4);
+        if (events) {{
+          const real* tr = in.tst + t * in.L;
+          const int32_t before = LP[j];
+          while (LP[j] < in.L && tr[LP[j]] <= t_new) tstop_index[t * in.L + LP[j]++] = NA[j];
+          RESET[j] = LP[j] > before;
+        }}
       }} else {{
         NR[j] += 1;
       }}
       HS[j] = h_next;
-      const bool finished = accept && t_new >= T1[j];
+      const bool finished = accept && t_new >= T1[j] && !(events && next_jump(j) <= t_new);
       const real tiny = 10 * eps * std::max(std::abs(t_new), std::abs(TA[j]));
       const bool underflow = !finished && h_next <= tiny;
       const bool over = !finished && (NA[j] >= in.cap || NA[j] + NR[j] >= attempts_cap);
@@ -936,11 +1008,15 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
                           ffi::Buffer<ffi::{ffi_type}> p, ffi::Buffer<ffi::{ffi_type}> ts,
                           ffi::Buffer<ffi::{ffi_type}> tol, ffi::Buffer<ffi::{ffi_type}> dt0,
                           ffi::Buffer<ffi::{ffi_type}> ctrl,
+                          ffi::Buffer<ffi::{ffi_type}> jt, ffi::Buffer<ffi::{ffi_type}> jsz,
+                          ffi::Buffer<ffi::{ffi_type}> tst,
                           ffi::ResultBuffer<ffi::{ffi_type}> times, ffi::ResultBuffer<ffi::S32> n_steps,
                           ffi::ResultBuffer<ffi::S32> n_rej, ffi::ResultBuffer<ffi::S32> status,
                           ffi::ResultBuffer<ffi::S32> save_index,
                           ffi::ResultBuffer<ffi::{ffi_type}> dt_next,
-                          ffi::ResultBuffer<ffi::{ffi_type}> y_last, bool fill) {{
+                          ffi::ResultBuffer<ffi::{ffi_type}> y_last,
+                          ffi::ResultBuffer<ffi::S32> jump_index,
+                          ffi::ResultBuffer<ffi::S32> tstop_index, bool fill) {{
   RecordIn in;
   in.fill = fill;
   in.n = dt0.element_count();
@@ -950,12 +1026,14 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
   in.t01 = t01.typed_data(); in.y0 = y0.typed_data(); in.p = p.typed_data();
   in.ts = ts.typed_data(); in.tol = tol.typed_data(); in.dt0 = dt0.typed_data();
   in.ctrl = ctrl.typed_data();
+  in.J = jt.element_count() / in.n; in.L = tst.element_count() / in.n;
+  in.jt = jt.typed_data(); in.jsz = jsz.typed_data(); in.tst = tst.typed_data();
   in.order.resize(in.n);
   std::iota(in.order.begin(), in.order.end(), 0);
   for_threads(in.n, [&](int64_t w, int64_t threads) {{
     record_thread(in, w, threads, times->typed_data(), n_steps->typed_data(), n_rej->typed_data(),
                   status->typed_data(), save_index->typed_data(), dt_next->typed_data(),
-                  y_last->typed_data());
+                  y_last->typed_data(), jump_index->typed_data(), tstop_index->typed_data());
   }});
   return ffi::Error::Success();
 }}
@@ -966,10 +1044,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Rec, RecImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
+        .Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>()
+        .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>()
         .Attr<bool>("fill"));
 #endif  // GS_PART_REC
 """
