@@ -23,6 +23,7 @@ Usage::
     python benchmarks/bench_population.py --quick     # 4 chains x (200 + 300)
     python benchmarks/bench_population.py --diffrax   # also NumPyro + Diffrax NUTS
     python benchmarks/bench_population.py --study 200 # the simulated 200-subject study
+    python benchmarks/bench_population.py --study-gradient 200  # its gradient, kernel vs XLA
 
 Writes ``benchmarks/results/bench_population[_quick].json``.
 """
@@ -205,6 +206,46 @@ def gradient_times(model, data, sizes, reps=20):
     return out
 
 
+def driver_gradient_times(subjects, reps=20):
+    """Milliseconds of one log-density gradient of the simulated ``subjects``-subject study
+    at 4 points (vectorised), with the compiled kernel and with the XLA drivers (lanes
+    replay, XLA record loop) in one process: replay of a recorded mesh and ``gs.solve``;
+    and the largest relative difference of the two drivers' gradients."""
+    import gradsolve as gs
+
+    model = models.two_compartment_oral()
+    data, _ = models.simulated_study(n_subjects=subjects, seed=0)
+    rows, grads = {}, {}
+    for kernel in (True, False):
+        with gs.use_compiled_kernel(kernel):
+            prob = ProgramProblem(inference.population_program(model), data, rtol=RTOL,
+                                  atol=ATOL, max_steps=4096)
+            u = prob.space.to_unconstrained(prob.model.defaults)
+            U = jnp.asarray(u) + 0.05 * jax.random.normal(jax.random.PRNGKey(0), (4, u.shape[0]))
+            mesh = prob.record(U, 0.1)
+            stack = mesh.chains(4, mesh.capacity)
+            replay = jax.jit(jax.vmap(jax.grad(lambda v, m: prob.log_density(v, m)[0])))
+            solve = jax.jit(jax.vmap(jax.grad(lambda v: prob.log_density(v, None)[0])))
+            name = "kernel" if kernel else "xla"
+            for what, fn, args in (("replay", replay, (U, stack)), ("solve", solve, (U,))):
+                grads[name, what] = np.asarray(jax.block_until_ready(fn(*args)))
+                best = np.inf
+                for _ in range(3):
+                    t = time.perf_counter()
+                    for _ in range(reps):
+                        jax.block_until_ready(fn(*args))
+                    best = min(best, (time.perf_counter() - t) / reps)
+                rows[f"{name}_{what}_ms"] = 1e3 * best
+    for what in ("replay", "solve"):
+        a, b = grads["kernel", what], grads["xla", what]
+        rows[f"{what}_max_rel_diff"] = float(np.max(np.abs(a - b) / np.abs(b)))
+        print(f"  {subjects} subjects, {what}: kernel {rows[f'kernel_{what}_ms']:.1f} ms, XLA "
+              f"drivers {rows[f'xla_{what}_ms']:.1f} ms "
+              f"({rows[f'xla_{what}_ms'] / rows[f'kernel_{what}_ms']:.1f}x), gradients agree "
+              f"to {rows[f'{what}_max_rel_diff']:.0e}", flush=True)
+    return rows
+
+
 def _config(warm, draws, chains, seed, **extra):
     return dict(warmup=warm, draws=draws, chains=chains, seed=seed, **extra,
                 date=time.strftime("%Y-%m-%d"), machine=platform.platform(), cpus=os.cpu_count())
@@ -228,7 +269,14 @@ def main(argv=None):
                     help="run only the simulated S-subject study (e.g. 200), 4 chains x "
                          "(500 + 500) (--quick: 200 + 300): both mesh policies and NumPyro + "
                          "gs.solve")
+    ap.add_argument("--study-gradient", type=int, default=0, metavar="S",
+                    help="run only the S-subject study's gradient, kernel against XLA drivers")
     a = ap.parse_args(argv)
+    if a.study_gradient:
+        res = dict(config=_config(0, 0, 4, a.seed, subjects=a.study_gradient),
+                   gradient=driver_gradient_times(a.study_gradient))
+        _write(res, f"bench_population_study_gradient_{a.study_gradient}")
+        return
     if a.study:
         sw, sd = (200, 300) if a.quick else (500, 500)
         res = dict(config=_config(sw, sd, 4, a.seed, subjects=a.study),

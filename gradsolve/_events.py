@@ -1,4 +1,4 @@
-"""Known-time events (SPEC §8.1): additive state jumps (``jumps=(times, sizes)``, a bolus
+"""Known-time events: additive state jumps (``jumps=(times, sizes)``, a bolus
 dose) and discontinuities of ``f`` (``tstops=``), their validation, and their place on a
 recorded mesh.
 

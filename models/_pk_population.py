@@ -1,6 +1,6 @@
 """Population pharmacokinetic models (`PopulationModel`) and a simulated study.
 
-- `theophylline`: SPEC §8.3, the one-compartment first-order-absorption model of the
+- `theophylline`: the one-compartment first-order-absorption model of the
   Boeckmann–Sheiner–Beal theophylline data (``models.load_dataset("theophylline")``), and
   `theophylline_closed_form`, its Bateman-function solution (an independent check).
 - `two_compartment_oral`: two compartments, oral doses, log-normal random effects and a
@@ -62,7 +62,7 @@ def _normal_noise(theta, pred):
 
 
 def theophylline() -> PopulationModel:
-    r"""The theophylline population model (SPEC §8.3): one compartment, first-order
+    r"""The theophylline population model: one compartment, first-order
     absorption, doses and volumes per kg.
 
     $$

@@ -509,8 +509,8 @@ class Lanes(AbstractDriver):
     Applies to explicit solvers with an error estimate on any backend, where the vector
     field translates entry by entry and has few states with short expressions (it pays
     there: up to 16 states, at most 8 lane operations each); the fastest replay off the
-    compiled kernel (GPU, TPU, no compiler), and the fastest replay of known-time events
-    (``jumps=``, ``tstops=``) on any backend. Records with the XLA loop of
+    compiled kernel (GPU, TPU, no compiler), known-time events (``jumps=``, ``tstops=``)
+    included. Records with the XLA loop of
     `gradsolve.drivers.Batched`. ``Solution.route == "gradsolve-lanes"``.
 
     Example:

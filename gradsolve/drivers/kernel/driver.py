@@ -25,9 +25,8 @@ from ..._adjoint import (adjoint_replay, cache_key, flat_field, flat_params, fla
                         per_trajectory)
 from ..._caches import cache
 from ..._config import kernel_enabled
-from ..._events import empty_events, jump_node_times
+from ..._events import empty_events
 from ..._mesh import Mesh
-from ..._savetimes import node_times
 from ..._solver.base import AbstractExplicitRK
 from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
 from . import build
@@ -183,10 +182,10 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
 
     Known-time events (``nodes.events``): the kernel adds each jump after the step into its
     node and recomputes the carried stage after jump and tstop nodes, as the record does;
-    its adjoint returns the jump sizes' cotangents. The node times (save and jump times
-    moved) are then computed here and handed over as recorded ones. Where jump times or
-    save times carry a derivative, reverse mode is the batched driver's (same values; the
-    kernel computes no node-time cotangents of moved jump nodes).
+    its adjoint returns the jump sizes' cotangents. It also places a jump's node and free
+    landing node at the jump's time, so no ``(n, S+1)`` node array is formed here. Where
+    jump times or save times carry a derivative, reverse mode is the batched driver's
+    (same values; the kernel computes no node-time cotangents of moved jump nodes).
     """
     dtype = jnp.result_type(y0)
     n, d = y0.shape
@@ -198,17 +197,15 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
     i32 = jnp.int32
 
     def event_args(ev):
+        """``(jump nodes, sizes, tstop nodes, landing nodes, jump times)``, zero-width
+        without events. The kernel places the jump and landing nodes at the jump times."""
         if ev is None:
-            return (jnp.zeros((n, 0), i32), jnp.zeros((n, 0, d), dtype), jnp.zeros((n, 0), i32))
+            none_i, none_r = jnp.zeros((n, 0), i32), jnp.zeros((n, 0), dtype)
+            return none_i, jnp.zeros((n, 0, d), dtype), none_i, none_i, none_r
         # reset_index is (jump nodes, tstop nodes); the kernel finds jump nodes itself.
         return (ev.jump_index.astype(i32), ev.jump_sizes.astype(dtype),
-                ev.reset_index[:, J:].astype(i32))
-
-    def event_nodes(times, save, tm, subst, ev):
-        if ev is None:
-            return times, subst
-        nodes_ = jump_node_times(node_times(times, save, tm, subst)[0], ev)
-        return nodes_, jnp.zeros_like(subst)
+                ev.reset_index[:, J:].astype(i32), ev.land_index.astype(i32),
+                ev.jump_times.astype(dtype))
 
     fwd_ffi = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_fwd",
@@ -219,20 +216,19 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
     ), n)
 
     def fwd_call(times, n_eff, y, pf, save, tol, tm, subst, ev=None):
-        times, subst = event_nodes(times, save, tm, subst, ev)
-        return fwd_ffi(times, n_eff, y, pf, save, tol, tm, subst, *event_args(ev))
+        jidx, jsz, tidx, land, jt = event_args(ev)
+        return fwd_ffi(times, n_eff, y, pf, save, tol, tm, subst, jidx, jsz, land, jt, tidx)
 
     part = lambda with_times: "bwdt" if with_times else "bwd"
 
     def bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, ev=None):
-        times, subst = event_nodes(times, save, tm, subst, ev)
-        jidx, jsz, _ = event_args(ev)
+        jidx, jsz, _, land, jt = event_args(ev)
         ct_tm, ct_y0, ct_pf, ct_js = spread(lambda m: jax.ffi.ffi_call(
             f"{prefix}_{part(with_times)}",
             (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
              jax.ShapeDtypeStruct((m, p_size), dtype), jax.ShapeDtypeStruct((m, J, d), dtype)),
             vmap_method="broadcast_all",
-        ), n)(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, jidx, jsz)
+        ), n)(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, jidx, jsz, land, jt)
         if ev is None:
             return ct_tm, ct_y0, ct_pf
         # Padded jumps (node 0) are inert: no cotangent. Jump times carry none here (with

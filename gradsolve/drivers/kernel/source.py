@@ -368,8 +368,10 @@ struct Problem {{
   const real* tsave; const int32_t* subst;
   // Known-time events: per trajectory J jumps (their nodes, sorted, 0 padding at the end,
   // and their sizes) and L tstop nodes (sorted, 0: none); J = L = 0 without events.
+  // land: the landing node that moves with each jump (-1: none), jt: the jump times.
   int64_t J = 0, L = 0;
   const int32_t* jidx = nullptr; const real* jsz = nullptr; const int32_t* tidx = nullptr;
+  const int32_t* land = nullptr; const real* jt = nullptr;
   std::vector<int64_t> order;
 }};
 
@@ -394,12 +396,25 @@ struct EventCursor {{
 }};
 
 // Mesh node times: the recorded ones, except nodes that a save slot with `subst` moves to
-// its `tsave` value. Steps visit nodes monotonically, so a cursor over the (sorted) save
-// row finds them in O(1) amortised: `up` for the forward sweep, `down` for the reverse.
+// its `tsave` value, and a jump's node and its free landing node, which sit at the jump's
+// time. Steps visit nodes monotonically, so cursors over the (sorted) save and jump rows
+// find them in O(1) amortised: `up` for the forward sweep, `down` for the reverse.
 struct Nodes {{
-  const Problem* pr; int64_t t; int64_t c;
-  void start_up(int64_t traj) {{ t = traj; c = 0; }}
-  void start_down(int64_t traj) {{ t = traj; c = pr->k - 1; }}
+  const Problem* pr; int64_t t; int64_t c; int64_t jc; bool rising;
+  void start_up(int64_t traj) {{ t = traj; c = 0; jc = 0; rising = true; }}
+  void start_down(int64_t traj) {{ t = traj; c = pr->k - 1; jc = pr->J - 1; rising = false; }}
+  // The jump time of `node` if it is a jump's node or landing node, else `recorded`.
+  real jump_time(int64_t node, real recorded) {{
+    if (!pr->J) return recorded;
+    const int32_t* ji = pr->jidx + t * pr->J; const int32_t* la = pr->land + t * pr->J;
+    if (rising) {{
+      while (jc < pr->J && ji[jc] < node) ++jc;  // padding (node 0) is passed over
+    }} else {{
+      while (jc >= 0 && (ji[jc] <= 0 || (la[jc] >= 0 ? la[jc] : ji[jc]) > node)) --jc;
+    }}
+    const bool hit = jc >= 0 && jc < pr->J && ji[jc] > 0 && (ji[jc] == node || la[jc] == node);
+    return hit ? pr->jt[t * pr->J + jc] : recorded;
+  }}
   int64_t up(int64_t node) {{  // slot moving `node`, or -1; nodes must not decrease
     const int32_t* row = pr->save + t * pr->k; const int32_t* sub = pr->subst + t * pr->k;
     while (c < pr->k && (!sub[c] || row[c] < node)) ++c;
@@ -410,8 +425,9 @@ struct Nodes {{
     while (c >= 0 && (!sub[c] || row[c] > node)) --c;
     return (c >= 0 && row[c] == node) ? c : -1;
   }}
-  real time(int64_t node, int64_t slot) const {{
-    return slot >= 0 ? pr->tsave[t * pr->k + slot] : pr->times[t * pr->s1 + node];
+  real time(int64_t node, int64_t slot) {{
+    return slot >= 0 ? pr->tsave[t * pr->k + slot]
+                     : jump_time(node, pr->times[t * pr->s1 + node]);
   }}
 }};
 
@@ -636,9 +652,11 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       busy += ACT[j];
       if (!ACT[j]) {{ H[j] = 0; continue; }}
       Nodes& nd = NODES[j];
-      M1[j] = TIMES ? nd.down(kk[j] + 1) : -1;
+      // The same node times as the forward sweep's (save times and jumps moved), whether
+      // or not their cotangents are wanted.
+      M1[j] = nd.down(kk[j] + 1);
       const real tb = nd.time(kk[j] + 1, M1[j]);
-      M0[j] = TIMES ? nd.down(kk[j]) : -1;
+      M0[j] = nd.down(kk[j]);
       TA[j] = nd.time(kk[j], M0[j]);
       H[j] = tb - TA[j];
       for (int r = 0; r < D; ++r) YB[r * LANES + j] = states[(traj[j] * pr.s1 + kk[j]) * D + r];
@@ -661,8 +679,8 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
     for (int j = 0; j < LANES; ++j) {{
       if (!ACT[j]) continue;
       // Node times carry a cotangent only where a save time moved them.
-      if (M0[j] >= 0) ct_tsave[traj[j] * pr.k + M0[j]] += CT[j];
-      if (M1[j] >= 0) ct_tsave[traj[j] * pr.k + M1[j]] += CH[j];
+      if (TIMES && M0[j] >= 0) ct_tsave[traj[j] * pr.k + M0[j]] += CT[j];
+      if (TIMES && M1[j] >= 0) ct_tsave[traj[j] * pr.k + M1[j]] += CH[j];
       if (JS[j] >= 0) jump_cotangents(j, JS[j], kk[j]);
       add_saves(j, kk[j]);
       --kk[j];
@@ -921,9 +939,11 @@ static bool setup(Problem& pr, ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<f
 
 // Known-time events of the replay (zero-width buffers without them).
 static void set_events(Problem& pr, ffi::Buffer<ffi::S32> jidx, ffi::Buffer<ffi::{ffi_type}> jsz,
+                       ffi::Buffer<ffi::S32> land, ffi::Buffer<ffi::{ffi_type}> jt,
                        const ffi::Buffer<ffi::S32>* tidx) {{
   pr.J = jidx.element_count() / pr.n;
   pr.jidx = jidx.typed_data(); pr.jsz = jsz.typed_data();
+  pr.land = land.typed_data(); pr.jt = jt.typed_data();
   if (tidx) {{ pr.L = tidx->element_count() / pr.n; pr.tidx = tidx->typed_data(); }}
 }}
 
@@ -933,6 +953,7 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::Buffer<ffi::S32> save, ffi::Buffer<ffi::{ffi_type}> tol,
                           ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
                           ffi::Buffer<ffi::S32> jidx, ffi::Buffer<ffi::{ffi_type}> jsz,
+                          ffi::Buffer<ffi::S32> land, ffi::Buffer<ffi::{ffi_type}> jt,
                           ffi::Buffer<ffi::S32> tidx,
                           ffi::ResultBuffer<ffi::{ffi_type}> ys, ffi::ResultBuffer<ffi::{ffi_type}> y1,
                           ffi::ResultBuffer<ffi::{ffi_type}> err,
@@ -940,7 +961,7 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::ResultBuffer<ffi::S32> cost) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
-  set_events(pr, jidx, jsz, &tidx);
+  set_events(pr, jidx, jsz, land, jt, &tidx);
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     forward_thread(pr, w, threads, y0.typed_data(), tol.typed_data(), ys->typed_data(),
                    y1->typed_data(), err->typed_data(), states->typed_data(), cost->typed_data());
@@ -954,6 +975,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
+        .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
@@ -975,13 +997,14 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::Buffer<ffi::{ffi_type}> ct_y1,
                           ffi::Buffer<ffi::{ffi_type}> tsave, ffi::Buffer<ffi::S32> subst,
                           ffi::Buffer<ffi::S32> jidx, ffi::Buffer<ffi::{ffi_type}> jsz,
+                          ffi::Buffer<ffi::S32> land, ffi::Buffer<ffi::{ffi_type}> jt,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_tsave,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_p,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_jsz) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
-  set_events(pr, jidx, jsz, nullptr);
+  set_events(pr, jidx, jsz, land, jt, nullptr);
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(),
                               ct_y1.typed_data(), ct_tsave->typed_data(),
@@ -997,6 +1020,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::{ffi_type}>>().Arg<ffi::Buffer<ffi::S32>>()
+        .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>());
