@@ -108,9 +108,8 @@ def record(
             save time equal to a jump time reads the state *before* the jump (the
             pre-dose trough, as NONMEM orders an observation and a dose at one time); a
             jump at ``t0`` applies to ``y0`` after a save time at ``t0`` has read it.
-            After each jump the solver's first-same-as-last stage is recomputed. Only
-            `gradsolve.drivers.Batched` (and `gradsolve.drivers.Lanes`, which records
-            with it) applies events; `gradsolve.drivers.Auto` then picks it.
+            After each jump the solver's first-same-as-last stage is recomputed. Every
+            driver records events (the compiled kernel and the XLA loop alike).
         tstops: ``None`` or times ``(L,)`` / ``(n, L)`` (sorted, in ``[t0, t1]``,
             ``+inf`` padding) where ``f`` is discontinuous (an infusion starts or stops):
             forced mesh nodes, never stepped across, with the carried stage recomputed
