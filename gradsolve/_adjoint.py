@@ -8,7 +8,8 @@ functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save 
 
 - ``fwd(times, n_eff, y0, pflat, save, tol, tsave, subst) -> (ys, y1, err, states, cost)``
   with ``ys (n, k, d)``, ``y1 (n, d)``, ``err (n,)``, ``states`` (whatever the backward pass
-  needs, a function of the inputs) and ``cost (n,)`` int32 steps computed;
+  needs, a function of the inputs: an array or a tuple of arrays) and ``cost (n,)`` int32
+  steps computed;
 - ``bwd(times, n_eff, pflat, save, states, ct_ys, ct_y1, tsave, subst, with_times)
   -> (ct_tsave (n, k), ct_y0 (n, d), ct_pflat (n, P))``; ``with_times`` (static) says
   whether ``ct_tsave`` is needed: without it the adjoint skips the node-time cotangents
@@ -43,6 +44,13 @@ import numpy as np
 
 from ._linear import linear_apply
 from .drivers.base import ReplayLayout, ReplayNodes, ReplayOutput
+
+
+def _zero_tangent(x):
+    """The zero tangent of a residual: float0 for integer arrays, as JAX requires."""
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
 
 
 def flatten_spec(params):
@@ -194,8 +202,12 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
             it = iter(tans)
             return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
 
-        # linear_apply's residuals are flat: diff, states, aux.
-        unpack = lambda res: (res[:n_diff], res[n_diff], res[n_diff + 1:])
+        # linear_apply's residuals are flat: diff, the states' leaves, aux.
+        st_leaves, st_def = jax.tree_util.tree_flatten(states)
+        n_st = len(st_leaves)
+        unpack = lambda res: (res[:n_diff],
+                              jax.tree_util.tree_unflatten(st_def, res[n_diff:n_diff + n_st]),
+                              res[n_diff + n_st:])
 
         def lin(res, tans):
             diff, _, aux = unpack(res)
@@ -209,12 +221,12 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
 
         tans = [t for lv, t in zip(live, tangents[0]) if lv]
         if tans:
-            dys, dy1 = linear_apply(lin, lin_t, (*diff, states, *aux), tans,
+            dys, dy1 = linear_apply(lin, lin_t, (*diff, *st_leaves, *aux), tans,
                                     out_shapes=(ys, y1))
         else:
             dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
         return ((ys, y1, err, states, cost),
-                (dys, dy1, jnp.zeros_like(err), jnp.zeros_like(states),
+                (dys, dy1, jnp.zeros_like(err), jax.tree_util.tree_map(_zero_tangent, states),
                  np.zeros(cost.shape, jax.dtypes.float0)))
 
     forward.defjvp(forward_jvp, symbolic_zeros=True)

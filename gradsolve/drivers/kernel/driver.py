@@ -211,13 +211,16 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
         f"{prefix}_fwd",
         (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
          jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, d), dtype),
-         jax.ShapeDtypeStruct((m,), i32)),
+         jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32)),
         vmap_method="broadcast_all",
     ), n)
 
     def fwd_call(times, n_eff, y, pf, save, tol, tm, subst, ev=None):
         jidx, jsz, tidx, land, jt = event_args(ev)
-        return fwd_ffi(times, n_eff, y, pf, save, tol, tm, subst, jidx, jsz, land, jt, tidx)
+        ys, y1, err, states, rows, cost = fwd_ffi(times, n_eff, y, pf, save, tol, tm, subst,
+                                                  jidx, jsz, land, jt, tidx)
+        # The stored states are packed by step count; `rows` locates each trajectory's.
+        return ys, y1, err, (states, rows), cost
 
     part = lambda with_times: "bwdt" if with_times else "bwd"
 
@@ -228,7 +231,7 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
             (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
              jax.ShapeDtypeStruct((m, p_size), dtype), jax.ShapeDtypeStruct((m, J, d), dtype)),
             vmap_method="broadcast_all",
-        ), n)(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, jidx, jsz, land, jt)
+        ), n)(times, n_eff, pf, save, *states, ct_ys, ct_y1, tm, subst, jidx, jsz, land, jt)
         if ev is None:
             return ct_tm, ct_y0, ct_pf
         # Padded jumps (node 0) are inert: no cotangent. Jump times carry none here (with
