@@ -210,7 +210,7 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
     fwd_ffi = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_fwd",
         (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
-         jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, d), dtype),
+         jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, d + 1), dtype),
          jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32)),
         vmap_method="broadcast_all",
     ), n)
@@ -219,7 +219,8 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
         jidx, jsz, tidx, land, jt = event_args(ev)
         ys, y1, err, states, rows, cost = fwd_ffi(times, n_eff, y, pf, save, tol, tm, subst,
                                                   jidx, jsz, land, jt, tidx)
-        # The stored states are packed by step count; `rows` locates each trajectory's.
+        # The stored states (and node times) are packed by step count; `rows` locates each
+        # trajectory's.
         return ys, y1, err, (states, rows), cost
 
     part = lambda with_times: "bwdt" if with_times else "bwd"

@@ -356,6 +356,9 @@ typedef {real} real;
 #define P_REAL {P_REAL}
 #define S {S}
 #define PF_STEPS 8
+// A stored row: the state at a node, then the node's time (the reverse sweep reads both in
+// one stream, and takes the forward's step sizes bitwise).
+#define SW (D + 1)
 #define LANES {LANES}
 #define FSAL {FSAL}
 #define ERROR_ORDER {ERROR_ORDER}
@@ -478,13 +481,12 @@ static inline void prefetch_ahead(const Problem& pr, int64_t t, int64_t kk, int6
                                   const real* states) {{
   const int64_t ahead = std::min<int64_t>(kk + PF_STEPS, n);
   __builtin_prefetch(pr.times + t * pr.s1 + ahead);
-  __builtin_prefetch(states + (pr.soff[t] + ahead) * D, 1);
+  __builtin_prefetch(states + (pr.soff[t] + ahead) * SW, 1);
 }}
 static inline void prefetch_back(const Problem& pr, int64_t t, int64_t kk, const real* states,
                                  const real* ct_ys, int64_t save_slot) {{
   const int64_t back = std::max<int64_t>(kk - PF_STEPS, 0);
-  __builtin_prefetch(pr.times + t * pr.s1 + back);
-  __builtin_prefetch(states + (pr.soff[t] + back) * D);
+  __builtin_prefetch(states + (pr.soff[t] + back) * SW);
   if (save_slot >= 0) __builtin_prefetch(ct_ys + (t * pr.k + save_slot) * D);
 }}
 
@@ -518,6 +520,7 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
   Queue queue{{pr.order.data(), pr.n, w, threads}};
   alignas(64) real YB[D * LANES] = {{0}}, K0[D * LANES] = {{0}}, PB[P * LANES] = {{0}};
   alignas(64) real H[LANES] = {{0}}, TA[LANES] = {{0}}, EMAX[LANES] = {{0}}, RT[LANES] = {{0}}, AT[LANES] = {{0}};
+  real TB[LANES] = {{0}};
   alignas(64) int ACT[LANES] = {{0}}, FRESH[LANES] = {{0}};
   int64_t traj[LANES]; int32_t kk[LANES] = {{0}}, N[LANES] = {{0}};
   int64_t idle = 0, last = -1;
@@ -532,10 +535,11 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     kk[j] = 0; N[j] = pr.n_eff[t]; FRESH[j] = 1;
     JUMPS[j].start_up(pr.jidx + t * pr.J, pr.J);
     STOPS[j].start_up(pr.tidx + t * pr.L, pr.L);
-    for (int r = 0; r < D; ++r) {{ YB[r * LANES + j] = y0[t * D + r]; states[pr.soff[t] * D + r] = y0[t * D + r]; }}
+    for (int r = 0; r < D; ++r) {{ YB[r * LANES + j] = y0[t * D + r]; states[pr.soff[t] * SW + r] = y0[t * D + r]; }}
     for (int r = 0; r < P_REAL; ++r) PB[r * LANES + j] = pr.p[t * P_REAL + r];
     NODES[j].start_up(t);
     TA[j] = NODES[j].time(0, NODES[j].up(0));
+    states[pr.soff[t] * SW + D] = TA[j];
     EMAX[j] = 0; RT[j] = tol[t * 2]; AT[j] = tol[t * 2 + 1];
   }};
   auto finish = [&](int j) {{
@@ -546,7 +550,7 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     last = t;
     for (int64_t m = 0; m < pr.k; ++m) {{
       int64_t node = std::min<int64_t>(std::max<int32_t>(pr.save[t * pr.k + m], 0), N[j]);
-      for (int r = 0; r < D; ++r) ys[(t * pr.k + m) * D + r] = states[(pr.soff[t] + node) * D + r];
+      for (int r = 0; r < D; ++r) ys[(t * pr.k + m) * D + r] = states[(pr.soff[t] + node) * SW + r];
     }}
   }};
   for (int j = 0; j < LANES; ++j) load(j);
@@ -567,12 +571,13 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
       if (pr.plain) {{
         const real* row = pr.times + traj[j] * pr.s1 + kk[j];
         TA[j] = row[0];
-        H[j] = row[1] - row[0];
+        TB[j] = row[1];
       }} else {{
         Nodes& nd = NODES[j];
         TA[j] = nd.time(kk[j], nd.up(kk[j]));
-        H[j] = nd.time(kk[j] + 1, nd.up(kk[j] + 1)) - TA[j];
+        TB[j] = nd.time(kk[j] + 1, nd.up(kk[j] + 1));
       }}
+      H[j] = TB[j] - TA[j];
       prefetch_ahead(pr, traj[j], kk[j], N[j], states);
     }}
     #pragma omp simd
@@ -582,7 +587,9 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     for (int j = 0; j < LANES; ++j) {{
       if (!ACT[j]) continue;
       ++kk[j];
-      for (int r = 0; r < D; ++r) states[(pr.soff[traj[j]] + kk[j]) * D + r] = YB[r * LANES + j];
+      real* row = states + (pr.soff[traj[j]] + kk[j]) * SW;
+      for (int r = 0; r < D; ++r) row[r] = YB[r * LANES + j];
+      row[D] = TB[j];
       if (events) {{
         // The stored state is the one before the node's jump (what a save there reads);
         // after a jump or a tstop node the carried stage is recomputed at the node, as the
@@ -667,22 +674,15 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       ACT[j] = traj[j] >= 0;
       busy += ACT[j];
       if (!ACT[j]) {{ H[j] = 0; continue; }}
-      if (pr.plain) {{
-        const real* row = pr.times + traj[j] * pr.s1 + kk[j];
-        M0[j] = M1[j] = -1;
-        TA[j] = row[0];
-        H[j] = row[1] - row[0];
-      }} else {{
-        Nodes& nd = NODES[j];
-        // The same node times as the forward sweep's (save times and jumps moved), whether
-        // or not their cotangents are wanted.
-        M1[j] = nd.down(kk[j] + 1);
-        const real tb = nd.time(kk[j] + 1, M1[j]);
-        M0[j] = nd.down(kk[j]);
-        TA[j] = nd.time(kk[j], M0[j]);
-        H[j] = tb - TA[j];
+      // The forward's node times (save times and jumps moved), stored beside the states.
+      const real* row = states + (pr.soff[traj[j]] + kk[j]) * SW;
+      TA[j] = row[D];
+      H[j] = row[SW + D] - row[D];
+      if (TIMES) {{  // the save slots that moved the two nodes, whose times get cotangents
+        M1[j] = NODES[j].down(kk[j] + 1);
+        M0[j] = NODES[j].down(kk[j]);
       }}
-      for (int r = 0; r < D; ++r) YB[r * LANES + j] = states[(pr.soff[traj[j]] + kk[j]) * D + r];
+      for (int r = 0; r < D; ++r) YB[r * LANES + j] = row[r];
       JS[j] = -1;
       if (pr.J) {{
         // The step starts from the state after the node's jump, the same sum as forward.
