@@ -70,12 +70,15 @@ def test_divergent_warmup_is_re_adapted_and_reported(runs):
     assert r["target_accept"] == pytest.approx(1 - 0.2 / 2 ** r["retunes"])
     assert r["target_accept_requested"] == 0.8
     assert "step size re-adapted at 0.9" in r["divergence_response"]
-    # a higher target: smaller steps, higher acceptance, fewer divergences
+    # a higher target: smaller steps, higher acceptance. The divergence counts are not
+    # compared: on a centred funnel they depend mostly on whether a chain sits in the neck,
+    # which a higher target does not reliably prevent (the program gave 341 -> 98 at
+    # 500 + 1,000 draws, and this run 43 -> 125 after a change that moved the meshes only at
+    # rounding level).
     step = lambda i: float(i.sample_stats["step_size"].values[:, -1].mean())
     acc = lambda i: float(i.sample_stats["acceptance_rate"].values.mean())
     assert step(responded) < step(plain)
     assert acc(responded) > acc(plain)
-    assert r["divergences"] < p["divergences"]
 
 
 def test_a_run_killed_after_re_adapting_resumes_to_the_same_draws(runs, tmp_path, monkeypatch):
