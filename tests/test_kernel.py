@@ -339,6 +339,36 @@ def test_states_packed_by_step_count_under_jit_vmap_and_second_order():
 
 
 @requires_compiler
+def test_stored_rows_without_node_times_past_the_size_limit(monkeypatch):
+    """Past `_WIDE_ROWS_MAX_BYTES` the forward stores states alone (no node time beside
+    them) and the reverse sweep finds the node times again: recorded, moved by traced save
+    times, or moved by jumps. Gradients equal the XLA driver's either way."""
+    # (Shapes no other test replays with, so every call traces with the limit in force.)
+    monkeypatch.setattr(kernel_replay_mod, "_WIDE_ROWS_MAX_BYTES", 0)
+    n = 6
+    y0 = jnp.ones((n, 2))
+    p = jnp.array([1.5, 1.0, 3.0, 1.0]) * (1 + 0.05 * jnp.arange(n))[:, None]
+    ts0 = jnp.linspace(0.5, 5.5, 5)
+    jumps = (jnp.full((n, 1), 2.25), jnp.tile(jnp.array([[[0.3, 0.0]]]), (n, 1, 1)))
+    cases = {"recorded": (None, None), "moved": (ts0 + 1e-3, None), "jumps": (None, jumps)}
+    for name, (ts, jmp) in cases.items():
+        mesh = gs.record(lotka_volterra, 0.0, 6.0, y0, p, ts=ts0, jumps=jumps if jmp else None)
+        s1 = mesh.times.shape[1]
+
+        def loss(q, t, driver):
+            sol = gs.replay(lotka_volterra, mesh, y0, q, ts=t, jumps=jmp, driver=driver)
+            return jnp.sum(sol.ys ** 2)
+
+        grad = jax.grad(loss, argnums=(0, 1) if ts is not None else 0)
+        jaxpr = str(jax.make_jaxpr(grad)(p, ts, gs.drivers.Kernel()))
+        assert f"f64[{n},{s1},2]" in jaxpr and f"f64[{n},{s1},3]" not in jaxpr, name
+        g = grad(p, ts, gs.drivers.Kernel())
+        gx = grad(p, ts, gs.drivers.Batched())
+        for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(gx)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@requires_compiler
 @pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Vern7()], ids=lambda s: type(s).__name__)
 def test_record_kernel_with_events_matches_xla_record(solver):
     """Ragged dose schedules (padding, a jump at t0, two jumps at one time, one at t1) and

@@ -100,6 +100,11 @@ def _remember(key, found: Target) -> Target:
 # ``gs.solve(lambda t, y, p: -k * y, ...)`` in a loop over ``k`` would compile a new kernel
 # (seconds) for every ``k``; past `_MAX_VARIANTS` such variants new ones use the XLA drivers.
 _variants = cache("kernel variants")
+_WIDE_ROWS_MAX_BYTES = 256 << 20
+"""Largest buffer of stored rows (per kernel call) that also carries each node's time: past
+it the rows hold the states alone, so a long mesh's replay gradient keeps the memory of
+its states (``n x (S + 1) x d``), not a third to a half more."""
+
 _MAX_VARIANTS = 4
 
 
@@ -207,10 +212,17 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
                 ev.reset_index[:, J:].astype(i32), ev.land_index.astype(i32),
                 ev.jump_times.astype(dtype))
 
+    def row_width(m):
+        # A stored row holds the node's state and its time (one stream for the reverse
+        # sweep: ~12 % faster at d = 2), unless that makes the buffer much larger than the
+        # states alone where it is large.
+        wide = m * s1 * (d + 1) * jnp.dtype(dtype).itemsize
+        return d + 1 if wide <= _WIDE_ROWS_MAX_BYTES else d
+
     fwd_ffi = spread(lambda m: jax.ffi.ffi_call(
         f"{prefix}_fwd",
         (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
-         jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, d + 1), dtype),
+         jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, row_width(m)), dtype),
          jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32)),
         vmap_method="broadcast_all",
     ), n)

@@ -356,9 +356,6 @@ typedef {real} real;
 #define P_REAL {P_REAL}
 #define S {S}
 #define PF_STEPS 8
-// A stored row: the state at a node, then the node's time (the reverse sweep reads both in
-// one stream, and takes the forward's step sizes bitwise).
-#define SW (D + 1)
 #define LANES {LANES}
 #define FSAL {FSAL}
 #define ERROR_ORDER {ERROR_ORDER}
@@ -386,6 +383,10 @@ struct Problem {{
   // No save time moves a node and there are no jumps: every node is at its recorded time,
   // read directly (the node cursors cost ~10 % of a sweep's time at d = 2).
   bool plain = false;
+  // Width of a stored row: D (the state at a node) or D + 1 (then the node's time, so the
+  // reverse sweep reads one stream per lane instead of two and takes the forward's step
+  // sizes bitwise; the caller picks D where the buffer would grow too large).
+  int64_t sw = D + 1;
 }};
 
 // A cursor over one trajectory's sorted jump (or tstop) nodes. `ahead(node)` visits nodes
@@ -481,12 +482,13 @@ static inline void prefetch_ahead(const Problem& pr, int64_t t, int64_t kk, int6
                                   const real* states) {{
   const int64_t ahead = std::min<int64_t>(kk + PF_STEPS, n);
   __builtin_prefetch(pr.times + t * pr.s1 + ahead);
-  __builtin_prefetch(states + (pr.soff[t] + ahead) * SW, 1);
+  __builtin_prefetch(states + (pr.soff[t] + ahead) * pr.sw, 1);
 }}
 static inline void prefetch_back(const Problem& pr, int64_t t, int64_t kk, const real* states,
                                  const real* ct_ys, int64_t save_slot) {{
   const int64_t back = std::max<int64_t>(kk - PF_STEPS, 0);
-  __builtin_prefetch(states + (pr.soff[t] + back) * SW);
+  if (pr.sw == D) __builtin_prefetch(pr.times + t * pr.s1 + back);
+  __builtin_prefetch(states + (pr.soff[t] + back) * pr.sw);
   if (save_slot >= 0) __builtin_prefetch(ct_ys + (t * pr.k + save_slot) * D);
 }}
 
@@ -535,11 +537,11 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     kk[j] = 0; N[j] = pr.n_eff[t]; FRESH[j] = 1;
     JUMPS[j].start_up(pr.jidx + t * pr.J, pr.J);
     STOPS[j].start_up(pr.tidx + t * pr.L, pr.L);
-    for (int r = 0; r < D; ++r) {{ YB[r * LANES + j] = y0[t * D + r]; states[pr.soff[t] * SW + r] = y0[t * D + r]; }}
+    for (int r = 0; r < D; ++r) {{ YB[r * LANES + j] = y0[t * D + r]; states[pr.soff[t] * pr.sw + r] = y0[t * D + r]; }}
     for (int r = 0; r < P_REAL; ++r) PB[r * LANES + j] = pr.p[t * P_REAL + r];
     NODES[j].start_up(t);
     TA[j] = NODES[j].time(0, NODES[j].up(0));
-    states[pr.soff[t] * SW + D] = TA[j];
+    if (pr.sw > D) states[pr.soff[t] * pr.sw + D] = TA[j];
     EMAX[j] = 0; RT[j] = tol[t * 2]; AT[j] = tol[t * 2 + 1];
   }};
   auto finish = [&](int j) {{
@@ -550,7 +552,7 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     last = t;
     for (int64_t m = 0; m < pr.k; ++m) {{
       int64_t node = std::min<int64_t>(std::max<int32_t>(pr.save[t * pr.k + m], 0), N[j]);
-      for (int r = 0; r < D; ++r) ys[(t * pr.k + m) * D + r] = states[(pr.soff[t] + node) * SW + r];
+      for (int r = 0; r < D; ++r) ys[(t * pr.k + m) * D + r] = states[(pr.soff[t] + node) * pr.sw + r];
     }}
   }};
   for (int j = 0; j < LANES; ++j) load(j);
@@ -587,9 +589,9 @@ void forward_thread(const Problem& pr, int64_t w, int64_t threads, const real* y
     for (int j = 0; j < LANES; ++j) {{
       if (!ACT[j]) continue;
       ++kk[j];
-      real* row = states + (pr.soff[traj[j]] + kk[j]) * SW;
+      real* row = states + (pr.soff[traj[j]] + kk[j]) * pr.sw;
       for (int r = 0; r < D; ++r) row[r] = YB[r * LANES + j];
-      row[D] = TB[j];
+      if (pr.sw > D) row[D] = TB[j];
       if (events) {{
         // The stored state is the one before the node's jump (what a save there reads);
         // after a jump or a tstop node the carried stage is recomputed at the node, as the
@@ -674,13 +676,28 @@ void backward_thread(const Problem& pr, int64_t w, int64_t threads, const real* 
       ACT[j] = traj[j] >= 0;
       busy += ACT[j];
       if (!ACT[j]) {{ H[j] = 0; continue; }}
-      // The forward's node times (save times and jumps moved), stored beside the states.
-      const real* row = states + (pr.soff[traj[j]] + kk[j]) * SW;
-      TA[j] = row[D];
-      H[j] = row[SW + D] - row[D];
-      if (TIMES) {{  // the save slots that moved the two nodes, whose times get cotangents
-        M1[j] = NODES[j].down(kk[j] + 1);
-        M0[j] = NODES[j].down(kk[j]);
+      // The same node times as the forward sweep's (save times and jumps moved): stored
+      // beside the states, or found again.
+      const real* row = states + (pr.soff[traj[j]] + kk[j]) * pr.sw;
+      M0[j] = M1[j] = -1;
+      if (pr.sw > D) {{
+        TA[j] = row[D];
+        H[j] = row[pr.sw + D] - row[D];
+        if (TIMES) {{  // the save slots that moved the two nodes, whose times get cotangents
+          M1[j] = NODES[j].down(kk[j] + 1);
+          M0[j] = NODES[j].down(kk[j]);
+        }}
+      }} else if (pr.plain) {{
+        const real* tr = pr.times + traj[j] * pr.s1 + kk[j];
+        TA[j] = tr[0];
+        H[j] = tr[1] - tr[0];
+      }} else {{
+        Nodes& nd = NODES[j];
+        M1[j] = nd.down(kk[j] + 1);
+        const real tb = nd.time(kk[j] + 1, M1[j]);
+        M0[j] = nd.down(kk[j]);
+        TA[j] = nd.time(kk[j], M0[j]);
+        H[j] = tb - TA[j];
       }}
       for (int r = 0; r < D; ++r) YB[r * LANES + j] = row[r];
       JS[j] = -1;
@@ -1016,6 +1033,7 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   set_events(pr, jidx, jsz, land, jt, &tidx);
+  pr.sw = states->element_count() / (pr.n * pr.s1);
   pack_rows(pr, rows->typed_data());
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     forward_thread(pr, w, threads, y0.typed_data(), tol.typed_data(), ys->typed_data(),
@@ -1061,6 +1079,7 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   set_events(pr, jidx, jsz, land, jt, nullptr);
+  pr.sw = states.element_count() / (pr.n * pr.s1);
   unpack_rows(pr, rows.typed_data());
   for_threads(pr.n, [&](int64_t w, int64_t threads) {{
     backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(),
