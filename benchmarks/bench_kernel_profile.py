@@ -16,7 +16,7 @@ stages recomputed in the reverse sweep with the vector field's VJP written out b
 It takes gradsolve's Tsit5 tableau and mesh, and its ``y1`` and gradient are checked
 against gradsolve's before anything is timed.
 
-Usage: ``python benchmarks/bench_kernel_profile.py [--sizes 1000,10000] [--repeats 7]``
+Usage: ``python benchmarks/bench_kernel_profile.py [--sizes 1000,10000] [--repeats 30]``
 (needs g++). Writes ``benchmarks/results/kernel_profile.json``.
 """
 
@@ -32,7 +32,6 @@ import json
 import platform
 import subprocess
 import tempfile
-import time
 
 import jax
 
@@ -40,6 +39,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+import bench_core  # noqa: E402
 import gradsolve as gs  # noqa: E402
 from problems import make  # noqa: E402
 
@@ -225,44 +225,35 @@ class HandReplay:
         return self.gp
 
 
-def _best(fn, repeats: int, inner: int) -> float:
-    """Best of ``repeats`` (the mean of ``inner`` calls each), seconds."""
-    fn()
-    best = np.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - t) / inner)
-    return best
-
-
 def profile(name: str, n: int, repeats: int, hand_lib=None) -> dict:
     """One problem at ``n`` trajectories: ns per trajectory-step, gradsolve and (LV) hand."""
     f, t1, y0, p, _, _ = make(name, n)
     mesh = gs.record(f, 0.0, t1, y0, p, rtol=RTOL, atol=ATOL)
     steps = int(np.sum(np.asarray(mesh.n_steps)))
     attempts = steps + int(np.sum(np.asarray(mesh.n_rejected)))
-    inner = max(1, 20_000_000 // (steps * 40))
     loss = lambda q: jnp.sum(gs.replay(f, mesh, y0, q).y1 ** 2)
     fwd = jax.jit(lambda q: gs.replay(f, mesh, y0, q).y1)
     grad = jax.jit(jax.grad(loss))
     rec = jax.jit(lambda q: gs.record(f, 0.0, t1, y0, q, rtol=RTOL, atol=ATOL,
                                       max_steps=int(mesh.capacity)).times)
-    run = lambda g: (lambda: jax.block_until_ready(g(p)))
-    t_fwd, t_grad = _best(run(fwd), repeats, inner), _best(run(grad), repeats, inner)
-    t_rec = _best(run(rec), repeats, inner)
-    row = dict(problem=name, n=n, steps=steps, attempts=attempts,
-               record_ns=1e9 * t_rec / attempts, forward_ns=1e9 * t_fwd / steps,
-               gradient_ns=1e9 * t_grad / steps, reverse_ns=1e9 * (t_grad - t_fwd) / steps)
+    fns = dict(fwd=lambda: fwd(p), grad=lambda: grad(p), rec=lambda: rec(p))
     if hand_lib is not None:
         hand = HandReplay(hand_lib, mesh, y0, p)
         np.testing.assert_allclose(hand.forward(), np.asarray(fwd(p)), rtol=1e-11)
         np.testing.assert_allclose(hand.gradient(), np.asarray(grad(p)), rtol=1e-9,
                                    atol=1e-12 * float(np.max(np.abs(np.asarray(grad(p))))))
-        h_fwd, h_grad = _best(hand.forward, repeats, inner), _best(hand.gradient, repeats, inner)
-        row.update(hand_forward_ns=1e9 * h_fwd / steps, hand_gradient_ns=1e9 * h_grad / steps,
-                   hand_reverse_ns=1e9 * (h_grad - h_fwd) / steps)
+        fns.update(hand_fwd=hand.forward, hand_grad=hand.gradient)
+    for fn in fns.values():  # compile
+        jax.block_until_ready(fn())
+    t = bench_core._best(fns, repeats)
+    row = dict(problem=name, n=n, steps=steps, attempts=attempts,
+               record_ns=1e9 * t["rec"] / attempts, forward_ns=1e9 * t["fwd"] / steps,
+               gradient_ns=1e9 * t["grad"] / steps,
+               reverse_ns=1e9 * (t["grad"] - t["fwd"]) / steps)
+    if hand_lib is not None:
+        row.update(hand_forward_ns=1e9 * t["hand_fwd"] / steps,
+                   hand_gradient_ns=1e9 * t["hand_grad"] / steps,
+                   hand_reverse_ns=1e9 * (t["hand_grad"] - t["hand_fwd"]) / steps)
     return row
 
 
@@ -270,7 +261,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--problems", default="lotka_volterra,lorenz,van_der_pol")
     ap.add_argument("--sizes", default="1000,10000")
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=30, help="calls per function, interleaved")
     ap.add_argument("--json", default=os.path.join(os.path.dirname(__file__), "results",
                                                    "kernel_profile.json"))
     a = ap.parse_args(argv)

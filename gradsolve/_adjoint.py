@@ -47,7 +47,8 @@ from .drivers.base import ReplayLayout, ReplayNodes, ReplayOutput
 
 
 def _zero_tangent(x):
-    """The zero tangent of a residual: float0 for integer arrays, as JAX requires."""
+    """The zero tangent of a non-differentiable output: float0 for integer arrays, as JAX
+    requires."""
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.zeros_like(x)
     return np.zeros(x.shape, jax.dtypes.float0)
@@ -227,7 +228,7 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
             dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
         return ((ys, y1, err, states, cost),
                 (dys, dy1, jnp.zeros_like(err), jax.tree_util.tree_map(_zero_tangent, states),
-                 np.zeros(cost.shape, jax.dtypes.float0)))
+                 _zero_tangent(cost)))
 
     forward.defjvp(forward_jvp, symbolic_zeros=True)
 
