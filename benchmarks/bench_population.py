@@ -7,7 +7,9 @@ process, the same program, data, warmup and draws on every side, chains vectoris
   MAP initialisation, everything counted);
 - NumPyro + ``gs.solve``: plain NumPyro ``NUTS`` on ``inference.population_program(model)``
   run without gradsolve's handlers, so its ``inference.ode`` site is ``gs.solve`` (a record
-  at every evaluation): what a user can write today;
+  at every evaluation): what a user can write today; at NumPyro's default
+  ``target_accept_prob`` 0.8 and, like for like, at the target ``inference.sample`` used
+  (0.9 for a population model);
 - NumPyro + Diffrax (``--diffrax``; slow, tens of minutes): the same program with
   ``jax.vmap(diffrax.diffeqsolve)`` over subjects, doses as piecewise solves between dose
   times (Tsit5, PIDController, default adjoint).
@@ -114,7 +116,9 @@ def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None
     idata = inference.sample(model, data, num_warmup=warm, num_samples=draws,
                              num_chains=chains, seed=seed, progress=False, rerecord=rerecord)
     total = time.perf_counter() - t
+    attrs = idata.posterior.attrs
     return dict(total_s=total, min_ess=min_ess(idata, pop),
+                target_accept=float(attrs["target_accept"]), retunes=int(attrs["retunes"]),
                 ess_per_s=min_ess(idata, pop) / total, policy=idata.posterior.attrs["mesh_policy"],
                 divergences=int(idata.sample_stats["diverging"].sum()),
                 max_error_ratio=float(idata.posterior.attrs["max_error_ratio"]),
@@ -123,10 +127,11 @@ def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None
                 posterior=summary(idata, pop))
 
 
-def run_numpyro(program, data, warm, draws, chains, seed, pop=POP):
+def run_numpyro(program, data, warm, draws, chains, seed, pop=POP, target_accept=0.8):
     t = time.perf_counter()
-    mcmc = MCMC(NUTS(program), num_warmup=warm, num_samples=draws, num_chains=chains,
-                chain_method="vectorized", progress_bar=False)
+    mcmc = MCMC(NUTS(program, target_accept_prob=target_accept), num_warmup=warm,
+                num_samples=draws, num_chains=chains, chain_method="vectorized",
+                progress_bar=False)
     mcmc.run(jax.random.PRNGKey(seed), data, extra_fields=("num_steps", "diverging"))
     # MCMC.run returns before the vectorised chains finish (JAX dispatches asynchronously):
     # the clock stops when the draws exist
@@ -134,7 +139,7 @@ def run_numpyro(program, data, warm, draws, chains, seed, pop=POP):
     total = time.perf_counter() - t
     idata = az.from_numpyro(mcmc)
     ex = mcmc.get_extra_fields()
-    return dict(total_s=total, min_ess=min_ess(idata, pop),
+    return dict(total_s=total, min_ess=min_ess(idata, pop), target_accept=target_accept,
                 ess_per_s=min_ess(idata, pop) / total, divergences=int(np.sum(ex["diverging"])),
                 leapfrog_steps=int(np.sum(ex["num_steps"])), posterior=summary(idata, pop))
 
@@ -289,19 +294,29 @@ def main(argv=None):
           f"jax {jax.__version__}, {jax.devices()[0].platform}", flush=True)
     res = dict(config=_config(warm, draws, chains, a.seed))
     res["gradsolve"] = run_gradsolve(model, data, warm, draws, chains, a.seed)
-    print("  inference.sample:   {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} "
-          "ESS/s, {divergences} divergences".format(**res["gradsolve"]), flush=True)
-    res["numpyro_gs_solve"] = run_numpyro(inference.population_program(model), data, warm,
-                                          draws, chains, a.seed)
-    print("  NumPyro + gs.solve: {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} "
-          "ESS/s, {divergences} divergences".format(**res["numpyro_gs_solve"]), flush=True)
+    line = ("{total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} ESS/s, {divergences} "
+            "divergences, target_accept {target_accept:g}")
+    print("  inference.sample:   " + line.format(**res["gradsolve"]), flush=True)
+    # NumPyro at its default target, and at the one inference.sample used (like for like)
+    program = inference.population_program(model)
+    res["numpyro_gs_solve"] = run_numpyro(program, data, warm, draws, chains, a.seed)
+    print("  NumPyro + gs.solve: " + line.format(**res["numpyro_gs_solve"]), flush=True)
+    same = res["gradsolve"]["target_accept"]
+    if same != 0.8:
+        res["numpyro_gs_solve_same_target"] = run_numpyro(program, data, warm, draws, chains,
+                                                          a.seed, target_accept=same)
+        print("  NumPyro + gs.solve: " + line.format(**res["numpyro_gs_solve_same_target"]),
+              flush=True)
     if a.diffrax:
         res["numpyro_diffrax"] = run_numpyro(diffrax_program(model), data, warm, draws,
                                              chains, a.seed)
-        print("  NumPyro + Diffrax:  {total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f}"
-              " ESS/s, {divergences} divergences".format(**res["numpyro_diffrax"]), flush=True)
-    g, n = res["gradsolve"]["ess_per_s"], res["numpyro_gs_solve"]["ess_per_s"]
-    print(f"  ESS/s ratio inference.sample / NumPyro + gs.solve: {g / n:.2f}x", flush=True)
+        print("  NumPyro + Diffrax:  " + line.format(**res["numpyro_diffrax"]), flush=True)
+    g = res["gradsolve"]["ess_per_s"]
+    for key in ("numpyro_gs_solve", "numpyro_gs_solve_same_target", "numpyro_diffrax"):
+        if key in res:
+            r = res[key]
+            print(f"  ESS/s ratio inference.sample / {key} (target_accept "
+                  f"{r['target_accept']:g}): {g / r['ess_per_s']:.2f}x", flush=True)
     print("one log-density gradient, 4 points vectorised:", flush=True)
     res["gradient"] = gradient_times(model, data, [int(s) for s in a.sizes.split(",")])
     _write(res, f"bench_population{'_quick' if a.quick else ''}")

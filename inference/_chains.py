@@ -31,7 +31,8 @@ CHUNK = 100  # iterations per compiled loop call (the length of its draw buffers
 
 
 class Draws(NamedTuple):
-    """What one loop call keeps of its iterations, per chain ``C`` and iteration ``n``."""
+    """What one loop call keeps of its iterations, per chain ``C`` and iteration ``n``
+    (``step_size``: the one each transition used)."""
 
     z: Float[np.ndarray, "C n D"]
     diverging: Bool[np.ndarray, "C n"]
@@ -64,7 +65,9 @@ class SampleState(NamedTuple):
             mesh did not hold at warmup's last draws).
         target_accept: the NUTS/HMC target acceptance probability in use (raised by
             the warmup's response to divergences); late_divergences: divergent
-            transitions in the late iterations of warmup so far;
+            transitions in the late iterations of warmup so far; late_steps: ``(chain,
+            step size used)`` of each of them (only those near the final step size
+            count, see the warmup's ``counted_late``);
             adaptations: one ``(target_accept, late divergences)`` pair per finished
             step-size adaptation: the warmup's, then each re-adaptation in response.
         mesh_probes: how many times the first draws sent the sampling mesh back to be
@@ -99,6 +102,7 @@ class SampleState(NamedTuple):
     late_divergences: int = 0
     adaptations: tuple = ()
     mesh_probes: int = 0
+    late_steps: tuple = ()
 
 
 def spaced(n: int, per: int) -> np.ndarray:
@@ -191,8 +195,9 @@ class ChainKernel:
 
             def body(i, carry):
                 st, b = carry
+                used = st.adapt_state.step_size  # this transition's (warmup adapts it after)
                 st = vstep(st, meshes)
-                rec = Draws(st.z, st.diverging, st.num_steps, st.adapt_state.step_size,
+                rec = Draws(st.z, st.diverging, st.num_steps, used,
                             st.energy, st.potential_energy, st.accept_prob)
                 b = jax.tree_util.tree_map(lambda a, r: a.at[:, i].set(r.astype(a.dtype)),
                                            b, rec)

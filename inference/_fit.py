@@ -49,7 +49,7 @@ import gradsolve as gs
 
 from . import _checkpoint
 from ._policy import MeshPolicy
-from ._problem import MAX_STEPS, TOLERANCES, Problem
+from ._problem import TOLERANCES, Problem
 from ._program import problem_for
 from ._progress import progress_bar
 from ._result import FAILED, FitResult, best_index
@@ -338,7 +338,7 @@ def fit(
     drift_tol: float = 0.1, error_ratio_max: float = 1.0, seed: int = 0,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100,
     progress: bool | None = None, rtol: float = TOLERANCES.rtol,
-    atol: float = TOLERANCES.atol, solver=None, max_steps: int = MAX_STEPS,
+    atol: float = TOLERANCES.atol, solver=None, max_steps: int | None = None,
     record_tol_factor: float = 0.5, jacobian: bool = False, max_redraws: int = 10,
     callback: Callable[[int, dict], Any] | None = None,
 ) -> FitResult:
@@ -370,7 +370,9 @@ def fit(
             ``KeyboardInterrupt``) stops the fit; a later call with the same path resumes
             from it and ends at the same result as an uninterrupted run.
         progress: show a tqdm bar (default: only when stderr is a terminal).
-        rtol, atol, solver, max_steps: the ODE solve (``solver=None``: the model's).
+        rtol, atol, solver, max_steps: the ODE solve (``solver=None``: the model's;
+            ``max_steps=None``: 4,096 steps, or 16,384 for the ode sites of a population
+            model or program).
         jacobian: add the unconstrained transform's log-Jacobian to the MAP objective (the
             mode in unconstrained space, as a Laplace approximation there would use).
         max_redraws: rounds of re-drawing starts whose first record fails.

@@ -24,7 +24,8 @@ def describe_response(adaptations: tuple) -> str:
     if not n0:
         return f"no divergences late in warmup at target_accept {t0:g}"
     plural = lambda n: f"{n} divergence{'s' if n != 1 else ''}"
-    out = f"{plural(n0)} late in warmup or in the first draws at target_accept {t0:g}"
+    out = (f"{plural(n0)} late in warmup (at step sizes near the final one) or in the "
+           f"first draws at target_accept {t0:g}")
     for t, n in rest:
         out += f"; step size re-adapted at {t:g} ({plural(n)} then)"
     if not rest:

@@ -32,7 +32,7 @@ from numpyro.primitives import Messenger, _PYRO_STACK, apply_stack
 
 import gradsolve as gs
 
-from ._problem import MAX_STEPS, TOLERANCES
+from ._problem import SITE_MAX_STEPS, TOLERANCES
 
 __all__ = ["ode", "SITE", "OdeCall", "RecordSites", "ReplaySites", "SolveSites"]
 
@@ -59,9 +59,9 @@ class OdeCall(NamedTuple):
     def resolved(self, defaults: Mapping[str, Any] | None = None) -> "OdeCall":
         """This call with the settings it leaves open (``None``) taken from ``defaults``
         (the run's ``solver``, ``rtol``, ``atol``, ``max_steps``), then from `inference`'s
-        (``gs.Tsit5()``, ``1e-6``, ``1e-8``, 4,096)."""
+        (``gs.Tsit5()``, ``1e-6``, ``1e-8``, 16,384)."""
         d = dict(solver=None, rtol=TOLERANCES.rtol, atol=TOLERANCES.atol,
-                 max_steps=MAX_STEPS)
+                 max_steps=SITE_MAX_STEPS)
         d.update({k: v for k, v in (defaults or {}).items() if v is not None})
         pick = lambda k: getattr(self, k) if getattr(self, k) is not None else d[k]
         solver = pick("solver")
@@ -120,7 +120,10 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
         tstops: times where ``f`` is discontinuous (an infusion's start and end).
         solver: a gradsolve solver (default ``gs.Tsit5()``).
         rtol, atol, max_steps: default those of `inference` (``rtol = 1e-6``, ``atol =
-            1e-8``, 4,096 steps).
+            1e-8``, 16,384 steps: a population's posterior reaches subjects' rates that
+            need thousands of explicit steps, and a solve that runs out of them is a
+            cliff for a sampler; on the compiled CPU kernel each subject takes only the
+            steps it needs).
 
     Returns:
         A ``gs.Solution`` (``ys (n, k, d)``, ``error_ratio``, ...). A failed solve gives

@@ -350,7 +350,7 @@ class ProgramProblem:
         source: what the user passed (a population model; default ``program``), which a
             MAP initialisation fits again.
         solver, rtol, atol, max_steps: defaults of the ode sites that do not set their
-            own (``rtol = 1e-6``, ``atol = 1e-8``, 4,096 steps, ``gs.Tsit5()``).
+            own (``rtol = 1e-6``, ``atol = 1e-8``, 16,384 steps, ``gs.Tsit5()``).
     """
 
     def __init__(self, program, data, *, name: str | None = None, solver=None,
@@ -518,13 +518,19 @@ def population_program(model):
     return program
 
 
-def problem_for(model, data, *, solver=None, rtol: float, atol: float, max_steps: int):
+def problem_for(model, data, *, solver=None, rtol: float, atol: float,
+                max_steps: int | None):
     """The `Problem` of an `ODEModel` (any `InferenceModel`), or the `ProgramProblem` of a
-    population model or of a NumPyro program ``program(data)``."""
-    from ._problem import InferenceModel, Problem
+    population model or of a NumPyro program ``program(data)``; ``max_steps=None``: the
+    default capacity of each (``MAX_STEPS`` for a record, ``SITE_MAX_STEPS`` for an ode
+    site)."""
+    from ._problem import MAX_STEPS, SITE_MAX_STEPS, InferenceModel, Problem
 
     if isinstance(model, InferenceModel):
-        return Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
+        return Problem(model, data, solver=solver, rtol=rtol, atol=atol,
+                       max_steps=MAX_STEPS if max_steps is None else max_steps)
+    max_steps = SITE_MAX_STEPS if max_steps is None else max_steps
+
     if isinstance(model, PopulationInferenceModel):
         return ProgramProblem(population_program(model), data, name=model.name,
                               solver=solver, rtol=rtol, atol=atol, max_steps=max_steps,

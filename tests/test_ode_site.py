@@ -195,3 +195,21 @@ def test_an_ode_model_builds_a_program_whose_mesh_is_reused(lynx):
     np.testing.assert_allclose(fit_prog.loss, fit_model.loss, rtol=1e-6)
     for k in x:
         np.testing.assert_allclose(fit_prog.params[k], fit_model.params[k], rtol=1e-4)
+
+
+def test_default_capacity_reaches_a_posteriors_fast_subjects():
+    """A subject absorbing at 1,000/h needs ~7,600 Tsit5 steps over 25 h (the absorption
+    mode bounds the explicit step long after the gut is empty): past `gs.solve`'s 4,096 but
+    within an ode site's default, which therefore gives the Bateman function where a
+    4,096-step solve would give the sampler a cliff of -inf."""
+    ts = np.linspace(0.5, 25.0, 11)
+    ka, ke, dose = np.array([1.5, 1000.0]), 0.08, np.array([4.0, 4.0])
+    y0 = jnp.stack([jnp.asarray(dose), jnp.zeros(2)], -1)
+    p = {"ka": jnp.asarray(ka), "ke": jnp.full(2, ke)}
+    short = gs.solve(_field, 0.0, 25.0, y0, p, ts=ts, max_steps=4096, throw=False)
+    assert not np.all(np.isfinite(np.asarray(short.ys[1])))
+    sol = inference.ode("pk", _field, 0.0, 25.0, y0, p, ts=ts)
+    assert int(np.max(sol.stats["num_accepted_steps"])) > 4096
+    for i in range(2):
+        np.testing.assert_allclose(np.asarray(sol.ys[i, :, 1]), _bateman(ka[i], ke, dose[i], ts),
+                                   rtol=1e-5)

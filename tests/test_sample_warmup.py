@@ -14,7 +14,8 @@ import pytest
 
 import inference
 from conftest import killed_then_resumed
-from inference._warmup import late_iterations
+from inference._chains import Draws
+from inference._warmup import counted_late, late_iterations, late_steps
 
 Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
 SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
@@ -35,7 +36,7 @@ def centred_eight_schools(data):
         numpyro.sample("obs", dist.Normal(2.0 * sol.ys[:, 0, 0], SIGMA), obs=Y)
 
 
-RUN = dict(num_warmup=500, num_samples=300, num_chains=4, init="prior", seed=0,
+RUN = dict(num_warmup=500, num_samples=300, num_chains=4, init="prior", seed=0, target_accept=0.8,
            progress=False)
 
 
@@ -90,3 +91,22 @@ def test_a_run_killed_after_re_adapting_resumes_to_the_same_draws(runs, tmp_path
         np.testing.assert_array_equal(resumed.posterior[k].values, responded.posterior[k].values)
     assert resumed.sample_stats.attrs["divergence_response"] == \
         responded.sample_stats.attrs["divergence_response"]
+
+
+def test_late_divergences_count_only_at_step_sizes_near_the_final_one():
+    # dual averaging's terminal window still tries steps well above the one it settles on;
+    # a divergence there predicts nothing of the sampling phase
+    C, n = 2, 50
+    diverging = np.zeros((C, n), bool)
+    step = np.full((C, n), 0.1)
+    diverging[0, 5] = True      # before the late iterations (the window's restart)
+    diverging[0, 20], step[0, 20] = True, 0.11    # near chain 0's final step size
+    diverging[1, 30], step[1, 30] = True, 0.25    # 2.5x chain 1's final step size
+    diverging[1, 40], step[1, 40] = True, 0.05    # smaller than it
+    draws = Draws(np.zeros((C, n, 1)), diverging, np.ones((C, n), int), step,
+                  *(np.zeros((C, n)),) * 3)
+    late = late_steps(draws, start=450, num_warmup=500)
+    assert late == ((0, 0.11), (1, 0.25), (1, 0.05))
+    assert counted_late(late, np.array([0.1, 0.1])) == 2
+    assert counted_late(late, np.array([0.1, 0.2])) == 3
+    assert counted_late((), np.array([0.1, 0.1])) == 0
