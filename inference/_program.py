@@ -199,7 +199,10 @@ class ProgramMesh(eqx.Module):
         leading axis ``n``), on host, trimmed."""
         out = {}
         for k, m in meshes.items():
-            m = m.to_host()
+            # cut the step slots on device first: a record at an ode site's capacity holds
+            # (n, S, max_steps + 1) times, mostly unused, and copying and padding them all
+            # on the host cost more than the record itself
+            m = m.trim().to_host()
             S = sizes[k]
             changes = {}
             for f in dataclasses.fields(m):
@@ -400,7 +403,7 @@ class ProgramProblem:
         """Every ode site recorded at ``u (D,)`` or ``(n, D)`` (host, trimmed)."""
         u = jnp.asarray(u, dtype=jnp.result_type(float))
         if u.ndim == 1:
-            meshes = {k: m.to_host().padded().trim()
+            meshes = {k: m.trim().to_host()
                       for k, m in self._record_one(u, float(tol_factor)).items()}
             return ProgramMesh(meshes, self.sizes, None)
         return ProgramMesh.from_stack(self._record_many(u, float(tol_factor)), self.sizes,
