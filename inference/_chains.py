@@ -72,6 +72,8 @@ class SampleState(NamedTuple):
             step-size adaptation: the warmup's, then each re-adaptation in response.
         mesh_probes: how many times the first draws sent the sampling mesh back to be
             re-recorded where it did not hold.
+        ragged: the potential's replay costs each trajectory's own steps (the compiled
+            kernel), so `capacity` leaves the meshes room to grow.
 
     Example:
         >>> inference.sample(model, data, checkpoint="run.pkl")
@@ -103,6 +105,7 @@ class SampleState(NamedTuple):
     adaptations: tuple = ()
     mesh_probes: int = 0
     late_steps: tuple = ()
+    ragged: bool = False
 
 
 def spaced(n: int, per: int) -> np.ndarray:
@@ -111,11 +114,18 @@ def spaced(n: int, per: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, max(1, min(n, per))).round().astype(int))
 
 
-def capacity(need: int) -> int:
-    """Static step capacity of the meshes inside the sampler: ~15% headroom over ``need``,
-    a multiple of 16. Under vectorised chains (``vmap``) the replay cannot skip padding
-    steps, so the capacity is kept close to the steps actually needed; a mesh that needs
-    more raises it (one recompile)."""
+def capacity(need: int, ragged: bool = False) -> int:
+    """Static step capacity of the meshes inside the sampler; a mesh that needs more
+    raises it, which compiles the sampler's loop again (~3-4 s).
+
+    On an XLA replay under vectorised chains (``vmap``) every slot is a step, so the
+    capacity is kept close to the steps needed: ~15% headroom over ``need``, a multiple of
+    16. Where the replay is ``ragged`` (the compiled kernel: each trajectory takes its own
+    steps, the slots past them are free) it is room for 4x ``need``, a power of two, at
+    least 64, so that the sampling mesh (merged from several records and recorded tighter
+    than warmup's) fits the program warmup compiled."""
+    if ragged:
+        return max(64, 1 << max(0, 4 * int(need) - 1).bit_length())
     return int(16 * math.ceil((1.15 * need + 8) / 16))
 
 
@@ -250,7 +260,7 @@ class ChainKernel:
     def with_mesh(self, s: SampleState, mesh: gs.Mesh) -> SampleState:
         """``s`` on a new host mesh, the capacity raised if it needs more steps."""
         need = int(np.max(mesh.n_steps))
-        return s._replace(mesh=mesh, capacity=capacity(need) if need > s.capacity
+        return s._replace(mesh=mesh, capacity=capacity(need, s.ragged) if need > s.capacity
                           else s.capacity)
 
     def own_error_ratios(self, z: np.ndarray, count: int = 64) -> np.ndarray:

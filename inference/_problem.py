@@ -190,6 +190,14 @@ class Problem:
             return self.solve(x, max_steps)
         return gs.replay(self.model.vector_field, mesh, self.model.initial_state(x), x)
 
+    def ragged_replay(self, u: jax.Array, mesh: gs.Mesh) -> bool:
+        """Whether replaying ``mesh`` (one point) at unconstrained ``u (D,)`` runs on a
+        driver whose cost follows each trajectory's own steps (`gs.drivers.AbstractDriver`
+        ``ragged``: the compiled kernel). Traced only: nothing is compiled or run."""
+        sol = jax.eval_shape(lambda uu: self.states(self.space.from_unconstrained(uu),
+                                                    mesh.to_device()), jnp.asarray(u))
+        return gs.drivers.by_route(sol.route).ragged
+
     # --------------------------------------------------------------------- densities
     def observe(self, x: Mapping[str, jax.Array], ys: jax.Array) -> jax.Array:
         """The observed quantities ``(..., k, m)`` of solved states ``ys (..., k, d)`` at

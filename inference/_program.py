@@ -449,6 +449,12 @@ class ProgramProblem:
             lp, err = jax.vmap(run)(u, mesh.chains(u.shape[0]))
         return lp, _Errors(err)
 
+    def ragged_replay(self, u, mesh: ProgramMesh) -> bool:
+        """Whether a replay's cost follows each trajectory's own steps: not determined for
+        a program's sites (``False``; under the default ``rerecord="always"`` the
+        sampler's mesh capacity is unused)."""
+        return False
+
     def error_ratio(self, u, mesh: ProgramMesh) -> jax.Array:
         """The replay error ratio of ``mesh`` (one point) at ``u (D,)``."""
         return self._density(u, mesh, True, False, None)[1]

@@ -112,7 +112,8 @@ def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
             "stiff solver such as gs.Rodas5P() or a looser rtol."
         )
     need = int(np.max(m0.n_steps))
-    mesh, cap = m0, capacity(need)
+    ragged = policy.rerecord != "always" and problem.ragged_replay(u0[0], m0.row(0))
+    mesh, cap = m0, capacity(need, ragged)
     if policy.rerecord == "never":
         mesh = problem.record(np.mean(u0, axis=0), tf).to_host()
         cap = max(cap, mesh.capacity)
@@ -123,7 +124,7 @@ def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
         iteration=0, window=0, draws=(), u0=u0, init=desc, init_fit=info, n_records=1,
         record_failures=0, failures_warmup=0, failures_sampling=0, warmup_time=0.0,
         sampling_time=0.0, sampling_mesh=kind[policy.rerecord],
-        target_accept=float(target_accept), sampling_tol_factor=tf)
+        target_accept=float(target_accept), sampling_tol_factor=tf, ragged=ragged)
 
 
 BULK_POINTS = 64

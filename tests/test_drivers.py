@@ -321,6 +321,27 @@ def test_auto_route_names_the_driver_that_ran():
     np.testing.assert_allclose(sol.ys[..., 0], euler, rtol=1e-12)
 
 
+def test_by_route_names_each_driver_and_the_kernel_alone_is_ragged():
+    for key, route in ROUTES.items():
+        assert gs.drivers.by_route(route) is DRIVERS[key]
+        assert DRIVERS[key].ragged == (key == "Kernel")
+    with pytest.raises(ValueError, match="no driver is named 'nope'"):
+        gs.drivers.by_route("nope")
+
+
+@pytest.mark.skipif(not KERNEL, reason="needs the compiled kernel")
+def test_ragged_replay_is_unchanged_by_unused_step_slots():
+    # what `ragged` lets a caller do: give a mesh room to grow without changing a value
+    f, _, y0, p, ts = _problem("lv")
+    mesh = _mesh("lv", "Tsit5")
+    roomy = mesh.to_host().with_capacity(4 * mesh.capacity).to_device()
+    loss = lambda m: jax.value_and_grad(
+        lambda q: jnp.sum(gs.replay(f, m, y0, q, driver=gs.drivers.Kernel()).ys ** 2))(p)
+    (v1, g1), (v2, g2) = loss(mesh), loss(roomy)
+    assert float(v1) == float(v2)
+    np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
+
+
 def test_diffrax_solver_replays_on_the_batched_and_diffrax_drivers():
     """A Diffrax solver with an error estimate records a mesh; the batched driver replays it
     through the solver's own ``step``, the Diffrax driver with ``StepTo``: same values, and

@@ -178,3 +178,25 @@ def test_no_chain_is_stuck_over_seeds(lynx, seed):
     for k in REF_MEAN:  # every chain in the bulk of Carpenter's posterior
         chain_means = post[k].mean("draw").values  # (chain, ...)
         assert np.all(np.abs(chain_means - REF_MEAN[k]) < 3 * REF_SD[k]), (seed, k, chain_means)
+
+
+def test_meshes_have_room_to_grow_only_where_padding_is_free(lynx):
+    """On the compiled kernel each trajectory replays its own steps, so the sampler gives
+    its meshes room for 4x the steps (the sampling mesh, merged and recorded tighter than
+    warmup's, then fits the compiled loop); on the XLA drivers every slot is a step."""
+    import gradsolve as gs
+    from conftest import kernel_builds
+    from inference._chains import capacity
+    from inference._problem import Problem
+
+    m, data = lynx
+    prob = Problem(m, data)
+    u = jnp.asarray(prob.space.to_unconstrained(m.sample_prior(jax.random.PRNGKey(0))))
+    mesh = prob.record(u, 0.1).to_host()
+    with gs.use_compiled_kernel(False):
+        assert not prob.ragged_replay(u, mesh)
+    if kernel_builds():
+        assert prob.ragged_replay(u, mesh)
+    need = int(mesh.n_steps)
+    assert capacity(need, ragged=True) >= 4 * need
+    assert need <= capacity(need) <= 1.15 * need + 24

@@ -26,4 +26,21 @@ from .diffrax import Diffrax
 from .kernel import Kernel, KernelBuild
 from .lanes import Lanes
 
-__all__ = ["AbstractDriver", "Auto", "Kernel", "KernelBuild", "Lanes", "Batched", "Diffrax"]
+__all__ = ["AbstractDriver", "Auto", "Kernel", "KernelBuild", "Lanes", "Batched", "Diffrax",
+           "by_route"]
+
+
+def by_route(route: str) -> type[AbstractDriver]:
+    """The driver class whose ``name`` is ``route``.
+
+    Args:
+        route: a driver's name, as ``Solution.route`` reports it.
+
+    Example:
+        >>> gs.drivers.by_route(sol.route).ragged     # True for the compiled kernel
+    """
+    for driver in (Kernel, Lanes, Batched, Diffrax):
+        if driver.name == route:
+            return driver
+    raise ValueError(f"gs.drivers.by_route: no driver is named {route!r}; the drivers are "
+                     f"{[d.name for d in (Kernel, Lanes, Batched, Diffrax)]}")

@@ -81,6 +81,11 @@ class AbstractDriver(eqx.Module):
 
     Attributes:
         name: class-level string, what ``Solution.route`` reports when this driver ran.
+        ragged: class-level bool, whether a replay costs each trajectory's own step count
+            (the mesh's unused step slots are free), so a caller that keeps one compiled
+            program across meshes of different lengths may give the mesh room to grow.
+            ``False`` (the XLA replays run every slot under ``vmap``) unless a driver says
+            otherwise.
 
     Example:
         A driver that only replays, through the batched replay (a real one computes its
@@ -99,6 +104,7 @@ class AbstractDriver(eqx.Module):
     """
 
     name: ClassVar[str]
+    ragged: ClassVar[bool] = False
 
     def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         """``None`` if this driver can record ``f`` with ``solver`` on batched ``y0 (n, d)``

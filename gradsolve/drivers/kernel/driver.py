@@ -350,6 +350,7 @@ class Kernel(AbstractDriver):
     """
 
     name: ClassVar[str] = "gradsolve-kernel"
+    ragged: ClassVar[bool] = True  # each lane takes its trajectory's own steps
 
     def prebuild(self, f, y0, params, *, solver=None) -> KernelBuild:
         """Build every variant of the kernel for ``f`` into the cache now: the replay, its
