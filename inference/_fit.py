@@ -48,6 +48,7 @@ from jaxtyping import Bool, Float, Int
 import gradsolve as gs
 
 from . import _checkpoint
+from ._chains import capacity
 from ._policy import MeshPolicy
 from ._problem import TOLERANCES, Problem
 from ._program import problem_for
@@ -154,6 +155,7 @@ class FitKernel:
             return u_new, new_state, loss, policy.error_ratio(err), drift
 
         self._evaluate = jax.jit(evaluate)
+        self.ragged = False  # set by `init` from the driver the replay runs on
         self.constrained = jax.jit(space.from_unconstrained)
         self.init_optimizer = jax.jit(optimizer.init)
 
@@ -175,14 +177,25 @@ class FitKernel:
         mesh = self.problem.record(u[idx], self.policy.record_tol_factor).to_host()
         return mesh.select(np.arange(len(distinct))), distinct
 
-    @staticmethod
-    def merge(s: FitState, rows: np.ndarray, sub: gs.Mesh) -> dict:
+    def merge(self, s: FitState, rows: np.ndarray, sub: gs.Mesh) -> dict:
         """The meshes of ``s`` (host and device) with rows ``rows`` replaced by host mesh
         ``sub``, as `FitState` fields."""
         if not len(rows):
             return dict(mesh=s.mesh, mesh_host=s.mesh_host)
-        host = s.mesh_host.scatter(rows, sub).trim()
+        host = self.sized(s.mesh_host.scatter(rows, sub), s.mesh_host.capacity)
         return dict(mesh=host.to_device(), mesh_host=host)
+
+    def sized(self, mesh: gs.Mesh, current: int | None = None) -> gs.Mesh:
+        """``mesh`` at the step capacity the compiled step runs it at. Each capacity is a
+        compile (~0.5 s). On a replay whose cost is each trajectory's own steps (the
+        compiled kernel) the capacity only grows, to room for 4x the steps needed, so a
+        fit whose starts cross several step counts compiles once or twice; elsewhere
+        every slot is a step and the mesh is trimmed (`gs.Mesh.trim`)."""
+        if not self.ragged:
+            return mesh.trim()
+        need = int(np.max(mesh.n_steps))
+        cap = current if current is not None and need <= current else capacity(need, True)
+        return mesh.with_capacity(cap)
 
     def rerecord(self, s: FitState, trig: np.ndarray, urgency: np.ndarray) -> FitState:
         """``s`` with the starts ``trig`` (and, in the padding, the most urgent others)
@@ -210,6 +223,8 @@ class FitKernel:
         n = len(u)
         u = np.array(u, dtype=np.result_type(float), copy=True)
         mesh, _ = self.record(u, np.arange(n))
+        self.ragged = self.problem.ragged_replay(u[0], mesh.row(0))
+        mesh = self.sized(mesh)
         s = FitState(u=u, u_rec=u.copy(), opt_state=self.init_optimizer(jnp.asarray(u)),
                      mesh=mesh.to_device(), mesh_host=mesh, alive=np.ones(n, bool),
                      pending=np.zeros(n, bool), urgency=np.zeros(n), step=0, history=(),
@@ -412,6 +427,7 @@ def fit(
     else:
         state = state._replace(opt_state=_checkpoint.to_device(state.opt_state),
                                mesh=state.mesh.to_device())
+        kernel.ragged = problem.ragged_replay(state.u[0], state.mesh_host.row(0))
     elapsed = state.elapsed
 
     def save(s):
