@@ -10,7 +10,9 @@ in a fresh Python process (nothing compiled in memory, JAX's persistent cache of
 - ``-``: the XLA route, which does not use the kernel cache.
 
 Routes: ``kernel`` (``driver=gs.drivers.Kernel()``: builds the kernel before the first
-result), ``xla`` (``driver=gs.drivers.Batched()``: no kernel) and ``auto`` (the default
+result), ``xla`` (``driver=gs.drivers.Batched()``: no kernel), ``diffrax`` (the same loss
+through ``jax.vmap(diffrax.diffeqsolve)``, Tsit5, ``PIDController``, its default adjoint:
+what the first gradient costs a Diffrax user) and ``auto`` (the default
 driver: the kernel, built in the background where its estimated build time exceeds
 ``$GRADSOLVE_KERNEL_BACKGROUND_S``, the XLA drivers meanwhile). For ``auto`` from a cold
 cache the script then waits for a background build (``gs.drivers.Auto.wait_for_kernels``)
@@ -50,7 +52,7 @@ import time
 from pathlib import Path
 
 PROBLEMS = ("lv", "l96", "mlp")
-ROUTES = ("kernel", "xla", "auto")
+ROUTES = ("kernel", "xla", "auto", "diffrax")
 
 
 def _child(problem: str, route: str, wait: bool) -> dict:
@@ -101,14 +103,31 @@ def _child(problem: str, route: str, wait: bool) -> dict:
         to_params = lambda q: jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), q)
     else:
         raise ValueError(problem)
-    driver = {"kernel": gs.drivers.Kernel(), "xla": gs.drivers.Batched(), "auto": None}[route]
     routes: list[str] = []
+    if route == "diffrax":
+        import diffrax
 
-    def loss(q):
-        sol = gs.solve(f, 0.0, t1, y0, to_params(q), ts=ts, rtol=1e-6, atol=1e-8,
-                       driver=driver)
-        routes.append(sol.route)  # at trace time: the driver this trace runs
-        return jnp.sum(sol.ys ** 2)
+        term = diffrax.ODETerm(f)
+
+        def one(y0_i, p_i):
+            return diffrax.diffeqsolve(
+                term, diffrax.Tsit5(), 0.0, t1, None, y0_i, args=p_i,
+                saveat=diffrax.SaveAt(ts=ts),
+                stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-8),
+                max_steps=4096).ys
+
+        def loss(q):
+            routes.append("vmap(diffeqsolve)")
+            return jnp.sum(jax.vmap(one)(y0, to_params(q)) ** 2)
+    else:
+        driver = {"kernel": gs.drivers.Kernel(), "xla": gs.drivers.Batched(),
+                  "auto": None}[route]
+
+        def loss(q):
+            sol = gs.solve(f, 0.0, t1, y0, to_params(q), ts=ts, rtol=1e-6, atol=1e-8,
+                           driver=driver)
+            routes.append(sol.route)  # at trace time: the driver this trace runs
+            return jnp.sum(sol.ys ** 2)
 
     def timed(fn):
         t = time.perf_counter()
@@ -187,7 +206,8 @@ def main(argv=None) -> int:
         filled = tempfile.mkdtemp(prefix="gs-first-use-")  # filled by the cold kernel run
         try:
             # the XLA route does not use the kernel cache: one row
-            plan = [(r, s) for r in routes for s in (("-",) if r == "xla" else ("cold", "warm"))]
+            plan = [(r, s) for r in routes
+                    for s in (("-",) if r in ("xla", "diffrax") else ("cold", "warm"))]
             for route, state in plan:
                 best = None
                 for _ in range(args.repeats):
