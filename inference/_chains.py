@@ -235,12 +235,22 @@ class ChainKernel:
         step = jnp.ones(C) if tuned is None else tuned.step_size
         imm = jnp.ones((C, self.problem.space.dim)) if tuned is None else \
             tuned.inverse_mass_matrix
+        if imm.ndim == 3 and not self.settings["dense_mass"]:
+            # a dense estimate handed to a diagonal kernel (`retuned`): its marginal
+            # variances, what a diagonal adaptation estimates
+            imm = jnp.diagonal(imm, axis1=-2, axis2=-1)
         return self._init(jnp.asarray(u0), keys, self.meshes(s), step, imm)
 
     def retuned(self, target_accept: float, iterations: int) -> ChainKernel:
         """A `retune` kernel like this one at ``target_accept``, adapting the step size
-        over ``iterations``."""
-        kw = dict(self.settings, num_warmup=int(iterations))
+        over ``iterations``, with a diagonal mass matrix (the diagonal of a dense one).
+
+        Why diagonal: late-warmup divergences under a dense metric come from its estimate
+        (a covariance from a few hundred draws of a heavy-tailed posterior, whose
+        off-diagonal terms are noise in the tails); a smaller step on the same metric
+        does not remove them (Michaelis–Menten, heavy-tailed: 5 divergences left after
+        three re-adaptations on the dense metric, none on a diagonal one)."""
+        kw = dict(self.settings, num_warmup=int(iterations), dense_mass=False)
         return ChainKernel(self.problem, self.policy, num_chains=self.C,
                            target_accept=target_accept, retune=True, **kw)
 

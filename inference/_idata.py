@@ -14,10 +14,11 @@ from ._chains import ChainKernel, Draws, SampleState
 __all__ = ["inference_data", "describe_response"]
 
 
-def describe_response(adaptations: tuple) -> str:
+def describe_response(adaptations: tuple, dense: bool = False) -> str:
     """Words for the warmup's response to divergences, from `SampleState.adaptations`
     (``(target_accept, divergences late in it or in the first draws after it)`` per
-    adaptation)."""
+    adaptation); ``dense``: the first adaptation's metric was dense (a re-adaptation
+    replaces it by its diagonal)."""
     if not adaptations:
         return "no warmup"
     (t0, n0), rest = adaptations[0], adaptations[1:]
@@ -26,8 +27,9 @@ def describe_response(adaptations: tuple) -> str:
     plural = lambda n: f"{n} divergence{'s' if n != 1 else ''}"
     out = (f"{plural(n0)} late in warmup (at step sizes near the final one) or in the "
            f"first draws at target_accept {t0:g}")
-    for t, n in rest:
-        out += f"; step size re-adapted at {t:g} ({plural(n)} then)"
+    for i, (t, n) in enumerate(rest):
+        metric = " on the dense metric's diagonal" if dense and i == 0 else ""
+        out += f"; step size re-adapted at {t:g}{metric} ({plural(n)} then)"
     if not rest:
         out += "; not re-adapted (max_retunes=0)"
     return out
@@ -85,7 +87,8 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
         record_failures=s.record_failures, divergences=int(np.sum(d.diverging)),
         target_accept=float(s.target_accept), retunes=max(0, len(s.adaptations) - 1),
         warmup_late_divergences=int(s.adaptations[0][1]) if s.adaptations else 0,
-        divergence_response=describe_response(s.adaptations),
+        divergence_response=describe_response(s.adaptations,
+                                              attrs.get("dense_mass_requested", False)),
         **{f"init_fit_{k}": v for k, v in s.init_fit.items()})
     del attrs["count_failures"]
     if attrs["divergences"]:
@@ -93,7 +96,8 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
             f"inference.sample: {attrs['divergences']} of {d.diverging.size} draws diverged "
             f"after warmup (target_accept {s.target_accept:g}; {attrs['divergence_response']}"
             "). Draws near the divergences may be biased: try a non-centred "
-            "parameterisation of random effects, dense_mass=True, a higher target_accept "
+            "parameterisation of random effects, "
+            f"{'' if attrs.get('dense_mass_requested') else 'dense_mass=True, '}a higher target_accept "
             "or max_retunes.", RuntimeWarning, stacklevel=3)
     for group in (idata.posterior, idata.sample_stats, idata.observed_data):
         group.attrs.update(attrs)

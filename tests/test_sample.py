@@ -42,6 +42,7 @@ def test_sample_lynx_hare_short_run(lynx):
     assert idata.observed_data["obs"].shape == (21, 2)
     assert "MAP fit" in post.attrs["init"]
     assert post.attrs["mesh_policy"] == "warmup"
+    assert post.attrs["dense_mass"] is True  # 8 parameters: the default dense metric
     print(f"\nlynx-hare 2x(200+200): warmup {post.attrs['warmup_time_s']:.1f}s, sampling "
           f"{post.attrs['sampling_time_s']:.1f}s, total {post.attrs['wall_time_s']:.1f}s, "
           f"max error ratio {ss.attrs['max_error_ratio']:.3f}")
