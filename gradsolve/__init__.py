@@ -9,6 +9,7 @@ Importing this package never changes global JAX configuration.
 
 from . import drivers
 from ._caches import clear_caches
+from ._compilation_cache import ensure_compilation_cache, use_compilation_cache
 from ._config import enable_x64, use_compiled_kernel
 from ._controller import PIDController
 from ._mesh import Mesh, Status
@@ -53,6 +54,8 @@ __all__ = [
     "clear_caches",
     "drivers",
     "use_compiled_kernel",
+    "use_compilation_cache",
+    "ensure_compilation_cache",
     "ensemble_sharding",
     "shard_ensemble",
 ]

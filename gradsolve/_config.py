@@ -51,6 +51,9 @@ class Settings(NamedTuple):
             C++ (an MLP field with 32 hidden units); Lotka–Volterra (6 s) and Lorenz-96 with
             up to 64 states (18 s) still build before the first call returns, as an
             explicit ``gs.drivers.Kernel()`` always does.
+        xla_cache: ``GRADSOLVE_XLA_CACHE``: where fits and samplers keep compiled XLA
+            programs (JAX's persistent compilation cache; ``None``: ``~/.cache/gradsolve/xla``;
+            ``0``/``false``/``no``/``off``: not at all, see `use_compilation_cache`).
     """
 
     kernel: bool
@@ -60,6 +63,7 @@ class Settings(NamedTuple):
     kernel_build_timeout: float
     kernel_max_source_mb: float
     kernel_background_s: float
+    xla_cache: str | None
 
 
 def _flag(name: str, default: bool = True) -> bool:
@@ -98,6 +102,7 @@ def read_settings() -> Settings:
         kernel_build_timeout=_positive("GRADSOLVE_KERNEL_BUILD_TIMEOUT", 300.0),
         kernel_max_source_mb=_positive("GRADSOLVE_KERNEL_MAX_SOURCE_MB", 2.0),
         kernel_background_s=_positive("GRADSOLVE_KERNEL_BACKGROUND_S", 20.0),
+        xla_cache=os.environ.get("GRADSOLVE_XLA_CACHE") or None,
     )
 
 

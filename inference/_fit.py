@@ -408,6 +408,7 @@ def fit(
                                 error_ratio_max=error_ratio_max,
                                 record_tol_factor=record_tol_factor)
     t_start = time.perf_counter()
+    gs.ensure_compilation_cache()
     problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol,
                           max_steps=max_steps)
     kernel = FitKernel(problem, policy, optimizer, objective, jacobian)

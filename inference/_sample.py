@@ -69,6 +69,8 @@ from typing import Any
 import jax
 import numpy as np
 
+import gradsolve as gs
+
 from . import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleState
 from ._idata import inference_data
@@ -259,6 +261,7 @@ def sample(
                          frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
                          max_steps, init, max_retunes)
     t_start = time.perf_counter()
+    gs.ensure_compilation_cache()
     # an ODEModel records at the default capacity (max_steps is its in-potential solve's);
     # a program's ode sites solve at max_steps themselves
     problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol,
