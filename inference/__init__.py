@@ -7,6 +7,8 @@
   `fit_least_squares` (Optimistix Levenberg–Marquardt), `FitResult`.
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
+- `predictive`: posterior and prior predictive draws of a model or program, through its
+  own solver, vectorised over draws.
 - `ode`: an ODE solve as a site of any NumPyro program (``gs.solve`` under plain
   NumPyro; mesh-reusing under ``fit(program, data)`` and ``sample(program, data)``), and
   `population_program`, the program of a many-subject `models.PopulationModel`.
@@ -39,6 +41,7 @@ from ._fit import FitState, fit
 from ._least_squares import fit_least_squares
 from ._ode import ode
 from ._policy import MeshPolicy
+from ._predictive import predictive
 from ._problem import TOLERANCES as _TOLERANCES
 from ._problem import InferenceModel
 from ._program import population_program
@@ -72,4 +75,5 @@ __all__ = [
     "diffrax_numpyro_model",
     "ode",
     "population_program",
+    "predictive",
 ]
