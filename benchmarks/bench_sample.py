@@ -58,7 +58,7 @@ def run_gradsolve(m, data, warm, draws, seed, dense=None):
     total = time.perf_counter() - t0
     a = idata.posterior.attrs
     ess = min_ess(idata, list(m.priors))
-    return idata, dict(total_s=total, dense_mass=bool(a["dense_mass"]), sampling_s=a["sampling_time_s"],
+    return idata, dict(total_s=total, dense_mass=a["mass_matrix"] == "dense", sampling_s=a["sampling_time_s"],
                        warmup_s=a["warmup_time_s"], min_ess=ess,
                        divergences=int(idata.sample_stats["diverging"].sum()),
                        max_error_ratio=float(a["max_error_ratio"]),

@@ -88,7 +88,7 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
         target_accept=float(s.target_accept), retunes=max(0, len(s.adaptations) - 1),
         warmup_late_divergences=int(s.adaptations[0][1]) if s.adaptations else 0,
         divergence_response=describe_response(s.adaptations,
-                                              attrs.get("dense_mass_requested", False)),
+                                              attrs.get("mass_matrix_requested") == "dense"),
         **{f"init_fit_{k}": v for k, v in s.init_fit.items()})
     del attrs["count_failures"]
     if attrs["divergences"]:
@@ -97,8 +97,10 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
             f"after warmup (target_accept {s.target_accept:g}; {attrs['divergence_response']}"
             "). Draws near the divergences may be biased: try a non-centred "
             "parameterisation of random effects, "
-            f"{'' if attrs.get('dense_mass_requested') else 'dense_mass=True, '}a higher target_accept "
+            f"{'' if attrs.get('mass_matrix_requested') == 'dense' else 'dense_mass=True, '}a higher target_accept "
             "or max_retunes.", RuntimeWarning, stacklevel=3)
+    # NetCDF (``idata.to_netcdf``) has no boolean attributes
+    attrs = {k: int(v) if isinstance(v, (bool, np.bool_)) else v for k, v in attrs.items()}
     for group in (idata.posterior, idata.sample_stats, idata.observed_data):
         group.attrs.update(attrs)
     return idata

@@ -212,7 +212,8 @@ def sample(
             `sample` runs (step size 1.8e-65), where it otherwise gave 3x the ESS at 2.5x
             fewer steps a draw. A dense metric whose late warmup diverges is replaced by its
             diagonal when the step size is re-adapted (see "Divergences"); the attribute
-            ``dense_mass`` is the metric the draws were made with.
+            ``mass_matrix`` (``"dense"`` or ``"diagonal"``) is the metric the draws were
+            made with.
         max_tree_depth: NumPyro NUTS/HMC's.
         max_retunes: how many times the step size may be re-adapted at a higher
             ``target_accept`` when the end of warmup or the first draws diverge (``0``:
@@ -325,7 +326,7 @@ def sample(
     return inference_data(chains, state, dict(
         kernel=kernel, rtol=rtol, atol=atol, num_warmup=int(num_warmup),
         target_accept_requested=float(target_accept), max_retunes=int(max_retunes),
-        dense_mass=bool(chains.settings["dense_mass"]),
-        dense_mass_requested=dense_mass,
+        mass_matrix="dense" if chains.settings["dense_mass"] else "diagonal",
+        mass_matrix_requested="dense" if dense_mass else "diagonal",
         num_samples=int(num_samples), num_chains=int(num_chains), count_failures=count,
         wall_time_s=time.perf_counter() - t_start))

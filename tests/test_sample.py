@@ -15,10 +15,11 @@ import models
 from conftest import killed_then_resumed, REF_MEAN, REF_SD  # noqa: E402  (Carpenter's posterior)
 
 
-def test_sample_lynx_hare_short_run(lynx):
+def test_sample_lynx_hare_short_run(lynx, tmp_path):
     m, data = lynx
     idata = inference.sample(m, data, num_warmup=200, num_samples=200, num_chains=2,
                              seed=0, progress=False)
+    idata.to_netcdf(tmp_path / "run.nc")  # every attribute is a NetCDF type
     post = idata.posterior
     assert post["theta"].shape == (2, 200, 4)
     assert post["z_init"].shape == (2, 200, 2)
@@ -42,7 +43,7 @@ def test_sample_lynx_hare_short_run(lynx):
     assert idata.observed_data["obs"].shape == (21, 2)
     assert "MAP fit" in post.attrs["init"]
     assert post.attrs["mesh_policy"] == "warmup"
-    assert post.attrs["dense_mass"] is True  # 8 parameters: the default dense metric
+    assert post.attrs["mass_matrix"] == "dense"  # 8 parameters: the default dense metric
     print(f"\nlynx-hare 2x(200+200): warmup {post.attrs['warmup_time_s']:.1f}s, sampling "
           f"{post.attrs['sampling_time_s']:.1f}s, total {post.attrs['wall_time_s']:.1f}s, "
           f"max error ratio {ss.attrs['max_error_ratio']:.3f}")

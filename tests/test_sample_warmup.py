@@ -65,7 +65,7 @@ def test_divergent_warmup_is_re_adapted_and_reported(runs):
     p, r = plain.sample_stats.attrs, responded.sample_stats.attrs
     # the same warmup (same seed) diverged late; only the responding run re-adapted
     assert p["retunes"] == 0 and p["target_accept"] == 0.8
-    assert p["dense_mass"] is False  # a program's hierarchy: diagonal by default
+    assert p["mass_matrix"] == "diagonal"  # a program's hierarchy: diagonal by default
     assert "not re-adapted (max_retunes=0)" in p["divergence_response"]
     assert p["divergences"] == int(plain.sample_stats["diverging"].sum()) > 0
     assert r["retunes"] >= 1

@@ -146,21 +146,22 @@ print("divergences:", int(idata.sample_stats["diverging"].sum()))
 # %% [markdown]
 # ## 5. Per-subject posterior predictive
 #
-# Each posterior draw's concentrations on a fine time grid (the model's `predict`, here
-# through the closed form for speed), with the observation noise, against the data.
+# Each posterior draw's concentrations on a fine time grid, with the observation noise,
+# against the data: `inference.predictive` runs the model's own program (its ODE solve,
+# every draw and subject as one ensemble) at the draws, with each subject's sampling times
+# replaced by the grid.
 
 # %%
-post = {k: idata.posterior[k].values.reshape((-1,) + idata.posterior[k].shape[2:])
+pick = np.linspace(0, idata.posterior.sizes["chain"] * idata.posterior.sizes["draw"] - 1,
+                   100).astype(int)
+post = {k: idata.posterior[k].values.reshape((-1,) + idata.posterior[k].shape[2:])[pick]
         for k in idata.posterior.data_vars}
-pick = np.linspace(0, len(post["sigma"]) - 1, 100).astype(int)
 grid = np.linspace(0.0, 25.0, 60)
 design = models.PopulationDataset([s._replace(ts=grid, ys=np.zeros_like(grid),
                                               obs_cmt=np.ones(grid.size, int))
                                    for s in data.subjects], data.covariate_names)
-curves = np.stack([np.asarray(models.theophylline_closed_form(
-    {k: v[i] for k, v in post.items()}, design)) for i in pick])
-noisy = curves + post["sigma"][pick][:, None, None] * np.random.default_rng(0).normal(
-    size=curves.shape)
+noisy = inference.predictive(model, design, post, seed=0)["obs"]        # (100, 12, 60)
+curves = inference.predictive(model, design, {**post, "sigma": 0 * post["sigma"]})["obs"]
 fig, axes = plt.subplots(3, 4, figsize=(12, 7), sharex=True, sharey=True)
 for i, ax in enumerate(axes.ravel()):
     lo, hi = np.percentile(noisy[:, i], [5, 95], axis=0)
