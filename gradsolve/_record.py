@@ -19,6 +19,7 @@ from ._checks import (
 )
 from ._controller import PIDController, check_controller
 from ._errors import error_if_failed, raise_if_failed
+from ._doses import as_schedule
 from ._events import Events, batch_events
 from ._mesh import Mesh, Status
 from ._solver import Tsit5
@@ -64,6 +65,7 @@ def record(
     driver: AbstractDriver | None = None,
     jumps=None,
     tstops=None,
+    doses=None,
 ) -> Mesh:
     """Adaptive solve that keeps each trajectory's accepted step times.
 
@@ -114,6 +116,12 @@ def record(
             ``+inf`` padding) where ``f`` is discontinuous (an infusion starts or stops):
             forced mesh nodes, never stepped across, with the carried stage recomputed
             after them. Not differentiable (kept in the mesh; a replay uses them).
+        doses: a `gradsolve.DoseSchedule` (or a list of dose records: `gradsolve.Bolus`,
+            `gradsolve.Infusion`, ...): doses as data. The record runs on the dosed
+            system (each compartment with a zero-order input gets its rate as an extra
+            state, each change of dose a jump; see `gradsolve.DoseSchedule`), so the mesh
+            has ``d + m`` states; replay it with the same kinds of doses (their times and
+            amounts may differ).
 
     Returns:
         A `Mesh`. Outside ``jit`` its step axis is trimmed to the longest trajectory's
@@ -127,6 +135,8 @@ def record(
         >>> sol = gs.replay(f, mesh, y0, params)
     """
     where = "gs.record"
+    if doses is not None:
+        f, y0, jumps = as_schedule(doses, where).apply(f, y0, t1=t1, jumps=jumps)
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
                                        controller, where, dt0)
     events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)

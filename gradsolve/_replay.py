@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import batch, check_vector_field, is_concrete, split_static
+from ._doses import DoseSchedule, as_schedule
 from ._events import Events, batch_events, check_moved_events, events_out_of_order, replay_events
 from ._mesh import Mesh, Status
 from ._savetimes import check_moved_ts, moved_out_of_order, save_roles, taylor2
@@ -47,6 +48,7 @@ def replay(
     chunk_size: int = 8,
     driver: AbstractDriver | None = None,
     jumps=None,
+    doses=None,
 ) -> Solution:
     """Fixed-step replay of a recorded mesh at (possibly new) ``y0``, ``params`` and ``ts``.
 
@@ -84,6 +86,9 @@ def replay(
             read the state before the jump; the mesh's ``tstops`` are replayed as
             recorded (their stages recomputed). Every replay driver but
             `gradsolve.drivers.Diffrax` applies events.
+        doses: the dose records the mesh was recorded with (`gradsolve.DoseSchedule` or a
+            list of records), at new times and amounts if wished; ``y0`` has the model's
+            ``d`` states and so has the solution.
 
     Returns:
         `Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.
@@ -98,6 +103,12 @@ def replay(
         >>> g = jax.grad(loss)(params)
     """
     where = "gs.replay"
+    if doses is not None:
+        d = jnp.shape(y0)[-1]
+        g, z0, jumps = as_schedule(doses, where).apply(f, y0, t1=mesh.t1, jumps=jumps)
+        sol = replay(g, mesh, z0, params, ts=ts, group_size=group_size,
+                     chunk_size=chunk_size, driver=driver, jumps=jumps)
+        return DoseSchedule.solution(sol, d)
     if not isinstance(mesh, Mesh):
         raise ValueError(f"{where}: `mesh` must be a gs.Mesh from gs.record, got {type(mesh).__name__}.")
     bm = mesh.batch()

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from ._checks import is_concrete
 from ._controller import PIDController
+from ._doses import DoseSchedule, as_schedule
 from ._events import batch_events
 from ._record import _MAX_STEPS, prepare, record_prepared
 from ._replay import replay_prepared
@@ -22,7 +23,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
           atol: float = 1e-9, dt0=None, max_steps: int = _MAX_STEPS,
           controller: PIDController | None = None, throw: bool | None = None,
           group_size: int | None = None, chunk_size: int = 8,
-          driver: AbstractDriver | None = None, jumps=None, tstops=None) -> Solution:
+          driver: AbstractDriver | None = None, jumps=None, tstops=None,
+          doses=None) -> Solution:
     """Adaptive solve whose derivative is the discrete adjoint of its accepted steps.
 
     Records the mesh (no gradient flows through step-size selection, as in Diffrax's
@@ -59,6 +61,10 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             ``y1`` is the state after every jump). Differentiable w.r.t. jump sizes and jump
             times (each jump's node moves with its time); tstops are not. Every driver
             but `gradsolve.drivers.Diffrax` applies them.
+        doses: a `gradsolve.DoseSchedule` (or a list of dose records: `gradsolve.Bolus`,
+            `gradsolve.Infusion`, ...): doses as data, merged with ``jumps``; the solution
+            has the model's ``d`` states. Differentiable w.r.t. every dose field (times,
+            amounts, rates, durations) on every driver.
 
     Returns:
         A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
@@ -76,6 +82,14 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
         >>> sol.ys.shape  # (n, 21, d)
     """
     where = "gs.solve"
+    if doses is not None:
+        d = jnp.shape(y0)[-1]
+        g, z0, jumps = as_schedule(doses, where).apply(f, y0, t1=t1, jumps=jumps)
+        sol = solve(g, t0, t1, z0, params, ts=ts, solver=solver, rtol=rtol, atol=atol,
+                    dt0=dt0, max_steps=max_steps, controller=controller, throw=throw,
+                    group_size=group_size, chunk_size=chunk_size, driver=driver,
+                    jumps=jumps, tstops=tstops)
+        return DoseSchedule.solution(sol, d)
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
                                        controller, where, dt0)
     events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)
