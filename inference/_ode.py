@@ -97,7 +97,7 @@ def _positive(name: str, v, where: str) -> float:
 
 def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, solver=None,
         rtol: float | None = None, atol: float | None = None,
-        max_steps: int | None = None) -> gs.Solution:
+        max_steps: int | None = None, doses=None) -> gs.Solution:
     """An ODE solve as a site of a NumPyro program.
 
     Call it inside a NumPyro program as you call ``numpyro.sample``. Under plain NumPyro
@@ -124,6 +124,9 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
             need thousands of explicit steps, and a solve that runs out of them is a
             cliff for a sampler; on the compiled CPU kernel each subject takes only the
             steps it needs).
+        doses: a ``gs.DoseSchedule`` or a list of dose records (``gs.Bolus``,
+            ``gs.Infusion``, ...), as ``gs.solve``'s ``doses=``: every field may depend on
+            parameters (a lag time, a bioavailability, a modelled rate or duration).
 
     Returns:
         A ``gs.Solution`` (``ys (n, k, d)``, ``error_ratio``, ...). A failed solve gives
@@ -149,8 +152,22 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
             max_steps, (int, np.integer)) or max_steps < 1):
         raise ValueError(f"{where}({name!r}): `max_steps` must be a positive int, got "
                          f"{max_steps!r}")
+    d = None
+    if doses is not None:
+        if not isinstance(doses, gs.DoseSchedule):
+            doses = gs.DoseSchedule([doses] if isinstance(doses, gs.AbstractDose) else doses)
+        d = jnp.shape(y0)[-1]
+        f, y0, jumps = doses.apply(f, y0, t1=t1, jumps=jumps)
     call = OdeCall(f, t0, t1, y0, params, ts, jumps, tstops, solver, rtol, atol,
                    None if max_steps is None else int(max_steps))
+    if d is not None:
+        return gs.DoseSchedule.solution(_site(name, call), d)
+    return _site(name, call)
+
+
+def _site(name: str, call: OdeCall) -> gs.Solution:
+    """``call`` solved as the site ``name``: ``gs.solve`` without handlers, else what the
+    innermost handler of `SITE` messages makes of it."""
     if not _PYRO_STACK:
         return call.resolved().solve()
     msg = {"type": SITE, "name": name, "fn": lambda c: c.resolved().solve(), "args": (call,), "kwargs": {},
