@@ -22,6 +22,7 @@ from ._reuse import MeshReuse, ReuseState
 from ._sharding import ensemble_sharding, shard_ensemble
 from ._solution import Solution
 from ._solve import solve
+from ._steady_state import steady_state
 from ._solver import (
     AbstractExplicitRK,
     AbstractRosenbrock,
@@ -49,6 +50,7 @@ __all__ = [
     "AbstractDose",
     "Bolus",
     "Infusion",
+    "steady_state",
     "AbstractSolver",
     "AbstractExplicitRK",
     "ButcherTableau",

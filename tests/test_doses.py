@@ -261,3 +261,74 @@ def test_an_ode_site_with_a_modelled_infusion_duration():
     fit = inference.fit(program, data, steps=300, n_starts=4, seed=0, progress=False)
     assert fit.params["lk"] == pytest.approx(truth["lk"], abs=0.05)
     assert fit.params["ldur"] == pytest.approx(truth["ldur"], abs=0.15)
+
+
+# ------------------------------------------------------------------- steady state
+def _ss_oral_exact(ka, k, tau, amount):
+    gut = amount * np.exp(-ka * tau) / (1 - np.exp(-ka * tau))
+    central = amount * ka / (ka - k) * (np.exp(-k * tau) / (1 - np.exp(-k * tau))
+                                        - np.exp(-ka * tau) / (1 - np.exp(-ka * tau)))
+    return np.stack([gut, central], -1)
+
+
+@pytest.mark.parametrize("driver", DRIVERS, ids=IDS)
+def test_steady_state_of_repeated_oral_doses(driver):
+    """The pre-dose state of an oral dose every tau, forever: the superposition sum."""
+    def ss(ka, k, tau, amount):
+        return gs.steady_state(oral, tau, jnp.zeros((2, 2)), {"ka": ka, "k": k},
+                               doses=[gs.Bolus(0.0, amount[:, None], cmt=0)], driver=driver,
+                               **TIGHT)
+
+    args = [np.array([1.3, 0.7]), np.array([0.2, 0.35]), np.array(12.0), np.array([100.0, 80.0])]
+    np.testing.assert_allclose(ss(*map(jnp.asarray, args)), _ss_oral_exact(*args), rtol=1e-8)
+    w = np.array([[1.0, 2.0], [-1.0, 0.5]])
+    loss = lambda *a: jnp.sum(ss(*a) * w)
+    assert_grads(jax.grad(loss, argnums=(0, 1, 2, 3))(*map(jnp.asarray, args)),
+                 central_differences(lambda *a: float(np.sum(_ss_oral_exact(*a) * w)), args))
+
+
+def test_steady_state_of_a_repeated_infusion():
+    def ss(k, amount, dur):
+        return gs.steady_state(elimination, 8.0, jnp.zeros(1), {"k": k},
+                               doses=[gs.Infusion(0.0, amount, duration=dur)], **TIGHT)[0]
+
+    def exact(k, amount, dur):
+        rate = amount / dur
+        return rate / k * (1 - np.exp(-k * dur)) * np.exp(-k * (8.0 - dur)) / (1 - np.exp(-k * 8.0))
+
+    args = [np.array(0.3), np.array(200.0), np.array(1.5)]
+    assert float(ss(*map(jnp.asarray, args))) == pytest.approx(float(exact(*args)), rel=1e-8)
+    assert_grads(jax.grad(ss, argnums=(0, 1, 2))(*map(jnp.asarray, args)),
+                 central_differences(lambda *a: float(exact(*a)), args))
+
+
+def test_steady_state_of_a_nonlinear_model_is_a_fixed_point():
+    """Michaelis–Menten elimination: no closed form; the state returns to itself after one
+    dosed interval, and the implicit gradient equals central differences of the solve."""
+    def mm(t, y, p):
+        return jnp.stack([-p["ka"] * y[0],
+                          p["ka"] * y[0] - p["vmax"] * y[1] / (p["km"] + y[1])])
+
+    p = {"ka": jnp.array(1.1), "vmax": jnp.array(20.0), "km": jnp.array(15.0)}
+    dose = [gs.Bolus(0.0, 120.0, cmt=0)]
+    y = gs.steady_state(mm, 12.0, jnp.zeros(2), p, doses=dose, **TIGHT)
+    again = gs.solve(mm, 0.0, 12.0, y, p, doses=dose, **TIGHT).y1
+    np.testing.assert_allclose(again, y, rtol=1e-8)
+
+    def central(vmax):
+        return gs.steady_state(mm, 12.0, jnp.zeros(2), {**p, "vmax": vmax}, doses=dose,
+                               **TIGHT)[1]
+
+    g = float(jax.grad(central)(jnp.array(20.0)))
+    fd = (float(central(jnp.array(20.0 + 1e-5))) - float(central(jnp.array(20.0 - 1e-5)))) / 2e-5
+    assert g == pytest.approx(fd, rel=1e-6)
+
+
+def test_steady_state_bad_input():
+    y0, p = jnp.zeros(1), {"k": 0.3}
+    with pytest.raises(ValueError, match="`interval` must be positive"):
+        gs.steady_state(elimination, 0.0, y0, p, doses=[gs.Bolus(0.0, 1.0)])
+    with pytest.raises(ValueError, match="must lie in"):
+        gs.steady_state(elimination, 8.0, y0, p, doses=[gs.Infusion(7.0, 1.0, duration=2.0)])
+    with pytest.raises(ValueError, match="no dose"):
+        gs.steady_state(elimination, 8.0, y0, p, doses=[])

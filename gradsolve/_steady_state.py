@@ -1,0 +1,134 @@
+"""`steady_state`: the state at the start of a dosing interval repeated forever (a dose
+"at steady state", NONMEM's ``SS = 1``), with its exact gradient.
+
+The periodic steady state is the fixed point ``y* = G(y*)`` of one interval's map ``G``:
+dose (the interval's dose records, times relative to its start) and evolve for ``II``.
+Newton's method finds it, each trajectory its own root (``jax.vmap``, so the map's solves
+form one ensemble), with ``G``'s ``d x d`` Jacobian by forward-mode differentiation of the
+solve; for a linear model (most pharmacokinetic ones) ``G`` is affine and Newton lands in
+one step, the closed form of superposition. The gradient is the implicit function
+theorem's, ``dy*/dtheta = (I - dG/dy)^-1 dG/dtheta``, from one extra Newton step taken
+with gradients at the converged state: exact to the solve's own discrete adjoint and
+independent of the iterations before it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import is_concrete
+from ._doses import as_schedule
+
+__all__ = ["steady_state"]
+
+
+def _solve_small(A, b):
+    """``A^-1 b`` for a small ``(d, d)`` system by Gaussian elimination with partial
+    pivoting, unrolled in ``d`` (plain arithmetic, no LAPACK call: it runs wherever the
+    solve it sits beside runs, inside loops the compiled kernel is traced into)."""
+    d = A.shape[0]
+    M = jnp.concatenate([A, b[:, None]], axis=1)
+    for k in range(d):
+        piv = k + jnp.argmax(jnp.abs(M[k:, k]))
+        rows = jnp.arange(d)
+        swap = jnp.where(rows == k, piv, jnp.where(rows == piv, k, rows))
+        M = M[swap]
+        M = M.at[k].set(M[k] / M[k, k])
+        factor = jnp.where(rows == k, 0.0, M[:, k])
+        M = M - factor[:, None] * M[k][None, :]
+    return M[:, d]
+
+
+def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1e-6,
+                 atol: float = 1e-9, driver=None, max_iterations: int = 50):
+    """The pre-dose state of the periodic steady state of ``doses`` given every
+    ``interval``.
+
+    Args:
+        f: the vector field ``f(t, y, params)`` of one trajectory (``y (d,)``).
+        interval: the dosing interval ``II`` (> 0; a scalar shared by the ensemble).
+        y0: ``(d,)`` or ``(n, d)``: Newton's starting guess (zeros serve; a linear model
+            needs one step from anywhere).
+        params: as `gradsolve.solve` (leading axis ``n`` on every leaf for an ensemble).
+        doses: the dose records of ONE interval (`gradsolve.DoseSchedule` or a list of
+            `gradsolve.Bolus`, `gradsolve.Infusion`, ...), times relative to its start, in
+            ``[0, interval)``; every input ends inside the interval.
+        solver, rtol, atol, driver: the interval's solve, as `gradsolve.solve`. Newton
+            stops when successive states agree to the same ``rtol``/``atol``.
+        max_iterations: Newton's limit: a trajectory that does not converge gets NaN
+            (a ``RuntimeError`` outside ``jit``).
+
+    Returns:
+        ``(n, d)`` (``(d,)`` for one trajectory): the state just before the interval's
+        first dose, once every earlier interval has been dosed the same way. Start the
+        solve there, with the interval's doses (and those after it) in ``doses=``.
+        Differentiable w.r.t. ``params``, ``interval`` and every dose field.
+
+    Example:
+        >>> ss = gs.steady_state(pk, 12.0, jnp.zeros(2), q, doses=[gs.Bolus(0.0, 100.0)])
+        >>> sol = gs.solve(pk, 0.0, 12.0, ss, q, ts=ts, doses=[gs.Bolus(0.0, 100.0)])
+    """
+    from ._solve import solve  # _solve imports the dose records too
+
+    where = "gs.steady_state"
+    sched = as_schedule(doses, where)
+    y0 = jnp.asarray(y0)
+    single = y0.ndim == 1
+    Y = y0[None] if single else y0
+    n, d = Y.shape
+    if is_concrete(interval) and not float(interval) > 0:
+        raise ValueError(f"{where}: `interval` must be positive, got {interval}.")
+    g, Z0, jumps = sched.apply(f, Y, jumps=None)
+    if jumps is None:
+        raise ValueError(f"{where}: `doses` gives no dose; a steady state needs one.")
+    T, S = jumps
+    if is_concrete(T, interval):
+        finite = np.asarray(T)[np.isfinite(np.asarray(T))]
+        if finite.size and (finite.min() < 0 or finite.max() > float(interval)):
+            raise ValueError(f"{where}: every dose of the interval, and the end of every "
+                             f"input, must lie in [0, interval] = [0, {float(interval)}] "
+                             "(times are relative to the interval's start).")
+    D = Z0.shape[1]
+    p_batched = jax.tree.map(lambda x: jnp.asarray(x)[None], params) if single else params
+
+    def one(y_guess, p, times, sizes):
+        def interval_map(y, q, tt, ss, t_end):
+            z = jnp.concatenate([y, jnp.zeros(D - d, y.dtype)])
+            sol = solve(g, 0.0, t_end, z, q, solver=solver, rtol=rtol, atol=atol,
+                        driver=driver, jumps=(tt, ss))
+            return sol.y1[:d]
+
+        # Newton on y - G(y) = 0 at fixed (gradient-free) inputs ...
+        fixed = jax.lax.stop_gradient((p, times, sizes, jnp.asarray(interval, y_guess.dtype)))
+        eye = jnp.eye(d, dtype=y_guess.dtype)
+
+        def newton(carry):
+            y, _, it = carry
+            J = jax.jacfwd(interval_map)(y, *fixed)
+            y_new = y - _solve_small(eye - J, y - interval_map(y, *fixed))
+            return y_new, jnp.max(jnp.abs(y_new - y) / (atol + rtol * jnp.abs(y_new))), it + 1
+
+        def going(carry):
+            _, change, it = carry
+            return (change > 1.0) & (it < max_iterations)
+
+        y, change, _ = jax.lax.while_loop(going, newton, (y_guess, jnp.inf, 0))
+        y = jnp.where(change <= 1.0, y, jnp.nan)
+        # ... then one implicit-function step that carries the gradient:
+        # y* - (I - dG/dy)^-1 (y* - G(y*)) has y*'s value and the derivative
+        # (I - dG/dy)^-1 dG/dtheta w.r.t. every input of G.
+        J = jax.lax.stop_gradient(jax.jacfwd(interval_map)(y, *fixed))
+        residual = y - interval_map(y, p, times, sizes, jnp.asarray(interval, y.dtype))
+        return y - _solve_small(eye - J, residual)
+
+    out = jax.vmap(one)(Y, p_batched, T, S)
+    if is_concrete(out) and not bool(jnp.all(jnp.isfinite(out))):
+        bad = np.flatnonzero(~np.all(np.isfinite(np.asarray(out)), axis=-1)).tolist()
+        raise RuntimeError(f"{where}: Newton's method found no periodic steady state within "
+                           f"{max_iterations} iterations for trajectories {bad}; pass a closer "
+                           "`y0`, a larger `max_iterations`, or check that the doses reach a "
+                           "steady state (elimination faster than zero).")
+    return out[0] if single else out
+
