@@ -514,8 +514,9 @@ def population_program(model):
         theta = model.latent(data)
         p = model.individual(theta, data)
         y0, jumps = model.dosing(theta, p, data)
+        events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
         sol = ode(model.name, model.vector_field, model.t0, float(np.max(ts)), y0, p, ts=ts,
-                  jumps=jumps, solver=model.solver)
+                  solver=model.solver, **events)
         pred = model.observation(theta, p, ts, sol.ys)
         ok = jnp.all(jnp.isfinite(pred))
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))

@@ -40,6 +40,8 @@ class Subject(NamedTuple):
         dose_amounts: ``(J,)`` dose amounts.
         dose_cmt: ``(J,)`` 0-based compartment index each dose goes into.
         covariates: name -> value, constant within the subject.
+        dose_rates: ``(J,)`` zero-order input rate of each dose (``0``: a bolus; ``RATE``,
+            or ``AMT / DUR``); ``None`` (the default) for bolus doses only.
 
     Example:
         >>> s = models.load_dataset("theophylline").subjects[0]
@@ -54,6 +56,7 @@ class Subject(NamedTuple):
     dose_amounts: np.ndarray
     dose_cmt: np.ndarray
     covariates: dict
+    dose_rates: np.ndarray | None = None
 
 
 def _column(table, name: str, argname: str, required: bool = True):
@@ -111,6 +114,38 @@ def read_csv(text: str, label: str) -> tuple[dict[str, list], dict[str, str]]:
         for h, v in zip(header, row):
             cols[h].append(v.strip())
     return cols, meta
+
+
+def _dose_record(sid, r: int, t: float, amount: float, get) -> list[tuple[float, float]]:
+    """The ``(time, rate)`` of the dose on row ``r`` and of its ``ADDL`` additional doses
+    (rate ``0``: a bolus), with NONMEM's rules for ``RATE``, ``DUR``, ``SS``, ``II``."""
+    where = f"PopulationDataset: subject {sid!r}, row {r + 1}"
+    rate, dur, addl, ii, ss = (get(k) for k in ("rate", "dur", "addl", "ii", "ss"))
+    rate, dur, addl, ii, ss = (0.0 if np.isnan(v) else v for v in (rate, dur, addl, ii, ss))
+    if rate in (-1.0, -2.0):
+        raise NotImplementedError(
+            f"{where}: RATE = {rate:g} (a {'rate' if rate == -1 else 'duration'} the model "
+            "estimates) is not read from a table yet; write the dose with gs.Infusion in a "
+            "NumPyro program (inference.ode(..., doses=...)), where it may be a parameter.")
+    if rate < 0:
+        raise ValueError(f"{where}: RATE must be >= 0 (or -1/-2), got {rate:g}.")
+    if dur < 0:
+        raise ValueError(f"{where}: DUR must be >= 0, got {dur:g}.")
+    if rate > 0 and dur > 0:
+        raise ValueError(f"{where}: give RATE or DUR, not both (RATE {rate:g}, DUR {dur:g}).")
+    if ss:
+        if ii <= 0:
+            raise ValueError(f"{where}: SS = {ss:g} needs an interval II > 0.")
+        raise NotImplementedError(
+            f"{where}: SS = {ss:g} (a dose at steady state) is not read from a table yet; "
+            "compute the pre-dose state with gradsolve.steady_state and start there.")
+    if addl < 0 or addl != int(addl):
+        raise ValueError(f"{where}: ADDL must be a whole number >= 0, got {addl:g}.")
+    if addl and ii <= 0:
+        raise ValueError(f"{where}: ADDL = {addl:g} needs an interval II > 0.")
+    if dur > 0:
+        rate = amount / dur
+    return [(t + k * ii, rate) for k in range(int(addl) + 1)]
 
 
 class PopulationDataset:
@@ -196,10 +231,10 @@ class PopulationDataset:
         A dose into a compartment at or beyond ``n_states`` is a ``ValueError`` naming the
         subject.
         """
-        scale = np.ones(n_states) if scale is None else np.asarray(scale, dtype=np.float64)
-        if scale.shape != (n_states,):
-            raise ValueError(f"PopulationDataset.jumps: `scale` must have shape ({n_states},), "
-                             f"got {scale.shape}.")
+        if self.has_infusions:
+            raise ValueError("PopulationDataset.jumps: the data set has zero-order inputs "
+                             "(RATE or DUR), which are not jumps; use `doses`.")
+        scale = self._scale(scale, n_states, "jumps")
         J = max(1, max(s.dose_times.size for s in self.subjects))
         times = np.full((self.n_subjects, J), np.inf)
         sizes = np.zeros((self.n_subjects, J, n_states))
@@ -216,6 +251,63 @@ class PopulationDataset:
             sizes[i, np.arange(j), s.dose_cmt] = s.dose_amounts * scale[s.dose_cmt]
         return times, sizes
 
+    @property
+    def has_infusions(self) -> bool:
+        """Whether any dose is a zero-order input (``RATE`` or ``DUR`` in the table)."""
+        return any(s.dose_rates is not None and np.any(s.dose_rates > 0)
+                   for s in self.subjects)
+
+    @staticmethod
+    def _scale(scale, n_states: int, where: str) -> np.ndarray:
+        scale = np.ones(n_states) if scale is None else np.asarray(scale, dtype=np.float64)
+        if scale.shape != (n_states,):
+            raise ValueError(f"PopulationDataset.{where}: `scale` must have shape "
+                             f"({n_states},), got {scale.shape}.")
+        return scale
+
+    def doses(self, n_states: int, scale: Sequence[float] | None = None):
+        """Every subject's doses as a ``gradsolve.DoseSchedule``: per compartment, one
+        ``gs.Bolus`` of the bolus doses and one ``gs.Infusion`` of the zero-order inputs
+        (``(S, J)`` fields padded with ``inf`` times), amounts and rates times
+        ``scale[c]``. Pass it as ``doses=`` to ``gs.solve`` or ``inference.ode``.
+
+        A dose into a compartment at or beyond ``n_states`` is a ``ValueError`` naming the
+        subject.
+        """
+        import gradsolve as gs
+
+        scale = self._scale(scale, n_states, "doses")
+        S = self.n_subjects
+        records = []
+        for s in self.subjects:
+            bad = s.dose_cmt[(s.dose_cmt < 0) | (s.dose_cmt >= n_states)]
+            if bad.size:
+                raise ValueError(
+                    f"PopulationDataset.doses: subject {s.id!r} has a dose into compartment "
+                    f"CMT={int(bad[0]) + 1}, but the model has {n_states} states "
+                    f"(CMT 1..{n_states}).")
+        rates = [np.zeros(s.dose_times.size) if s.dose_rates is None else s.dose_rates
+                 for s in self.subjects]
+        for c in range(n_states):
+            for infused in (False, True):
+                picks = [(s.dose_cmt == c) & ((r > 0) == infused)
+                         for s, r in zip(self.subjects, rates)]
+                J = max(int(m.sum()) for m in picks)
+                if J == 0:
+                    continue
+                t = np.full((S, J), np.inf)
+                a = np.zeros((S, J))
+                rr = np.ones((S, J))  # padding: an inert positive rate
+                for i, (s, r, m) in enumerate(zip(self.subjects, rates, picks)):
+                    k = int(m.sum())
+                    t[i, :k], a[i, :k], rr[i, :k] = s.dose_times[m], s.dose_amounts[m], r[m]
+                a = a * scale[c]
+                if infused:
+                    records.append(gs.Infusion(time=t, amount=a, rate=rr * scale[c], cmt=c))
+                else:
+                    records.append(gs.Bolus(time=t, amount=a, cmt=c))
+        return gs.DoseSchedule(records)
+
     def subject_dataset(self, i: int) -> Dataset:
         """Subject ``i``'s observations as a one-column `Dataset` (``ts (k,)``, ``ys (k,
         1)``), e.g. to fit or plot one subject."""
@@ -226,11 +318,13 @@ class PopulationDataset:
     @classmethod
     def from_table(cls, table: Mapping | str | Path, *, id: str = "ID", time: str = "TIME",
                    dv: str = "DV", amt: str = "AMT", evid: str = "EVID", cmt: str = "CMT",
+                   rate: str = "RATE", dur: str = "DUR", addl: str = "ADDL", ii: str = "II",
+                   ss: str = "SS", mdv: str = "MDV",
                    covariates: Sequence[str] | None = None, name: str | None = None,
                    units: str | None = None, source: str | None = None
                    ) -> "PopulationDataset":
-        """Read a long-format table: one row per observation (``EVID`` 0) or dose
-        (``EVID`` 1).
+        """Read a long-format table: one row per observation (``EVID`` 0), dose
+        (``EVID`` 1) or other event (``EVID`` 2, skipped), with NONMEM's dose columns.
 
         Args:
             table: a mapping of column name to values (a dict of lists or arrays, a pandas
@@ -239,6 +333,14 @@ class PopulationDataset:
             id, time, dv, amt, evid, cmt: the names of those columns. ``EVID`` and ``CMT``
                 may be absent: then rows with an ``AMT`` are doses and everything goes into
                 (and is observed from) compartment 1. Missing values: empty, ``.`` or NaN.
+            rate, dur: a dose's zero-order input: ``RATE`` (amount per unit time) or
+                ``DUR`` (its duration), ``0`` or missing for a bolus. Both given on one row,
+                a negative ``RATE`` other than ``-1``/``-2``, and ``-1``/``-2`` (a rate or
+                duration that the model estimates: write it with ``gs.Infusion`` in a
+                program) are errors naming the row.
+            addl, ii: ``ADDL`` additional doses, one every ``II`` after the row's.
+            ss, mdv: ``SS = 1`` (a dose at steady state: see `gradsolve.steady_state`) is
+                an error naming the row; ``MDV = 1`` makes an observation row missing.
             covariates: covariate columns (constant within a subject); default every column
                 not named above.
             name, units, source: metadata (a CSV's comments fill them when not given).
@@ -258,11 +360,14 @@ class PopulationDataset:
         amts = _column(table, amt, "amt", required=False)
         evids = _column(table, evid, "evid", required=False)
         cmts = _column(table, cmt, "cmt", required=False)
+        extra = {k: _column(table, c, k, required=False)
+                 for k, c in (("rate", rate), ("dur", dur), ("addl", addl), ("ii", ii),
+                              ("ss", ss), ("mdv", mdv))}
         n = len(ids)
         if dvs is None and amts is None:
             raise ValueError("PopulationDataset.from_table: the table has neither a `dv` nor "
                              "an `amt` column.")
-        named = {id, time, dv, amt, evid, cmt}
+        named = {id, time, dv, amt, evid, cmt, rate, dur, addl, ii, ss, mdv}
         if covariates is None:
             covariates = [k for k in table if k not in named]
         covariates = list(covariates)
@@ -280,17 +385,28 @@ class PopulationDataset:
                 _number(evids[r], f"EVID (row {r + 1})", sid, allow_missing=False))
             comp = 1 if cmts is None else int(_number(cmts[r], f"CMT (row {r + 1})", sid,
                                                       allow_missing=False))
+            get = lambda k: 0.0 if extra[k] is None else _number(
+                extra[k][r], f"{k.upper()} (row {r + 1})", sid)
             if kind == 0:
                 value = np.nan if dvs is None else _number(dvs[r], f"DV (row {r + 1})", sid)
+                if get("mdv") == 1:
+                    value = np.nan
                 d["obs"].append((t, value, comp - 1))
             elif kind == 1:
                 if not np.isfinite(amount):
                     raise ValueError(f"PopulationDataset: subject {sid!r}: the dose at TIME "
                                      f"{t:g} (row {r + 1}) has no AMT.")
-                d["dose"].append((t, amount, comp - 1))
+                for t_dose, r_dose in _dose_record(sid, r, t, amount, get):
+                    d["dose"].append((t_dose, amount, comp - 1, r_dose))
+            elif kind == 2:
+                pass  # another event: nothing to solve or observe
+            elif kind in (3, 4):
+                raise NotImplementedError(
+                    f"PopulationDataset: subject {sid!r}: EVID {kind} (row {r + 1}, a reset of "
+                    "every compartment) is not supported yet: split the subject at the reset.")
             else:
                 raise ValueError(f"PopulationDataset: subject {sid!r}: EVID {kind} (row {r + 1}) "
-                                 "is not supported; use 0 (observation) or 1 (dose).")
+                                 "is not one of 0 (observation), 1 (dose), 2 (other event).")
             for c in covariates:
                 d["cov"][c].append(_number(cov_cols[c][r], f"covariate {c!r} (row {r + 1})",
                                            sid))
@@ -305,7 +421,7 @@ class PopulationDataset:
     @staticmethod
     def _subject(sid, d) -> Subject:
         obs, dose = d["obs"], d["dose"]
-        for what, recs in (("observation", obs), ("dose", dose)):
+        for what, recs in (("observation", obs),):
             t = np.array([x[0] for x in recs])
             if np.any(np.diff(t) < 0):
                 raise ValueError(f"PopulationDataset: subject {sid!r}: {what} times are not "
@@ -323,7 +439,10 @@ class PopulationDataset:
                                  "within the subject; time-varying covariates are not "
                                  "supported.")
             covs[c] = float(v[0])
+        dose = sorted(dose, key=lambda x: x[0])  # additional doses interleave later rows
         arr = lambda recs, j, dt=np.float64: np.array([x[j] for x in recs], dtype=dt)
+        rates = arr(dose, 3)
         return Subject(id=sid, ts=arr(obs, 0), ys=arr(obs, 1), obs_cmt=arr(obs, 2, np.int64),
                        dose_times=arr(dose, 0), dose_amounts=arr(dose, 1),
-                       dose_cmt=arr(dose, 2, np.int64), covariates=covs)
+                       dose_cmt=arr(dose, 2, np.int64), covariates=covs,
+                       dose_rates=rates if np.any(rates > 0) else None)

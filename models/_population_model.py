@@ -232,9 +232,20 @@ class PopulationModel(eqx.Module):
         ``inf`` times (inert), or ``None`` when no dose is left. Doses after the data's last
         observation time change no prediction and are dropped (``gs.solve`` refuses jump
         times past ``t1``). ``data`` is concrete; ``theta`` and ``p`` may be traced.
+
+        A data set with zero-order inputs (``RATE``/``DUR``) gives ``(zeros (S, d),
+        schedule)`` instead: every dose in a ``gradsolve.DoseSchedule``
+        (`PopulationDataset.doses` at ``dose_scale``), which a solve takes as ``doses=``.
         """
         data = _checked_data(data, f"{self.name}.dosing")
         d = self.n_states
+        if data.has_infusions:
+            if self.dose_sizes_fn is not _identity_doses:
+                raise NotImplementedError(
+                    f"{self.name}: `dose_sizes` acts on bolus jumps; this data set has "
+                    "zero-order inputs (RATE/DUR): scale them with `dose_scale`, or write "
+                    "the doses with gs.Infusion in a NumPyro program.")
+            return jnp.zeros((data.n_subjects, d)), data.doses(d, scale=self.dose_scale)
         times, sizes = data.jumps(d, scale=self.dose_scale)   # (S, J), (S, J, d) numpy
         early = np.isfinite(times) & (times < self.t0)
         if early.any():
@@ -322,8 +333,9 @@ class PopulationModel(eqx.Module):
         p = self.individual(theta, data)
         y0, jumps = self.dosing(theta, p, data)
         ts, _ = data.observations()
+        events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
         sol = gs.solve(self.vector_field, self.t0, float(ts.max()), y0, p,
-                       ts=jnp.asarray(ts, y0.dtype), jumps=jumps,
+                       ts=jnp.asarray(ts, y0.dtype), **events,
                        solver=solve_kwargs.pop("solver", self.solver), rtol=rtol, atol=atol,
                        **solve_kwargs)
         return self.observation(theta, p, ts, sol.ys)

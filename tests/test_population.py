@@ -99,7 +99,7 @@ def _with(changes):
     (_with({("WT", 3): float("nan")}), "subject 'b': covariate 'WT' is missing"),
     (_with({("WT", 3): 56.0}), "subject 'b': covariate 'WT' changes"),
     (_with({("TIME", 5): 20.0}), "subject 7: observation times are not in time order"),
-    (_with({("EVID", 2): 2}), "subject 7: EVID 2"),
+    (_with({("EVID", 2): 5}), "subject 7: EVID 5"),  # EVID 2 (other event) is read now
     (_with({("AMT", 1): None}), "subject 'b': the dose at TIME 0 .* has no AMT"),
 ])
 def test_bad_tables_name_the_subject(table, match):
