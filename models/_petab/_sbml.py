@@ -1,0 +1,278 @@
+"""An SBML model as SymPy right-hand sides: what becomes one JAX vector field ``f(t, y, p)``.
+
+libSBML reads the file (and expands function definitions), sbmlmath turns each MathML
+expression into SymPy. The state ``y`` holds every species (its amount when the species has
+only substance units, its concentration otherwise, as its symbol means in SBML math) and every
+parameter or compartment driven by a rate rule; ``p`` holds every other constant parameter and
+compartment size. Assignment rules are substituted into every expression that uses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import libsbml
+import sbmlmath
+import sympy as sp
+from sbmlmath.csymbol import CSymbol, TimeSymbol
+
+__all__ = ["SbmlOdes", "read_sbml", "TIME"]
+
+TIME = sp.Symbol("__time__")
+"""The symbol of model time in every expression this module returns."""
+
+_MAX_RULE_DEPTH = 100
+
+
+@dataclasses.dataclass
+class SbmlOdes:
+    """An SBML model reduced to ODEs, symbolically.
+
+    Attributes:
+        model_id: the SBML model's id.
+        state_ids: ids of the state variables, in the order of ``y``.
+        rhs: ``d(state)/dt`` for each state, SymPy in `TIME`, state and parameter symbols.
+        init: each state's initial value, SymPy in parameter symbols (initial assignments,
+            initial amounts or concentrations converted by their compartment's size).
+        param_ids: ids of the constant parameters and compartment sizes, the order of ``p``.
+        param_values: their values in the SBML file.
+        rules: assignment-rule targets (and parameters set by initial assignments) mapped to
+            expressions in state and parameter symbols, for observables that use them.
+        species_ids: ids of the species (all of them are states).
+    """
+
+    model_id: str
+    state_ids: list[str]
+    rhs: list[sp.Expr]
+    init: list[sp.Expr]
+    param_ids: list[str]
+    param_values: list[float]
+    rules: dict[str, sp.Expr]
+    species_ids: list[str]
+
+    def symbols(self) -> dict[str, sp.Symbol]:
+        """Every id this model defines, mapped to its SymPy symbol."""
+        return {i: sp.Symbol(i) for i in (*self.state_ids, *self.param_ids, *self.rules)}
+
+    def resolve(self, expr: sp.Expr) -> sp.Expr:
+        """``expr`` with assignment-rule targets replaced by their expressions (recursively)."""
+        return _substitute_rules(expr, {sp.Symbol(k): v for k, v in self.rules.items()})
+
+
+def _substitute_rules(expr, rules: dict) -> sp.Expr:
+    for _ in range(_MAX_RULE_DEPTH):
+        if not (expr.free_symbols & rules.keys()):
+            return expr
+        expr = expr.xreplace(rules)
+    raise ValueError("assignment rules refer to each other in a cycle")
+
+
+def _math(element, what: str, eid: str) -> sp.Expr:
+    """SBML math of ``element`` as SymPy, with plain symbols and `TIME` for model time."""
+    if element.getMath() is None:
+        raise ValueError(f"SBML {what} '{eid}' has no math")
+    expr = sbmlmath.sbml_math_to_sympy(element, ignore_units=True, floats_as_rationals=False,
+                                       evaluate=True)
+    if not isinstance(expr, sp.Basic):
+        expr = sp.sympify(expr)
+    repl = {}
+    for s in expr.free_symbols:
+        if isinstance(s, TimeSymbol):
+            repl[s] = TIME
+        elif isinstance(s, CSymbol):
+            raise NotImplementedError(
+                f"SBML csymbol '{s}' (in {what} '{eid}') is not supported")
+        else:
+            repl[s] = sp.Symbol(str(s.name))
+    for a in expr.atoms(sp.Function):
+        if type(a).__name__.lower() in ("delay", "rateof"):
+            raise NotImplementedError(f"SBML '{type(a).__name__}' (in {what} '{eid}') is not "
+                                      "supported")
+        if isinstance(a, sp.core.function.AppliedUndef):
+            raise NotImplementedError(
+                f"SBML function call '{a.func}' (in {what} '{eid}') could not be expanded")
+    return expr.xreplace(repl)
+
+
+def read_sbml(source) -> SbmlOdes:
+    """Read an SBML model into `SbmlOdes`.
+
+    Args:
+        source: a path to an SBML file, or a ``libsbml.SBMLDocument`` (which is modified:
+            its function definitions are expanded in place).
+
+    Raises:
+        NotImplementedError: naming the construct and the element id for what this reader
+            does not support (events, algebraic rules, delays, fast reactions, variable
+            compartments that hold species, stoichiometry math, ...).
+        ValueError: when libSBML reports errors reading the file.
+    """
+    if isinstance(source, libsbml.SBMLDocument):
+        doc, path = source, "SBML document"
+    else:
+        path = str(source)
+        doc = libsbml.readSBMLFromFile(path)
+    if doc.getNumErrors(libsbml.LIBSBML_SEV_ERROR) + doc.getNumErrors(libsbml.LIBSBML_SEV_FATAL):
+        raise ValueError(f"libSBML could not read {path}: {doc.getErrorLog().toString()}")
+    props = libsbml.ConversionProperties()
+    props.addOption("expandFunctionDefinitions", True)
+    if doc.convert(props) != libsbml.LIBSBML_OPERATION_SUCCESS:
+        raise NotImplementedError(f"{path}: libSBML could not expand the function definitions")
+    m = doc.getModel()
+    if m is None:
+        raise ValueError(f"{path} holds no SBML model")
+    mid = m.getId()
+
+    for ev in m.getListOfEvents():
+        raise NotImplementedError(f"SBML events are not supported (event '{ev.getId()}')")
+    for c in m.getListOfConstraints():
+        warnings.warn(f"SBML constraint in model '{mid}' is not checked", stacklevel=3)
+        break
+
+    rate_rules: dict[str, sp.Expr] = {}
+    assign_rules: dict[str, sp.Expr] = {}
+    for r in m.getListOfRules():
+        if r.isAlgebraic():
+            raise NotImplementedError(
+                f"SBML algebraic rules are not supported (rule '{r.getId() or r.getMetaId()}')")
+        var = r.getVariable()
+        if r.isRate():
+            rate_rules[var] = _math(r, "rate rule", var)
+        else:
+            assign_rules[var] = _math(r, "assignment rule", var)
+
+    init_assign = {ia.getSymbol(): _math(ia, "initial assignment", ia.getSymbol())
+                   for ia in m.getListOfInitialAssignments()}
+
+    comp_size = {}
+    for c in m.getListOfCompartments():
+        cid = c.getId()
+        comp_size[cid] = c.getSize() if c.isSetSize() else 1.0
+    species = list(m.getListOfSpecies())
+    comps_with_species = {s.getCompartment() for s in species}
+    for cid in comp_size:
+        if cid in comps_with_species and (cid in rate_rules or cid in assign_rules):
+            raise NotImplementedError(
+                f"SBML compartments of varying size that hold species are not supported "
+                f"(compartment '{cid}')")
+        if cid in init_assign and cid in comps_with_species:
+            raise NotImplementedError(
+                f"SBML initial assignments to compartments that hold species are not "
+                f"supported (compartment '{cid}')")
+
+    state_ids: list[str] = []
+    rhs: dict[str, sp.Expr] = {}
+    init: dict[str, sp.Expr] = {}
+    species_ids = []
+    species_by_id = {}
+    for s in species:
+        sid = s.getId()
+        species_by_id[sid] = s
+        if sid in assign_rules:
+            continue  # a function of other symbols, substituted where used
+        if s.isSetConversionFactor() or m.isSetConversionFactor():
+            raise NotImplementedError(
+                f"SBML conversion factors are not supported (species '{sid}')")
+        size = sp.Symbol(s.getCompartment())
+        if s.isSetInitialAmount():
+            v = sp.Float(s.getInitialAmount())
+            v0 = v if s.getHasOnlySubstanceUnits() else v / size
+        elif s.isSetInitialConcentration():
+            v = sp.Float(s.getInitialConcentration())
+            v0 = v * size if s.getHasOnlySubstanceUnits() else v
+        else:
+            v0 = sp.Float(0.0)
+            if sid not in init_assign:
+                warnings.warn(f"species '{sid}' has no initial value: taken as 0", stacklevel=3)
+        init[sid] = init_assign.get(sid, v0)
+        state_ids.append(sid)
+        species_ids.append(sid)
+        rhs[sid] = sp.Float(0.0)
+
+    # Reactions: amounts per time; a concentration species changes by rate / compartment size.
+    for rx in m.getListOfReactions():
+        rid = rx.getId()
+        if rx.isSetFast() and rx.getFast():
+            raise NotImplementedError(f"SBML fast reactions are not supported (reaction '{rid}')")
+        kl = rx.getKineticLaw()
+        if kl is None or kl.getMath() is None:
+            raise ValueError(f"SBML reaction '{rid}' has no kinetic law")
+        if kl.getNumLocalParameters() or kl.getNumParameters():
+            local = {}
+            for lp in (list(kl.getListOfLocalParameters()) + list(kl.getListOfParameters())):
+                local[sp.Symbol(lp.getId())] = sp.Float(lp.getValue())
+        else:
+            local = {}
+        rate = _math(kl, "kinetic law of reaction", rid).xreplace(local)
+        for refs, sign in ((rx.getListOfReactants(), -1), (rx.getListOfProducts(), 1)):
+            for ref in refs:
+                sid = ref.getSpecies()
+                if ref.isSetStoichiometryMath():
+                    raise NotImplementedError(
+                        f"SBML stoichiometryMath is not supported (reaction '{rid}', species "
+                        f"'{sid}')")
+                if ref.isSetId() and (ref.getId() in assign_rules or ref.getId() in rate_rules
+                                      or ref.getId() in init_assign):
+                    raise NotImplementedError(
+                        f"SBML variable stoichiometry is not supported (species reference "
+                        f"'{ref.getId()}' in reaction '{rid}')")
+                sp_ = species_by_id[sid]
+                if sp_.getBoundaryCondition() or sp_.getConstant() or sid in assign_rules \
+                        or sid in rate_rules:
+                    continue
+                stoich = ref.getStoichiometry() if ref.isSetStoichiometry() else 1.0
+                term = sign * sp.Float(stoich) * rate
+                if not sp_.getHasOnlySubstanceUnits():
+                    term = term / sp.Symbol(sp_.getCompartment())
+                rhs[sid] = rhs[sid] + term
+
+    param_ids: list[str] = []
+    param_values: list[float] = []
+    rules = dict(assign_rules)
+    for p in m.getListOfParameters():
+        pid = p.getId()
+        if pid in assign_rules:
+            continue
+        if pid in rate_rules:
+            state_ids.append(pid)
+            init[pid] = init_assign.get(pid, sp.Float(p.getValue() if p.isSetValue() else 0.0))
+            continue
+        if pid in init_assign:
+            rules[pid] = init_assign[pid]  # constant: its initial value holds throughout
+            continue
+        param_ids.append(pid)
+        param_values.append(p.getValue() if p.isSetValue() else float("nan"))
+    for cid, size in comp_size.items():
+        if cid in assign_rules:
+            continue
+        if cid in rate_rules:
+            state_ids.append(cid)
+            init[cid] = init_assign.get(cid, sp.Float(size))
+            continue
+        if cid in init_assign:
+            rules[cid] = init_assign[cid]
+            continue
+        param_ids.append(cid)
+        param_values.append(size)
+    for var, expr in rate_rules.items():
+        if var not in state_ids:
+            raise NotImplementedError(
+                f"SBML rate rule on '{var}' (not a species, parameter or compartment) is not "
+                "supported")
+        rhs[var] = expr
+
+    rule_syms = {sp.Symbol(k): v for k, v in rules.items()}
+    rhs_list = [_substitute_rules(rhs[s], rule_syms) for s in state_ids]
+    # Initial values may use other states' initial values and rules evaluated at t = 0.
+    init_syms = {sp.Symbol(s): init[s] for s in state_ids}
+    both = {**rule_syms, **init_syms}
+    init_list = [_substitute_rules(init[s], both).xreplace({TIME: sp.Float(0.0)})
+                 for s in state_ids]
+    known = set(state_ids) | set(param_ids) | set(rules)
+    for s_id, e in zip(state_ids, rhs_list):
+        unknown = {str(x) for x in e.free_symbols} - known - {str(TIME)}
+        if unknown:
+            raise ValueError(f"d{s_id}/dt uses undefined symbols {sorted(unknown)}")
+    return SbmlOdes(mid, state_ids, rhs_list, init_list, param_ids, param_values, rules,
+                    species_ids)
