@@ -47,6 +47,17 @@ POPULATION_ZOO = ("theophylline", "two_compartment_oral")
 """Names of the population model constructors (each returns a `PopulationModel`)."""
 
 __all__ = ["ODEModel", "Dataset", "PopulationDataset", "Subject", "PopulationModel",
-           "load_dataset", "list_datasets", "prior_median", "theophylline_closed_form",
+           "load_dataset", "list_datasets", "load_petab", "PetabProblem", "prior_median",
+           "theophylline_closed_form",
            "simulated_study", "TWO_COMPARTMENT_TRUTH", "ZOO", "POPULATION_ZOO", *ZOO,
            *POPULATION_ZOO]
+
+
+def __getattr__(name):
+    # The PEtab importer needs the optional extra ``petab`` (petab, libsbml, sbmlmath, sympy):
+    # imported on first use, so ``import models`` works without it.
+    if name in ("load_petab", "PetabProblem"):
+        from . import _petab
+
+        return getattr(_petab, name)
+    raise AttributeError(f"module 'models' has no attribute '{name}'")
