@@ -7,6 +7,8 @@
   `fit_least_squares` (Optimistix Levenberg–Marquardt), `FitResult`.
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
+- `fit_population`, `PopulationFit`: population maximum likelihood, random effects
+  integrated by the Laplace approximation (FOCE-I or Laplace), all subjects one ensemble.
 - `predictive`: posterior and prior predictive draws of a model or program, through its
   own solver, vectorised over draws.
 - `ode`: an ODE solve as a site of any NumPyro program (``gs.solve`` under plain
@@ -41,6 +43,7 @@ from ._fit import FitState, fit
 from ._least_squares import fit_least_squares
 from ._ode import ode
 from ._policy import MeshPolicy
+from ._population_fit import PopulationFit, fit_population
 from ._predictive import predictive
 from ._problem import TOLERANCES as _TOLERANCES
 from ._problem import InferenceModel
@@ -76,4 +79,6 @@ __all__ = [
     "ode",
     "population_program",
     "predictive",
+    "fit_population",
+    "PopulationFit",
 ]

@@ -1,0 +1,161 @@
+"""`inference.fit_population` (FOCE-I, Laplace) against independent references: a model
+whose predictions are linear in the random effects (the Laplace approximation is exact, the
+marginal likelihood Gaussian in closed form, maximised by SciPy), and theophylline's
+marginal likelihood integrated by Gauss–Hermite quadrature over each subject's two random
+effects with the closed-form solution, maximised by SciPy (slow tier)."""
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from scipy.optimize import minimize
+from scipy.special import roots_hermitenorm
+
+import inference
+import models
+
+T = np.array([0.5, 1.0, 2.0, 3.0, 5.0])
+
+
+def linear_model():
+    """y(t) = a_i + b t with a_i = a + omega eta_i: the ODE y' = b from y(0) = a_i."""
+    def latent(data):
+        theta = {"a": numpyro.sample("a", dist.Normal(0.0, 10.0)),
+                 "b": numpyro.sample("b", dist.Normal(0.0, 10.0)),
+                 "omega": numpyro.sample("omega", dist.HalfNormal(2.0)),
+                 "sigma": numpyro.sample("sigma", dist.HalfNormal(2.0))}
+        with numpyro.plate("subjects", data.n_subjects):
+            theta["eta"] = numpyro.sample("eta", dist.Normal(0.0, 1.0))
+        return theta
+
+    S = 6
+
+    def individual(theta, data):
+        return {"a": theta["a"] + theta["omega"] * theta["eta"],
+                "b": jnp.broadcast_to(theta["b"], (S,))}
+
+    class Start(models.PopulationModel):
+        def dosing(self, theta, p, data):
+            return p["a"][:, None], None
+
+    return Start(name="linear", vector_field=lambda t, y, p: jnp.broadcast_to(p["b"], (1,)),
+                 state_names=("y",), latent=latent, individual=individual,
+                 observation=lambda th, p, ts, ys: ys[..., 0],
+                 noise=lambda th, pred: dist.Normal(pred, th["sigma"]))
+
+
+def linear_data(rng):
+    S, a, b, omega, sigma = 6, 2.0, 0.7, 0.8, 0.3
+    subjects = []
+    for i in range(S):
+        y = a + omega * rng.normal() + b * T + sigma * rng.normal(size=T.size)
+        subjects.append(models.Subject(id=i, ts=T, ys=y, obs_cmt=np.zeros(T.size, int),
+                                       dose_times=np.zeros(0), dose_amounts=np.zeros(0),
+                                       dose_cmt=np.zeros(0, int), covariates={}))
+    return models.PopulationDataset(subjects)
+
+
+def exact_linear_ml(data):
+    """The Gaussian marginal likelihood y_i ~ N(a + b t, omega^2 11' + sigma^2 I),
+    maximised over (a, b, log omega, log sigma)."""
+    Y = np.stack([s.ys for s in data.subjects])
+
+    def nll(x):
+        a, b, om, sg = x[0], x[1], np.exp(x[2]), np.exp(x[3])
+        C = om ** 2 * np.ones((T.size, T.size)) + sg ** 2 * np.eye(T.size)
+        r = Y - (a + b * T)
+        _, logdet = np.linalg.slogdet(C)
+        quad = np.einsum("ij,jk,ik->i", r, np.linalg.inv(C), r)
+        return 0.5 * np.sum(quad) + 0.5 * len(Y) * (logdet + T.size * np.log(2 * np.pi))
+
+    res = minimize(nll, np.array([1.0, 0.5, 0.0, -1.0]), method="Nelder-Mead",
+                   options=dict(xatol=1e-10, fatol=1e-12, maxiter=20000))
+    return res.x, 2 * res.fun
+
+
+@pytest.mark.parametrize("method", ["foce-i", "laplace"])
+def test_linear_random_effects_equal_the_exact_marginal_likelihood(method):
+    data = linear_data(np.random.default_rng(0))
+    x, ofv = exact_linear_ml(data)
+    fit = inference.fit_population(linear_model(), data, method=method,
+                                   init={"a": 1.0, "b": 0.5, "omega": 1.0, "sigma": 0.5})
+    assert fit.params["a"] == pytest.approx(x[0], abs=1e-4)
+    assert fit.params["b"] == pytest.approx(x[1], abs=1e-4)
+    assert fit.params["omega"] == pytest.approx(np.exp(x[2]), rel=1e-3)
+    assert fit.params["sigma"] == pytest.approx(np.exp(x[3]), rel=1e-3)
+    assert fit.ofv == pytest.approx(ofv, abs=1e-4)
+    assert fit.aic == pytest.approx(fit.ofv + 8)
+    assert fit.etas.shape == (6, 1) and fit.cwres.shape == (6, T.size)
+
+
+def test_bad_arguments():
+    data = linear_data(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="`method`"):
+        inference.fit_population(linear_model(), data, method="fo")
+    with pytest.raises(TypeError, match="PopulationModel"):
+        inference.fit_population(models.lynx_hare(), data)
+
+
+# --------------------------------------------------------------------- theophylline
+def quadrature_reference(data, nodes=40):
+    """Theophylline's exact marginal likelihood (Gauss–Hermite over each subject's two
+    standard-normal random effects, closed-form concentrations) maximised by SciPy; the
+    curvature of -2 log L at its optimum (central differences) for standard errors."""
+    ts, ys = data.observations()
+    _, sizes = data.jumps(1)
+    dose = np.asarray(sizes)[:, 0, 0]
+    z, w = roots_hermitenorm(nodes)
+    w = w / w.sum()
+    Z1, Z2 = np.meshgrid(z, z, indexing="ij")
+    W = np.outer(w, w).ravel()
+    Z1, Z2 = Z1.ravel(), Z2.ravel()
+
+    def m2ll(x):
+        lka, lcl, lke, lom1, lom2, lsg = x
+        ka = np.exp(lka + np.exp(lom1) * Z1)[:, None, None]       # (G, 1, 1)
+        cl = np.exp(lcl + np.exp(lom2) * Z2)[:, None, None]
+        ke = np.exp(lke)
+        t = ts[None]
+        c = dose[None, :, None] * ka * ke / (cl * (ka - ke)) * (np.exp(-ke * t) - np.exp(-ka * t))
+        c = np.where(t > 0, c, 0.0)                                # (G, S, K)
+        sg = np.exp(lsg)
+        ll = np.sum(-0.5 * ((ys[None] - c) / sg) ** 2 - np.log(sg) - 0.5 * np.log(2 * np.pi),
+                    axis=2)                                        # (G, S)
+        mx = ll.max(axis=0)
+        return -2 * np.sum(mx + np.log(np.sum(W[:, None] * np.exp(ll - mx), axis=0)))
+
+    x0 = np.array([0.45, -3.2, -2.45, np.log(0.6), np.log(0.2), np.log(0.7)])
+    res = minimize(m2ll, x0, method="Nelder-Mead",
+                   options=dict(xatol=1e-8, fatol=1e-10, maxiter=40000, maxfev=40000))
+    x = res.x
+    H = np.zeros((6, 6))
+    h = 1e-3
+    for i in range(6):
+        for j in range(6):
+            e_i, e_j = np.eye(6)[i] * h, np.eye(6)[j] * h
+            H[i, j] = (m2ll(x + e_i + e_j) - m2ll(x + e_i - e_j) - m2ll(x - e_i + e_j)
+                       + m2ll(x - e_i - e_j)) / (4 * h * h)
+    cov = 2 * np.linalg.inv(H)
+    se = np.sqrt(np.diag(cov))
+    se_natural = se * np.array([1, 1, 1, np.exp(x[3]), np.exp(x[4]), np.exp(x[5])])
+    return x, se_natural
+
+
+@pytest.mark.slow
+def test_theophylline_foce_i_agrees_with_quadrature_and_nlme():
+    model, data = models.theophylline(), models.load_dataset("theophylline")
+    x, se = quadrature_reference(data)
+    fit = inference.fit_population(model, data)
+    p = fit.params
+    got = np.array([p["lKa"], p["lCl"], p["lKe"], p["omega"][0], p["omega"][1], p["sigma"]])
+    ref = np.array([x[0], x[1], x[2], np.exp(x[3]), np.exp(x[4]), np.exp(x[5])])
+    print("\nFOCE-I", got.round(4), "\nquadrature ML", ref.round(4))
+    np.testing.assert_allclose(got[:3], ref[:3], atol=0.02)          # fixed effects
+    np.testing.assert_allclose(got[3:], ref[3:], rtol=0.10)          # SDs
+    got_se = np.array([fit.se["lKa"], fit.se["lCl"], fit.se["lKe"], fit.se["omega"][0],
+                       fit.se["omega"][1], fit.se["sigma"]])
+    print("SE", got_se.round(4), "\nquadrature SE", se.round(4))
+    np.testing.assert_allclose(got_se, se, rtol=0.20)
+    # nlme's published fit of this model (Lindstrom-Bates, a different approximation)
+    np.testing.assert_allclose(got[:3], [0.45, -3.21, -2.43], atol=0.05)
