@@ -275,14 +275,14 @@ class PetabProblem:
                                 else cond.atoms(sp.core.relational.Relational)):
                         if TIME not in rel.free_symbols:
                             continue
-                        a, b = rel.lhs, rel.rhs
-                        if a == TIME and TIME not in b.free_symbols:
-                            switch.append(b)
-                        elif b == TIME and TIME not in a.free_symbols:
-                            switch.append(a)
+                        d = sp.expand(rel.lhs - rel.rhs)
+                        a = d.diff(TIME)
+                        rest = sp.simplify(d - a * TIME)
+                        if a != 0 and not a.free_symbols and TIME not in rest.free_symbols:
+                            switch.append(-rest / a)
                         else:
                             warnings.warn(f"piecewise condition '{rel}' is not a comparison "
-                                          "of time with a constant: the solver does not stop "
+                                          "linear in time: the solver does not stop "
                                           "at its switch", stacklevel=4)
         switch = list(dict.fromkeys(switch))
         self._switch_exprs = switch

@@ -1,0 +1,148 @@
+"""models.load_petab: PEtab problems of the benchmark collection against AMICI's reference
+log-likelihoods at the nominal parameters, gradients against central differences, and bad
+input (unsupported SBML constructs) named in the error."""
+
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("petab")
+libsbml = pytest.importorskip("libsbml")
+
+import models  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "petab"
+COLLECTION = Path(__file__).resolve().parents[2] / "shared" / "petab-benchmark-collection"
+
+# AMICI's reference log-likelihoods at the collection's nominal parameters
+# (AMICI-dev/AMICI, tests/benchmark_models/benchmark_models.yaml): independent numbers.
+REFERENCE = {
+    "Bachmann_MSB2011": 418.40573341425295,
+    "Beer_MolBioSystems2014": 58622.9145631413,
+    "Boehm_JProteomeRes2014": -138.22199693517703,
+    "Borghans_BiophysChem1997": 83.3237191357272,
+    "Brannmark_JBC2010": -141.889113770537,
+    "Bruno_JExpBot2016": 46.688176988431806,
+    "Chen_MSB2009": -115700.1192629893,
+    "Crauste_CellSystems2017": -190.96521897435176,
+    "Elowitz_Nature2000": 63.20279991419332,
+    "Fiedler_BMCSystBiol2016": 58.58390161681,
+    "Fujita_SciSignal2010": 53.08377736998929,
+    "Isensee_JCB2018": -3949.375966548649,
+    "Lucarelli_CellSystems2018": -1681.6059879426584,
+    "Schwen_PONE2014": -943.9992988598723,
+    "Sneyd_PNAS2002": 319.79177818768756,
+    "Smith_BMCSystBiol2013": -888198.436541014,
+    "Weber_BMC2015": -296.2017922646865,
+    "Zheng_PNAS2012": 278.33353271001477,
+}
+
+
+def _close_to_reference(value, name):
+    ref = REFERENCE[name]
+    assert np.isfinite(value)
+    assert abs(value - ref) <= max(1e-3 * abs(ref), 0.01), (name, value, ref)
+
+
+def test_boehm_nominal_and_gradient_against_central_differences():
+    # Tight tolerances, so that central differences of re-recorded solves resolve the
+    # gradient to 1e-4 (the solution's own error divided by the step sets their noise).
+    problem = models.load_petab(DATA / "Boehm_JProteomeRes2014", rtol=1e-11, atol=1e-14)
+    assert problem.parameter_ids[0] == "Epo_degradation_BaF3"
+    assert len(problem.parameter_ids) == 9
+    assert problem.scales == ("log10",) * 9
+    lo, hi = problem.bounds
+    np.testing.assert_allclose(lo, -5.0)
+    np.testing.assert_allclose(hi, 5.0)
+    vg = jax.jit(jax.value_and_grad(problem.log_likelihood))
+    x0 = np.asarray(problem.nominal)
+    value, grad = vg(x0)
+    _close_to_reference(float(value), "Boehm_JProteomeRes2014")
+    # The same number from a dict of parameters.
+    as_dict = dict(zip(problem.parameter_ids, x0))
+    assert float(vg(as_dict)[0]) == pytest.approx(float(value), rel=1e-12)
+    # Fourth-order central differences on the parameter scale (log10), each point a new
+    # adaptive solve.
+    h = 1e-3
+    fd = np.empty_like(x0)
+    for i in range(len(x0)):
+        e = np.zeros_like(x0)
+        e[i] = h
+        f = [float(vg(x0 + k * e)[0]) for k in (2, 1, -1, -2)]
+        fd[i] = (-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12 * h)
+    grad = np.asarray(grad)
+    scale = np.max(np.abs(fd))
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_fujita_nominal_with_condition_overrides_and_switch_times():
+    # Six conditions (the ensemble), each overriding EGF input parameters; the input is a
+    # piecewise function of time whose switch (EGF_end) is a per-condition value.
+    problem = models.load_petab(DATA / "Fujita_SciSignal2010")
+    assert len(problem.condition_ids) == 6
+    _close_to_reference(float(problem.log_likelihood()), "Fujita_SciSignal2010")
+    sim = problem.simulate()
+    assert "simulation" in sim and np.isfinite(sim["simulation"]).all()
+    assert len(sim) == len(problem.petab_problem.measurement_df)
+
+
+def _with_modified_sbml(tmp_path, edit):
+    src = DATA / "Boehm_JProteomeRes2014"
+    dst = tmp_path / "problem"
+    shutil.copytree(src, dst)
+    xml = dst / "model_Boehm_JProteomeRes2014.xml"
+    doc = libsbml.readSBMLFromFile(str(xml))
+    edit(doc.getModel())
+    libsbml.writeSBMLToFile(doc, str(xml))
+    return dst
+
+
+def test_event_raises_naming_it(tmp_path):
+    def add_event(m):
+        ev = m.createEvent()
+        ev.setId("my_pulse")
+        ev.setUseValuesFromTriggerTime(True)
+        trig = ev.createTrigger()
+        trig.setInitialValue(False)
+        trig.setPersistent(True)
+        trig.setMath(libsbml.parseL3Formula("time >= 10"))
+        ea = ev.createEventAssignment()
+        ea.setVariable("Epo_degradation_BaF3")
+        ea.setMath(libsbml.parseL3Formula("1"))
+
+    path = _with_modified_sbml(tmp_path, add_event)
+    with pytest.raises(NotImplementedError, match="event.*my_pulse"):
+        models.load_petab(path)
+
+
+def test_algebraic_rule_raises_naming_it(tmp_path):
+    def add_rule(m):
+        r = m.createAlgebraicRule()
+        r.setMetaId("my_constraint_rule")
+        r.setMath(libsbml.parseL3Formula("ratio - 1"))
+
+    path = _with_modified_sbml(tmp_path, add_rule)
+    with pytest.raises(NotImplementedError, match="algebraic.*my_constraint_rule"):
+        models.load_petab(path)
+
+
+def test_wrong_parameter_vector_is_an_error():
+    problem = models.load_petab(DATA / "Boehm_JProteomeRes2014")
+    with pytest.raises(ValueError, match="parameter_ids"):
+        problem.log_likelihood(np.zeros(3))
+    with pytest.raises(ValueError, match="missing"):
+        problem.log_likelihood({"k_phos": 1.0})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not COLLECTION.is_dir(), reason="the benchmark collection is not here")
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_collection_reference_log_likelihood(name):
+    try:
+        problem = models.load_petab(COLLECTION / name)
+    except NotImplementedError as e:
+        pytest.xfail(f"unsupported: {e}")
+    _close_to_reference(float(problem.log_likelihood()), name)
