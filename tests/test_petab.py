@@ -110,7 +110,7 @@ def test_event_raises_naming_it(tmp_path):
         trig.setPersistent(True)
         trig.setMath(libsbml.parseL3Formula("time >= 10"))
         ea = ev.createEventAssignment()
-        ea.setVariable("Epo_degradation_BaF3")
+        ea.setVariable("STAT5A")
         ea.setMath(libsbml.parseL3Formula("1"))
 
     path = _with_modified_sbml(tmp_path, add_event)
@@ -120,9 +120,13 @@ def test_event_raises_naming_it(tmp_path):
 
 def test_algebraic_rule_raises_naming_it(tmp_path):
     def add_rule(m):
+        q = m.createParameter()
+        q.setId("my_free")
+        q.setConstant(False)
+        q.setValue(1.0)
         r = m.createAlgebraicRule()
         r.setMetaId("my_constraint_rule")
-        r.setMath(libsbml.parseL3Formula("ratio - 1"))
+        r.setMath(libsbml.parseL3Formula("my_free - 1"))
 
     path = _with_modified_sbml(tmp_path, add_rule)
     with pytest.raises(NotImplementedError, match="algebraic.*my_constraint_rule"):
@@ -146,3 +150,14 @@ def test_collection_reference_log_likelihood(name):
     except NotImplementedError as e:
         pytest.xfail(f"unsupported: {e}")
     _close_to_reference(float(problem.log_likelihood()), name)
+
+
+def test_inconsistent_problem_gets_the_linters_message(tmp_path):
+    dst = tmp_path / "problem"
+    shutil.copytree(DATA / "Boehm_JProteomeRes2014", dst)
+    meas = dst / "measurementData_Boehm_JProteomeRes2014.tsv"
+    text = meas.read_text().splitlines()
+    text[1] = text[1].replace("pSTAT5A_rel", "no_such_observable", 1)
+    meas.write_text("\n".join(text) + "\n")
+    with pytest.raises(ValueError, match="no_such_observable"):
+        models.load_petab(dst)

@@ -10,6 +10,7 @@ the Jacobian of the log/log10 transformation included (the number AMICI and pyPE
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from pathlib import Path
@@ -494,11 +495,35 @@ class PetabProblem:
                 f"conditions, {len(self.petab_problem.measurement_df)} measurements)")
 
 
-def load_petab(path, **solve_options) -> PetabProblem:
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _lint(problem, path):
+    """The `petab` linter's errors as one ValueError."""
+    handler = _Collect()
+    logger = logging.getLogger("petab")
+    logger.addHandler(handler)
+    try:
+        failed = petab.lint_problem(problem)
+    finally:
+        logger.removeHandler(handler)
+    if failed:
+        msgs = "\n  ".join(handler.messages) or "(no message)"
+        raise ValueError(f"{path}: the PEtab linter found errors:\n  {msgs}")
+
+
+def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     """Load a PEtab v1 problem.
 
     Args:
         path: the problem's YAML file, or a folder holding exactly one YAML file.
+        lint: run the `petab` linter first; its errors are a ``ValueError``.
         solve_options: ``solver`` (default `gradsolve.Rodas5P`, since most of these models are
             stiff), ``rtol`` (1e-8), ``atol`` (1e-12), ``max_steps`` (20,000).
 
@@ -508,7 +533,7 @@ def load_petab(path, **solve_options) -> PetabProblem:
     Raises:
         NotImplementedError: for an SBML or PEtab construct this importer does not support,
             naming it and the element's id.
-        ValueError: for an inconsistent problem.
+        ValueError: for an inconsistent problem (with the linter's messages).
     """
     path = Path(path)
     if path.is_dir():
@@ -518,6 +543,8 @@ def load_petab(path, **solve_options) -> PetabProblem:
                              f"{[y.name for y in yamls]}")
         path = yamls[0]
     problem = petab.Problem.from_yaml(str(path))
+    if lint:
+        _lint(problem, path)
     if problem.model is None or not hasattr(problem.model, "sbml_document"):
         raise NotImplementedError(f"{path}: only SBML models are supported")
     odes = read_sbml(problem.model.sbml_document)
