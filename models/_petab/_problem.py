@@ -109,6 +109,7 @@ class PetabProblem:
         self.odes = odes
         self.solver = gs.Rodas5P() if solver is None else solver
         self.rtol, self.atol, self.max_steps = rtol, atol, max_steps
+        self.state_ids = tuple(odes.state_ids)
         self._build_parameters(problem)
         self._build_conditions(problem, odes)
         self._build_model_functions(odes)
