@@ -89,6 +89,17 @@ def test_fujita_nominal_with_condition_overrides_and_switch_times():
     assert len(sim) == len(problem.petab_problem.measurement_df)
 
 
+def test_brannmark_nominal_with_preequilibration():
+    # Every one of the eight conditions starts from the steady state of its
+    # pre-equilibration condition (no insulin), then doses.
+    problem = models.load_petab(DATA / "Brannmark_JBC2010")
+    assert all(pre for pre, _ in problem.condition_ids)
+    _close_to_reference(float(problem.log_likelihood()), "Brannmark_JBC2010")
+    residual = np.asarray(problem.preequilibration_residual())
+    assert residual.shape == (len(problem.condition_ids),)
+    assert (residual < 1.0).all()
+
+
 def _with_modified_sbml(tmp_path, edit):
     src = DATA / "Boehm_JProteomeRes2014"
     dst = tmp_path / "problem"

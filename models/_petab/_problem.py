@@ -117,6 +117,7 @@ class PetabProblem:
         self._tstops_static = self._build_tstops()
         self._loglik_jit = jax.jit(self._loglik)
         self._predict_jit = jax.jit(self._predict)
+        self._residual_jit = jax.jit(self._preeq_residual)
 
     # ----------------------------------------------------------------- parameters
     def _build_parameters(self, problem):
@@ -398,6 +399,34 @@ class PetabProblem:
         vals = np.clip(vals, 0.0, self._t1)
         return jnp.asarray(np.sort(vals, axis=1))
 
+    def _preequilibrate(self, theta):
+        """Each trajectory's pre-equilibration condition solved from its initial state to
+        ``t = 1e5``: ``(state reached (n, d), that condition's parameters (n, n_p))``."""
+        pre_full = self._fill(self._pre_slots, theta)
+        pp = pre_full[:, :self._n_p]
+        povr = jnp.asarray(self._pre_slots[3])
+        y_pre0 = jnp.where(povr, pre_full[:, self._n_p:], jax.vmap(self._y0)(pp))
+        pre = gs.solve(self.vector_field, 0.0, _STEADY_STATE_T, y_pre0, pp,
+                       solver=self.solver, rtol=self.rtol, atol=self.atol,
+                       max_steps=self.max_steps)
+        return pre.y1, pp
+
+    def _preeq_residual(self, x):
+        y, pp = self._preequilibrate(self._theta_lin(x))
+        dy = jax.vmap(self.vector_field, in_axes=(None, 0, 0))(_STEADY_STATE_T, y, pp)
+        w = dy / (self.atol + self.rtol * jnp.abs(y))
+        return jnp.sqrt(jnp.mean(w ** 2, axis=-1))
+
+    def preequilibration_residual(self, x=None):
+        """How far each pre-equilibrated state is from a steady state: the RMS over states
+        of ``|dy/dt| / (atol + rtol |y|)`` there, ``(n,)`` (``None`` without
+        pre-equilibration). Pre-equilibration integrates to ``t = 1e5``; a value well above
+        1 means the system had not settled (slow or oscillating) and the likelihood uses a
+        state that is not its steady state. `simulate` warns when this is above 1."""
+        if not self._has_preeq:
+            return None
+        return self._residual_jit(self._as_vector(x))
+
     def _solve(self, x):
         """(states at ``ts`` ``(n, k, d)``, model parameters ``(n, n_p)``, theta)."""
         theta = self._theta_lin(x)
@@ -405,17 +434,7 @@ class PetabProblem:
         p = full[:, :self._n_p]
         ovr = jnp.asarray(self._sim_slots[3])
         y_model = jax.vmap(self._y0)(p)
-        if self._has_preeq:
-            pre_full = self._fill(self._pre_slots, theta)
-            pp = pre_full[:, :self._n_p]
-            povr = jnp.asarray(self._pre_slots[3])
-            y_pre0 = jnp.where(povr, pre_full[:, self._n_p:], jax.vmap(self._y0)(pp))
-            pre = gs.solve(self.vector_field, 0.0, _STEADY_STATE_T, y_pre0, pp,
-                           solver=self.solver, rtol=self.rtol, atol=self.atol,
-                           max_steps=self.max_steps)
-            y_start = pre.y1
-        else:
-            y_start = y_model
+        y_start = self._preequilibrate(theta)[0] if self._has_preeq else y_model
         y0 = jnp.where(ovr, full[:, self._n_p:], y_start)
         sol = gs.solve(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                        solver=self.solver, rtol=self.rtol, atol=self.atol,
@@ -479,6 +498,12 @@ class PetabProblem:
         """PEtab's simulation table at ``x``: the measurement table with a ``simulation``
         column (the observable, untransformed) in place of ``measurement``, and a ``sigma``
         column (the noise formula's value)."""
+        res = self.preequilibration_residual(x)
+        if res is not None and not bool(jnp.all(res <= 1.0)):
+            bad = [self.condition_ids[i] for i in np.flatnonzero(~(np.asarray(res) <= 1.0))]
+            warnings.warn(f"pre-equilibration did not reach a steady state by t = 1e5 for "
+                          f"{bad} (residuals {np.asarray(res).max():.3g} > 1, see "
+                          "preequilibration_residual)", stacklevel=2)
         df = self.petab_problem.measurement_df.copy()
         sim = np.full(len(df), np.nan)
         sig = np.full(len(df), np.nan)

@@ -1,0 +1,186 @@
+"""The PEtab benchmark collection through `models.load_petab`: one row per problem.
+
+For each problem: does it load (or the reason it does not); the log-likelihood at the nominal
+parameters against AMICI's reference value where one exists (within 1e-3 relative or 0.01
+absolute); the gradient against fourth-order central differences (a second load at rtol
+1e-11, on at most ``--fd-coords`` coordinates chosen with a fixed seed; max |g - fd| /
+max |fd| <= 1e-4); the first call (compile) and one warm objective+gradient call at the
+default tolerances (Rodas5P, rtol 1e-8, atol 1e-12).
+
+Each problem runs in its own process with a time limit, smallest problems first; rows are
+appended to a JSON-lines file as they finish, and ``--table`` prints the Markdown table.
+
+    python benchmarks/bench_petab.py --out benchmarks/petab_rows.jsonl
+    python benchmarks/bench_petab.py --table benchmarks/petab_rows.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COLLECTION = Path(__file__).resolve().parents[2] / "shared" / "petab-benchmark-collection"
+
+# AMICI's reference log-likelihoods at the nominal parameters
+# (AMICI-dev/AMICI, tests/benchmark_models/benchmark_models.yaml).
+REFERENCE = {
+    "Bachmann_MSB2011": 418.40573341425295,
+    "Beer_MolBioSystems2014": 58622.9145631413,
+    "Boehm_JProteomeRes2014": -138.22199693517703,
+    "Borghans_BiophysChem1997": 83.3237191357272,
+    "Brannmark_JBC2010": -141.889113770537,
+    "Bruno_JExpBot2016": 46.688176988431806,
+    "Chen_MSB2009": -115700.1192629893,
+    "Crauste_CellSystems2017": -190.96521897435176,
+    "Elowitz_Nature2000": 63.20279991419332,
+    "Fiedler_BMCSystBiol2016": 58.58390161681,
+    "Fujita_SciSignal2010": 53.08377736998929,
+    "Isensee_JCB2018": -3949.375966548649,
+    "Lucarelli_CellSystems2018": -1681.6059879426584,
+    "Schwen_PONE2014": -943.9992988598723,
+    "Sneyd_PNAS2002": 319.79177818768756,
+    "Smith_BMCSystBiol2013": -888198.436541014,
+    "Weber_BMC2015": -296.2017922646865,
+    "Zheng_PNAS2012": 278.33353271001477,
+}
+
+
+def one(name: str, fd_coords: int) -> dict:
+    """Every measurement of one problem (run in a child process)."""
+    import jax
+    import numpy as np
+
+    jax.config.update("jax_enable_x64", True)
+    import models
+
+    row: dict = {"problem": name}
+    t = time.perf_counter()
+    try:
+        problem = models.load_petab(COLLECTION / name)
+    except Exception as e:  # noqa: BLE001 - the reason is the row
+        row["loads"] = f"{type(e).__name__}: {e}"[:160]
+        return row
+    row["load_s"] = time.perf_counter() - t
+    row["loads"] = "yes"
+    row["states"] = len(problem.state_ids)
+    row["params"] = len(problem.parameter_ids)
+    row["conditions"] = len(problem.condition_ids)
+    row["measurements"] = len(problem.petab_problem.measurement_df)
+    vg = jax.jit(jax.value_and_grad(problem.log_likelihood))
+    x0 = np.asarray(problem.nominal)
+    t = time.perf_counter()
+    v, g = vg(x0)
+    g = np.asarray(jax.block_until_ready(g))
+    row["first_call_s"] = time.perf_counter() - t
+    row["llh"] = float(v)
+    ts = []
+    for _ in range(3):
+        t = time.perf_counter()
+        jax.block_until_ready(vg(x0))
+        ts.append(time.perf_counter() - t)
+    row["obj_grad_ms"] = 1e3 * min(ts)
+    if name in REFERENCE:
+        ref = REFERENCE[name]
+        row["ref"] = ref
+        row["matches"] = bool(abs(row["llh"] - ref) <= max(1e-3 * abs(ref), 0.01))
+    # Gradient against central differences, both at tight tolerances.
+    tight = models.load_petab(COLLECTION / name, rtol=1e-11, atol=1e-14)
+    vgt = jax.jit(jax.value_and_grad(tight.log_likelihood))
+    gt = np.asarray(vgt(x0)[1])
+    rng = np.random.default_rng(0)
+    coords = np.sort(rng.permutation(len(x0))[:fd_coords])
+    h = 1e-3
+    fd = []
+    for i in coords:
+        e = np.zeros_like(x0)
+        e[i] = h
+        f = [float(vgt(x0 + k * e)[0]) for k in (2, 1, -1, -2)]
+        fd.append((-f[0] + 8 * f[1] - 8 * f[2] + f[3]) / (12 * h))
+    fd = np.asarray(fd)
+    row["fd_coords"] = int(len(coords))
+    err = float(np.max(np.abs(gt[coords] - fd)) / max(np.max(np.abs(fd)), 1e-300))
+    row["grad_rel_err"] = err
+    row["grad_matches"] = bool(err <= 1e-4)
+    row["grad_default_vs_tight"] = float(np.max(np.abs(g - gt)) / max(np.max(np.abs(gt)),
+                                                                        1e-300))
+    return row
+
+
+def _size(name: str) -> int:
+    d = COLLECTION / name
+    return sum(f.stat().st_size for f in d.glob("*") if f.is_file())
+
+
+def table(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows.sort(key=lambda r: r["problem"])
+    out = ["| problem | loads | states / params / conditions / meas. | llh at nominal | "
+           "reference (AMICI) | matches | grad vs FD (rel. err, coords) | first call s | "
+           "obj+grad ms |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("loads") != "yes":
+            out.append(f"| {r['problem']} | no: {r.get('loads', '?')} | | | | | | | |")
+            continue
+        if "llh" not in r:
+            out.append(f"| {r['problem']} | yes | {r['states']} / {r['params']} / "
+                       f"{r['conditions']} / {r['measurements']} | {r.get('error', '')} "
+                       "| | | | | |")
+            continue
+        ref = f"{r['ref']:.6f}" if "ref" in r else "none"
+        match = ("yes" if r["matches"] else "**no**") if "ref" in r else ""
+        grad = (f"{r['grad_rel_err']:.1e} ({r['fd_coords']}) "
+                f"{'ok' if r['grad_matches'] else '**no**'}") if "grad_rel_err" in r else \
+            r.get("grad_error", "not run")
+        out.append(f"| {r['problem']} | yes | {r['states']} / {r['params']} / "
+                   f"{r['conditions']} / {r['measurements']} | {r['llh']:.6f} | {ref} | "
+                   f"{match} | {grad} | {r['first_call_s']:.1f} | {r['obj_grad_ms']:.1f} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/petab_rows.jsonl"))
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per problem")
+    ap.add_argument("--fd-coords", type=int, default=6)
+    ap.add_argument("--only", nargs="*", help="problem names (default: all)")
+    ap.add_argument("--table", type=Path, help="print the Markdown table of a rows file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.table:
+        print(table(a.table))
+        return
+    if a.child:
+        print("ROW " + json.dumps(one(a.child, a.fd_coords)), flush=True)
+        return
+    names = a.only or sorted((p.name for p in COLLECTION.iterdir() if p.is_dir()), key=_size)
+    done = set()
+    if a.out.exists():
+        done = {json.loads(line)["problem"] for line in a.out.read_text().splitlines()
+                if line.strip()}
+    for name in names:
+        if name in done:
+            continue
+        t = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, __file__, "--child", name, "--fd-coords",
+                                str(a.fd_coords)], capture_output=True, text=True,
+                               timeout=a.timeout)
+            rows = [line[4:] for line in p.stdout.splitlines() if line.startswith("ROW ")]
+            row = json.loads(rows[0]) if rows else {
+                "problem": name, "loads": "crashed: " + p.stderr.strip().splitlines()[-1][:150]
+                if p.stderr.strip() else "crashed"}
+        except subprocess.TimeoutExpired:
+            row = {"problem": name, "loads": f"not finished within {a.timeout:.0f} s"}
+        row["wall_s"] = time.perf_counter() - t
+        print(json.dumps(row), flush=True)
+        with a.out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
