@@ -300,6 +300,9 @@ class PetabProblem:
             raise NotImplementedError("steady-state measurements (time 'inf') are not "
                                       "supported")
         meas = np.asarray(mdf[petab.MEASUREMENT], dtype=float)
+        if not np.isfinite(meas).all():
+            raise ValueError(f"measurement table rows {np.flatnonzero(~np.isfinite(meas))[:10]}"
+                             " hold non-finite measurements")
         self.ts = np.unique(times)
         self._t1 = float(self.ts[-1]) if self.ts[-1] > 0 else 1.0
         tidx = np.searchsorted(self.ts, times)
