@@ -90,6 +90,14 @@ class PetabProblem:
     ``parameterScale`` (``lin``, ``log`` natural, ``log10``), in the order of
     `parameter_ids`.
 
+    All conditions are one ensemble of one `gradsolve.solve` (default `gradsolve.Rodas5P`,
+    rtol 1e-8, atol 1e-12: most of these models are stiff), saved at the union of the
+    measurement times; switch times of piecewise functions of time are solver stops. A
+    pre-equilibration condition is integrated to ``t = 1e5`` and the state reached starts
+    the simulation condition (species the simulation condition sets are reset); its gradient
+    is that long solve's discrete adjoint, and `preequilibration_residual` says how close to
+    a steady state it got. Priors are not read (`log_likelihood` only).
+
     Attributes:
         parameter_ids: estimated parameter ids (the order of a parameter vector ``x``).
         nominal: ``(n_par,)`` their nominal values, on the parameter scale.
