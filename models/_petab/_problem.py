@@ -348,7 +348,8 @@ class PetabProblem:
                 repl = {}
                 for s in e.free_symbols:
                     n = s.name
-                    if s in ph:
+                    # A noise formula may also use the observable's placeholders.
+                    if s in ph or (phs and s in phs[0]):
                         continue
                     if n == "time" and n not in model_ids:
                         repl[s] = TIME
@@ -575,11 +576,22 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     path = Path(path)
     if path.is_dir():
         yamls = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml"))
+        named = [y for y in yamls if y.stem == path.name]
+        if len(named) == 1:
+            yamls = named
         if len(yamls) != 1:
-            raise ValueError(f"{path}: expected one PEtab YAML file, found "
-                             f"{[y.name for y in yamls]}")
+            raise ValueError(f"{path}: expected one PEtab YAML file (or one named after the "
+                             f"folder), found {[y.name for y in yamls]}")
         path = yamls[0]
-    problem = petab.Problem.from_yaml(str(path))
+    config = petab.yaml.load_yaml(str(path))
+    for sub in config.get("problems", []):
+        vis = sub.get("visualization_files") or []
+        missing = [v for v in vis if not (path.parent / v).exists()]
+        if missing:
+            warnings.warn(f"{path}: visualization files {missing} are missing; loading "
+                          "without them (they do not enter the likelihood)", stacklevel=2)
+            sub["visualization_files"] = [v for v in vis if v not in missing]
+    problem = petab.Problem.from_yaml(config, base_path=str(path.parent))
     if lint:
         _lint(problem, path)
     if problem.model is None or not hasattr(problem.model, "sbml_document"):
