@@ -142,7 +142,8 @@ def batch_events(jumps, tstops, t0, t1, n: int, d: int, single: bool, dtype,
     live = jnp.isfinite(jt)
     if is_concrete(js, jt):
         sv = host(js)
-        bad = (~np.isfinite(sv)).any(axis=2) & host(live)
+        # on the host: under jit, jnp operations on concrete inputs give tracers
+        bad = (~np.isfinite(sv)).any(axis=2) & np.isfinite(host(jt))
         rows = np.flatnonzero(bad.any(axis=1))
         if rows.size:
             who = (f"`jumps` sizes of trajectory {int(rows[0])}" if js_rows or jt_rows

@@ -24,6 +24,7 @@ Almquist et al. 2015, J Pharmacokinet Pharmacodyn 42:191).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -137,6 +138,7 @@ def fit_population(
     max_iterations: int = 500,
     inner_iterations: int = 50,
     seed: int = 0,
+    driver=None,
 ) -> PopulationFit:
     """Population maximum likelihood, random effects integrated by the Laplace
     approximation at each subject's conditional mode (FOCE-I by default).
@@ -150,8 +152,9 @@ def fit_population(
         init: starting values of the population sites (default: their priors' medians,
             the population sites' priors serving only as starts and supports: they are not
             part of the likelihood).
-        rtol, atol, solver: the ODE solve (tight by default: the outer optimiser
-            differentiates an objective that includes a Hessian).
+        rtol, atol, solver, driver: the ODE solve (tight by default: the outer
+            optimiser differentiates an objective that includes a Hessian); ``driver`` as
+            ``gs.solve``'s.
         max_iterations: of the outer optimiser (SciPy's BFGS on the unconstrained scale).
         inner_iterations: Newton iterations per conditional-mode search.
         seed: for the draw that reveals the sites' shapes.
@@ -164,6 +167,27 @@ def fit_population(
         ...                                models.load_dataset("theophylline"))
         >>> res.params["lKe"], res.se["lKe"], res.ofv
     """
+    kw = dict(method=method, init=init, rtol=rtol, atol=atol, solver=solver,
+              max_iterations=max_iterations, inner_iterations=inner_iterations, seed=seed)
+    t0 = time.perf_counter()
+    try:
+        res = _fit(model, data, driver=driver, **kw)
+        return res._replace(wall_time=time.perf_counter() - t0)
+    except jax.errors.JaxRuntimeError as e:
+        if driver is not None or "No registered implementation" not in str(e):
+            raise
+        # The compiled kernel's FFI target is sometimes missing from a program that mixes
+        # its forward, adjoint and tangent calls (seen with the two-compartment oral model
+        # with repeated doses; not yet understood): fit on the XLA lanes driver instead.
+        warnings.warn("inference.fit_population: the compiled CPU kernel failed in this "
+                      f"program ({str(e)[:120]}...); fitting with gs.drivers.Lanes() "
+                      "instead (same results, slower).", RuntimeWarning, stacklevel=2)
+        res = _fit(model, data, driver=gs.drivers.Lanes(), **kw)
+        return res._replace(wall_time=time.perf_counter() - t0)
+
+
+def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner_iterations,
+         seed, driver) -> PopulationFit:
     from scipy.optimize import minimize
 
     t_start = time.perf_counter()
@@ -210,7 +234,8 @@ def fit_population(
         y0, jumps = model.dosing(theta, p, data)
         events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
         sol = gs.solve(model.vector_field, model.t0, t1, y0, p, ts=jnp.asarray(ts, y0.dtype),
-                       solver=solver, rtol=rtol, atol=atol, throw=False, **events)
+                       solver=solver, rtol=rtol, atol=atol, throw=False, driver=driver,
+                       **events)
         pred = model.observation(theta, p, ts, sol.ys)
         return pred, theta
 
@@ -250,7 +275,7 @@ def fit_population(
     def newton_step(u, eta):
         phi = unflatten(u)
         H, g = curvature(phi, eta)
-        step = jnp.linalg.solve(H, g[..., None])[..., 0]
+        step = _solve_spd(H, g)
         return eta + step, jnp.max(jnp.abs(step)), joint(phi, eta)[0]
 
     @jax.jit
@@ -259,10 +284,10 @@ def fit_population(
         phi = unflatten(u)
         H0, g0 = curvature(phi, eta_star)
         H0 = jax.lax.stop_gradient(H0)
-        eta = eta_star + jnp.linalg.solve(H0, g0[..., None])[..., 0]  # d eta*/d phi
+        eta = eta_star + _solve_spd(H0, g0)  # carries d eta*/d phi
         H, _ = curvature(phi, eta)
         l, _, _ = joint(phi, eta)
-        logdet = jnp.linalg.slogdet(H)[1]
+        logdet = _logdet_spd(H)
         return -2.0 * jnp.sum(l + 0.5 * q * jnp.log(2 * jnp.pi) - 0.5 * logdet)
 
     value_and_grad = jax.jit(jax.value_and_grad(objective))
@@ -342,6 +367,42 @@ def fit_population(
         pred=np.where(seen, pred0, np.nan), ipred=np.where(seen, ipred, np.nan),
         iwres=iwres, cwres=cwres, method=method, converged=bool(res.success),
         n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start)
+
+
+def _cholesky_small(A):
+    """Lower Cholesky factors of ``(..., q, q)`` symmetric positive definite matrices,
+    unrolled in ``q``: plain arithmetic instead of a LAPACK call, which failed to resolve
+    ("no registered implementation for untyped custom call") when compiled into one program
+    with gradsolve's kernel. A matrix that is not positive definite gives NaN."""
+    q = A.shape[-1]
+    L = [[None] * q for _ in range(q)]
+    for j in range(q):
+        s = A[..., j, j] - sum(L[j][k] ** 2 for k in range(j))
+        L[j][j] = jnp.sqrt(s)
+        for i in range(j + 1, q):
+            L[i][j] = (A[..., i, j] - sum(L[i][k] * L[j][k] for k in range(j))) / L[j][j]
+    zero = jnp.zeros_like(A[..., 0, 0])
+    return jnp.stack([jnp.stack([L[i][j] if L[i][j] is not None else zero
+                                 for j in range(q)], -1) for i in range(q)], -2)
+
+
+def _solve_spd(A, b):
+    """``A^-1 b`` for ``(..., q, q)`` positive definite ``A`` and ``(..., q)`` ``b``."""
+    L = _cholesky_small(A)
+    q = A.shape[-1]
+    y = []
+    for i in range(q):
+        y.append((b[..., i] - sum(L[..., i, k] * y[k] for k in range(i))) / L[..., i, i])
+    x = [None] * q
+    for i in reversed(range(q)):
+        x[i] = (y[i] - sum(L[..., k, i] * x[k] for k in range(i + 1, q))) / L[..., i, i]
+    return jnp.stack(x, -1)
+
+
+def _logdet_spd(A):
+    """``log det A`` of ``(..., q, q)`` positive definite matrices."""
+    L = _cholesky_small(A)
+    return 2.0 * jnp.sum(jnp.log(jnp.diagonal(L, axis1=-2, axis2=-1)), -1)
 
 
 def _median(d):
