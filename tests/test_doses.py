@@ -13,6 +13,10 @@ import gradsolve as gs
 
 DRIVERS = [gs.drivers.Kernel(), gs.drivers.Lanes(), gs.drivers.Batched()]
 IDS = ["kernel", "lanes", "batched"]
+# the XLA drivers' compiles are the slow part: every driver in the slow tier, the kernel
+# (the CPU default) in the normal suite; test_drivers_agree_to_rounding runs all three
+EVERY_DRIVER = [pytest.param(d, id=i, marks=[pytest.mark.slow] if i != "kernel" else [])
+                for d, i in zip(DRIVERS, IDS)]
 TS = np.linspace(0.0, 12.0, 25)
 TIGHT = dict(rtol=1e-10, atol=1e-12)
 
@@ -75,7 +79,7 @@ def infusions_exact(k, starts, amts, durs):
                      for i in range(len(k))])
 
 
-@pytest.mark.parametrize("driver", DRIVERS, ids=IDS)
+@pytest.mark.parametrize("driver", EVERY_DRIVER)
 @pytest.mark.parametrize("by", ["duration", "rate"])
 def test_repeated_infusions_and_their_gradients(driver, by):
     def ys(k, starts, amts, durs):
@@ -95,7 +99,7 @@ def test_repeated_infusions_and_their_gradients(driver, by):
                  central_differences(exact_loss, args))
 
 
-@pytest.mark.parametrize("driver", DRIVERS, ids=IDS)
+@pytest.mark.parametrize("driver", EVERY_DRIVER)
 def test_oral_dose_with_lag_time_and_bioavailability(driver):
     ka, k, tdose = jnp.array([1.3, 0.8]), jnp.array([0.15, 0.3]), jnp.array([0.5, 1.0])
 
@@ -271,7 +275,7 @@ def _ss_oral_exact(ka, k, tau, amount):
     return np.stack([gut, central], -1)
 
 
-@pytest.mark.parametrize("driver", DRIVERS, ids=IDS)
+@pytest.mark.parametrize("driver", EVERY_DRIVER)
 def test_steady_state_of_repeated_oral_doses(driver):
     """The pre-dose state of an oral dose every tau, forever: the superposition sum."""
     def ss(ka, k, tau, amount):
