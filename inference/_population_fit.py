@@ -254,12 +254,12 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
             raise ValueError("inference.fit_population: method='foce-i' needs a Normal noise "
                              f"model (got {type(probe).__name__}); use method='laplace'.")
 
-    def curvature(phi, eta):
+    def curvature(phi, eta, exact=False):
         """``(S, q, q)`` ``H_i`` (first-order or exact) and ``(S, q)`` the gradient."""
         total = lambda e: jnp.sum(joint(phi, e)[0])
         g = jax.grad(total)(eta)
         basis = [jnp.zeros((S, q)).at[:, k].set(1.0) for k in range(q)]
-        if method == "laplace":
+        if method == "laplace" or exact:
             cols = [jax.jvp(jax.grad(total), (eta,), (b,))[1] for b in basis]
             return -jnp.stack(cols, axis=-1), g
         pred_of = lambda e: joint(phi, e)[1]
@@ -282,7 +282,9 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     def objective(u, eta_star):
         """``-2 log L`` at ``u`` given the modes ``eta_star`` (exact gradient in ``u``)."""
         phi = unflatten(u)
-        H0, g0 = curvature(phi, eta_star)
+        # the modes' derivative by the implicit function theorem needs the exact Hessian of
+        # l_i, whatever form the objective's log det takes
+        H0, g0 = curvature(phi, eta_star, exact=True)
         H0 = jax.lax.stop_gradient(H0)
         eta = eta_star + _solve_spd(H0, g0)  # carries d eta*/d phi
         H, _ = curvature(phi, eta)

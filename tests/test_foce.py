@@ -126,12 +126,6 @@ def test_ofv_and_conditional_modes_equal_an_independent_foce_i(fitted):
     np.testing.assert_allclose(fit.shrinkage, 1 - etas.std(0, ddof=1), atol=1e-3)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "measured: the fitted estimate is not a stationary point of the independent FOCE-I "
-    "objective; the Newton step from it is -0.086 SE in lKa and -0.145 SE in log omega[0] "
-    "(|step| < 0.02 SE expected). Not yet explained; one candidate: the outer gradient "
-    "takes the modes' dependence on the population parameters through the first-order "
-    "Hessian, whereas the implicit function theorem needs the inner objective's exact one."))
 def test_estimate_is_a_stationary_point_and_ses_match_its_curvature(fitted):
     """Central differences of the independent objective: its gradient at the fitted
     estimate is zero to the differences' accuracy, and the Newton step it implies is a

@@ -109,6 +109,12 @@ class PetabProblem:
         ts: ``(k,)`` the save times shared by all trajectories.
         odes: the symbolic model (`SbmlOdes`).
         petab_problem: the `petab.v1.Problem` the tables came from.
+        solver, rtol, atol, max_steps: how the ensemble is solved (`gradsolve.solve`'s;
+            ``max_steps`` its step capacity per trajectory, 20,000 by default).
+
+    Example:
+        >>> problem = models.load_petab("Boehm_JProteomeRes2014")
+        >>> problem.log_likelihood()            # at the nominal parameters
     """
 
     def __init__(self, problem: petab.Problem, odes: SbmlOdes, *, solver=None,
@@ -572,6 +578,10 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
         NotImplementedError: for an SBML or PEtab construct this importer does not support,
             naming it and the element's id.
         ValueError: for an inconsistent problem (with the linter's messages).
+
+    Example:
+        >>> problem = models.load_petab("Boehm_JProteomeRes2014/Boehm_JProteomeRes2014.yaml")
+        >>> problem.parameter_ids, problem.log_likelihood(problem.nominal)
     """
     path = Path(path)
     if path.is_dir():
