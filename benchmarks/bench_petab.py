@@ -26,27 +26,9 @@ from pathlib import Path
 COLLECTION = Path(__file__).resolve().parents[2] / "shared" / "petab-benchmark-collection"
 
 # AMICI's reference log-likelihoods at the nominal parameters
-# (AMICI-dev/AMICI, tests/benchmark_models/benchmark_models.yaml).
-REFERENCE = {
-    "Bachmann_MSB2011": 418.40573341425295,
-    "Beer_MolBioSystems2014": 58622.9145631413,
-    "Boehm_JProteomeRes2014": -138.22199693517703,
-    "Borghans_BiophysChem1997": 83.3237191357272,
-    "Brannmark_JBC2010": -141.889113770537,
-    "Bruno_JExpBot2016": 46.688176988431806,
-    "Chen_MSB2009": -115700.1192629893,
-    "Crauste_CellSystems2017": -190.96521897435176,
-    "Elowitz_Nature2000": 63.20279991419332,
-    "Fiedler_BMCSystBiol2016": 58.58390161681,
-    "Fujita_SciSignal2010": 53.08377736998929,
-    "Isensee_JCB2018": -3949.375966548649,
-    "Lucarelli_CellSystems2018": -1681.6059879426584,
-    "Schwen_PONE2014": -943.9992988598723,
-    "Sneyd_PNAS2002": 319.79177818768756,
-    "Smith_BMCSystBiol2013": -888198.436541014,
-    "Weber_BMC2015": -296.2017922646865,
-    "Zheng_PNAS2012": 278.33353271001477,
-}
+# (AMICI-dev/AMICI, tests/benchmark_models/benchmark_models.yaml), kept with the tests' data
+REFERENCE = json.loads((Path(__file__).resolve().parents[1] / "tests" / "data" / "petab"
+                        / "amici_reference.json").read_text())["llh"]
 
 
 def one(name: str, fd_coords: int) -> dict:

@@ -187,7 +187,8 @@ class DoseSchedule(eqx.Module):
     """Dose records of any types, as the vector field, initial state and jumps of a solve.
 
     Args:
-        doses: `AbstractDose` records (`Bolus`, `Infusion`, or a type of your own).
+        doses: `AbstractDose` records (`Bolus`, `Infusion`, or a type of your own), or
+            one record.
 
     The solve runs on ``d + m`` states: the model's ``d``, then the current input rate of
     each of the ``m`` compartments that receive a zero-order input, in increasing state
@@ -202,8 +203,8 @@ class DoseSchedule(eqx.Module):
 
     doses: tuple[AbstractDose, ...]
 
-    def __init__(self, doses: Sequence[AbstractDose]):
-        doses = tuple(doses)
+    def __init__(self, doses: Sequence[AbstractDose] | AbstractDose):
+        doses = (doses,) if isinstance(doses, AbstractDose) else tuple(doses)
         bad = [type(d).__name__ for d in doses if not isinstance(d, AbstractDose)]
         if bad:
             raise TypeError(f"gs.DoseSchedule: `doses` must be dose records (gs.Bolus, "
@@ -304,9 +305,7 @@ def as_schedule(doses, where: str) -> DoseSchedule:
     """``doses`` as a `DoseSchedule`: one already, or a sequence of dose records."""
     if isinstance(doses, DoseSchedule):
         return doses
-    if isinstance(doses, AbstractDose):
-        return DoseSchedule([doses])
-    if isinstance(doses, (list, tuple)):
+    if isinstance(doses, (AbstractDose, list, tuple)):
         return DoseSchedule(doses)
     raise TypeError(f"{where}: `doses` must be a gs.DoseSchedule or a list of dose records "
                     f"(gs.Bolus, gs.Infusion, ...); got {type(doses).__name__}.")

@@ -155,7 +155,7 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
     d = None
     if doses is not None:
         if not isinstance(doses, gs.DoseSchedule):
-            doses = gs.DoseSchedule([doses] if isinstance(doses, gs.AbstractDose) else doses)
+            doses = gs.DoseSchedule(doses)
         d = jnp.shape(y0)[-1]
         f, y0, jumps = doses.apply(f, y0, t1=t1, jumps=jumps)
     call = OdeCall(f, t0, t1, y0, params, ts, jumps, tstops, solver, rtol, atol,

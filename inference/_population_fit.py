@@ -94,7 +94,6 @@ class PopulationFit(NamedTuple):
 class _Sites(NamedTuple):
     population: dict      # name -> prior distribution (for its support and shape)
     effects: str          # the random-effects site
-    effect_prior: Any     # its distribution builder: theta -> distribution
 
 
 def _sites(model, data, key) -> tuple[_Sites, dict]:
@@ -113,15 +112,21 @@ def _sites(model, data, key) -> tuple[_Sites, dict]:
         raise ValueError(f"inference.fit_population: the model's `latent` must sample one "
                          f"random-effects site inside its subjects plate; found {eff}.")
     draw = {k: s["value"] for k, s in tr.items() if s["type"] == "sample"}
-    return _Sites(pop, eff[0], None), draw
+    return _Sites(pop, eff[0]), draw
+
+
+def _effect_site(model, data, theta, name):
+    """The random-effects site ``name`` of the model's latent program at the values of
+    ``theta``: its prior (``"fn"``) and value."""
+    tr = handlers.trace(handlers.substitute(handlers.seed(model.latent_fn, rng_seed=0),
+                                            data=theta)).get_trace(data)
+    return tr[name]
 
 
 def _effect_logprob(model, data, theta, name):
-    """``(S,)`` log density of the random effects ``theta[name]`` under the model's latent
-    program at the population values of ``theta``."""
-    tr = handlers.trace(handlers.substitute(handlers.seed(model.latent_fn, rng_seed=0),
-                                            data=theta)).get_trace(data)
-    s = tr[name]
+    """``(S,)`` log density of the random effects ``theta[name]`` at the population values
+    of ``theta``."""
+    s = _effect_site(model, data, theta, name)
     lp = s["fn"].log_prob(s["value"])
     return lp if lp.ndim else jnp.broadcast_to(lp, (data.n_subjects,))
 
@@ -262,9 +267,9 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         if method == "laplace" or exact:
             cols = [jax.jvp(jax.grad(total), (eta,), (b,))[1] for b in basis]
             return -jnp.stack(cols, axis=-1), g
-        pred_of = lambda e: joint(phi, e)[1]
-        _, pred, var = joint(phi, eta)
-        J = jnp.stack([jax.jvp(pred_of, (eta,), (b,))[1] for b in basis], axis=-1)  # (S,K,q)
+        # one solve for the predictions and residual variances, q tangents of it
+        (_, var), tangent = jax.linearize(lambda e: joint(phi, e)[1:], eta)
+        J = jnp.stack([tangent(b)[0] for b in basis], axis=-1)  # (S, K, q)
         w = jnp.where(seen, 1.0 / var, 0.0)
         prior = lambda e: jnp.sum(_effect_logprob(model, data, dict(phi, **{
             eff: jnp.reshape(e, (S,) + np.shape(draw[eff])[1:])}), eff))
@@ -276,7 +281,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         phi = unflatten(u)
         H, g = curvature(phi, eta)
         step = _solve_spd(H, g)
-        return eta + step, jnp.max(jnp.abs(step)), joint(phi, eta)[0]
+        return eta + step, jnp.max(jnp.abs(step))
 
     @jax.jit
     def objective(u, eta_star):
@@ -298,7 +303,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     def modes(u):
         eta = state["eta"]
         for _ in range(inner_iterations):
-            new, change, _ = newton_step(jnp.asarray(u), eta)
+            new, change = newton_step(jnp.asarray(u), eta)
             if not bool(jnp.all(jnp.isfinite(new))):
                 new, change = jnp.zeros((S, q)), jnp.inf  # restart from the prior mode
                 eta = new
@@ -355,7 +360,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     ipred = np.asarray(ipred)
     iwres = np.where(seen, (ys0 - ipred) / np.sqrt(var), np.nan)
     prior_var = np.asarray(jnp.broadcast_to(
-        _prior_variance(model, data, theta_hat, eff), (S,) + np.shape(draw[eff])[1:])
+        _effect_site(model, data, theta_hat, eff)["fn"].variance, (S,) + np.shape(draw[eff])[1:])
     ).reshape(S, q)
     cwres = _cwres(lambda e: predictions(phi_j, e)[0], eta_hat, ipred, var, ys0, seen,
                    prior_var)
@@ -419,11 +424,6 @@ def _median(d):
             pass
     return np.ones(d.batch_shape + d.event_shape)
 
-
-def _prior_variance(model, data, theta, name):
-    tr = handlers.trace(handlers.substitute(handlers.seed(model.latent_fn, rng_seed=0),
-                                            data=theta)).get_trace(data)
-    return tr[name]["fn"].variance
 
 
 def _cwres(pred_of, eta, ipred, var, ys, seen, prior_var):

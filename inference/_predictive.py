@@ -105,11 +105,11 @@ def predictive(
     if isinstance(model, PopulationInferenceModel):
         program, args = population_program(model), (data,)
     elif isinstance(model, InferenceModel):
-        program = numpyro_model(model)
-        args = (np.asarray(data, float),) if not hasattr(data, "ts") else (data,)
         if data is None:
             raise ValueError("inference.predictive: an ODEModel needs `data` (a Dataset or "
                              "the times to predict at).")
+        program = numpyro_model(model)
+        args = (data,) if hasattr(data, "ts") else (np.asarray(data, float),)
     elif callable(model):
         program, args = model, (data,)
     else:

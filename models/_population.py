@@ -238,14 +238,8 @@ class PopulationDataset:
         J = max(1, max(s.dose_times.size for s in self.subjects))
         times = np.full((self.n_subjects, J), np.inf)
         sizes = np.zeros((self.n_subjects, J, n_states))
+        self._check_compartments(n_states, "jumps")
         for i, s in enumerate(self.subjects):
-            bad = s.dose_cmt[(s.dose_cmt < 0) | (s.dose_cmt >= n_states)]
-            if bad.size:
-                raise ValueError(
-                    f"PopulationDataset.jumps: subject {s.id!r} has a dose into compartment "
-                    f"CMT={int(bad[0]) + 1}, but the model has {n_states} states "
-                    f"(CMT 1..{n_states})."
-                )
             j = s.dose_times.size
             times[i, :j] = s.dose_times
             sizes[i, np.arange(j), s.dose_cmt] = s.dose_amounts * scale[s.dose_cmt]
@@ -256,6 +250,17 @@ class PopulationDataset:
         """Whether any dose is a zero-order input (``RATE`` or ``DUR`` in the table)."""
         return any(s.dose_rates is not None and np.any(s.dose_rates > 0)
                    for s in self.subjects)
+
+    def _check_compartments(self, n_states: int, where: str) -> None:
+        """A dose into a compartment the model does not have is a ``ValueError`` naming
+        the subject."""
+        for s in self.subjects:
+            bad = s.dose_cmt[(s.dose_cmt < 0) | (s.dose_cmt >= n_states)]
+            if bad.size:
+                raise ValueError(
+                    f"PopulationDataset.{where}: subject {s.id!r} has a dose into compartment "
+                    f"CMT={int(bad[0]) + 1}, but the model has {n_states} states "
+                    f"(CMT 1..{n_states}).")
 
     @staticmethod
     def _scale(scale, n_states: int, where: str) -> np.ndarray:
@@ -279,13 +284,7 @@ class PopulationDataset:
         scale = self._scale(scale, n_states, "doses")
         S = self.n_subjects
         records = []
-        for s in self.subjects:
-            bad = s.dose_cmt[(s.dose_cmt < 0) | (s.dose_cmt >= n_states)]
-            if bad.size:
-                raise ValueError(
-                    f"PopulationDataset.doses: subject {s.id!r} has a dose into compartment "
-                    f"CMT={int(bad[0]) + 1}, but the model has {n_states} states "
-                    f"(CMT 1..{n_states}).")
+        self._check_compartments(n_states, "doses")
         rates = [np.zeros(s.dose_times.size) if s.dose_rates is None else s.dose_rates
                  for s in self.subjects]
         for c in range(n_states):
