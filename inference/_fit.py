@@ -49,6 +49,7 @@ import gradsolve as gs
 
 from . import _checkpoint
 from ._policy import MeshPolicy
+from ._petab import fit_petab, is_petab
 from ._problem import TOLERANCES, Problem
 from ._program import problem_for
 from ._progress import progress_bar
@@ -347,7 +348,7 @@ def _checked_fit_args(objective, steps, n_starts, checkpoint_every, record_tol_f
 
 
 def fit(
-    model, data, init: Mapping[str, Any] | None = None, *,
+    model, data=None, init: Mapping[str, Any] | None = None, *,
     optimizer: optax.GradientTransformation | None = None, steps: int = 1000,
     n_starts: int = 1, objective: str = "map", rerecord: str = "auto",
     drift_tol: float = 0.1, error_ratio_max: float = 1.0, seed: int = 0,
@@ -363,10 +364,21 @@ def fit(
     from replaying the recorded mesh (``gs.replay``), re-recorded only where the parameters
     drift (see the module docstring).
 
+    A `models.PetabProblem` (which carries its data: ``data=None``) is fitted by a
+    multistart local optimiser instead: starts by Latin hypercube inside the bounds on the
+    parameter scale, all starts and conditions one ensemble, Levenberg–Marquardt on the
+    noise-weighted residuals where every noise model is normal (Fisher scoring when noise
+    parameters are estimated), SciPy's L-BFGS-B otherwise; ``steps`` caps the iterations
+    per start, ``objective="map"`` adds the priors the parameter table gives, and the
+    result's starts are sorted by final objective (`FitResult.plot_waterfall`).
+
     Args:
-        model: a `models.ODEModel`; data: a `models.Dataset`.
+        model: a `models.ODEModel` (or a NumPyro program, a population model, a
+            `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
         init: ``None`` (starts drawn from the priors), a parameter dict (the first start;
             others are prior draws), or an ensemble dict (leaves with leading axis ``n``).
+            For a PEtab problem: a dict by parameter id, a vector or rows on the parameter
+            scale (the first starts; the others Latin hypercube draws).
         optimizer: an Optax transformation of the flat unconstrained vector (default
             ``optax.adam(1e-2)``).
         steps: total optimisation steps (a resumed fit continues up to this number).
@@ -401,7 +413,17 @@ def fit(
         >>> res = inference.fit(models.lynx_hare(), models.load_dataset("lynx_hare"),
         ...                     n_starts=16, steps=1000)
         >>> res.params["theta"], res.n_records, res.n_grad_evals
+        >>> res = inference.fit(models.load_petab("Boehm_JProteomeRes2014"), n_starts=20)
+        >>> res.losses, res.params                 # sorted objectives; best by parameter id
     """
+    if is_petab(model):
+        for name, v in (("data", data), ("optimizer", optimizer), ("checkpoint", checkpoint),
+                        ("callback", callback)):
+            if v is not None:
+                raise ValueError(f"`{name}` does not apply to a PEtab problem (it carries "
+                                 "its data and is fitted by a multistart local optimiser)")
+        return fit_petab(model, init=init, n_starts=n_starts, seed=seed, objective=objective,
+                         max_iter=steps, progress=progress)
     optimizer = _checked_fit_args(objective, steps, n_starts, checkpoint_every,
                                   record_tol_factor, max_redraws, optimizer)
     policy = MeshPolicy.checked("fit", rerecord, drift_tol=drift_tol,

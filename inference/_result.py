@@ -39,6 +39,15 @@ class FitResult:
         max_error_ratio: ``(n_starts,)`` largest replay ``error_ratio`` met per start (in
             units of ``rtol``/``atol``).
         n_redrawn: starts re-drawn from the prior because their first solve failed.
+        starts: ``(n_starts, D)`` each start's initial point (PEtab fits; else ``None``).
+        converged: ``(n_starts,)`` whether each start met its optimiser's convergence
+            test (PEtab fits; else ``None``).
+        parameter_ids: the order of a row of ``starts`` (PEtab fits; else ``None``).
+        method: the optimiser (``"lm"``, ``"lbfgs"``; PEtab fits; else ``None``).
+
+    A PEtab fit (`fit` of a `models.PetabProblem`) orders its starts by final objective,
+    best first (``losses`` is the waterfall); ``params`` is a dict by parameter id on the
+    parameter scale, ``all_params`` the same with one entry per start.
 
     Example:
         >>> res = inference.fit(model, data, n_starts=8, steps=500)
@@ -62,11 +71,54 @@ class FitResult:
     n_steps: int
     max_error_ratio: np.ndarray
     n_redrawn: int = 0
+    starts: np.ndarray | None = None
+    converged: np.ndarray | None = None
+    parameter_ids: tuple | None = None
+    method: str | None = None
 
     @property
     def loss(self) -> float:
         """The best start's final loss."""
         return float(self.losses[self.best_index])
+
+    def plot_waterfall(self, ax=None, *, tol: float = 0.1):
+        """Plot the final objective of every start, sorted (a waterfall plot).
+
+        The y axis is ``loss - best + 1`` on a log scale (so the best start sits at 1 and
+        a plateau of equal optima is flat); starts within ``tol`` of the best are marked.
+
+        Args:
+            ax: a matplotlib ``Axes`` (``None``: a new figure).
+            tol: the distance to the best loss within which a start counts as having
+                reached it.
+
+        Returns:
+            The ``Axes``.
+
+        Example:
+            >>> res = inference.fit(problem, n_starts=20)
+            >>> res.plot_waterfall()
+        """
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        losses = np.sort(np.asarray(self.losses, float))
+        finite = np.isfinite(losses)
+        rank = np.arange(1, len(losses) + 1)
+        if finite.any():
+            y = losses[finite] - losses[finite][0] + 1.0
+            near = losses[finite] - losses[finite][0] <= tol
+            ax.plot(rank[finite], y, "-", color="0.6", lw=1, zorder=1)
+            ax.scatter(rank[finite][~near], y[~near], s=14, color="C0", zorder=2)
+            ax.scatter(rank[finite][near], y[near], s=14, color="C3", zorder=2,
+                       label=f"within {tol:g} of best ({int(near.sum())})")
+            ax.set_yscale("log")
+            ax.legend(loc="upper left", frameon=False)
+        n_bad = int((~finite).sum())
+        ax.set_xlabel("start (sorted)" + (f"; {n_bad} failed" if n_bad else ""))
+        ax.set_ylabel("objective - best + 1")
+        return ax
 
     def __repr__(self) -> str:
         ps = ", ".join(f"{k}={np.round(np.asarray(v), 5).tolist()}" for k, v in self.params.items())

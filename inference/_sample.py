@@ -75,6 +75,7 @@ from . import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleState
 from ._idata import inference_data
 from ._policy import MeshPolicy
+from ._petab import is_petab, sample_petab
 from ._problem import TOLERANCES, InferenceModel
 from ._program import ProgramProblem, problem_for
 from ._progress import progress_bar
@@ -158,8 +159,22 @@ def _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint
             "the posterior is already standardised", stacklevel=3)
 
 
+def _sample_petab(problem, data, *, kernel, checkpoint, init, target_accept, dense_mass,
+                  **options):
+    """`sample` of a `models.PetabProblem`: the options that apply, checked."""
+    for name, v in (("data", data), ("checkpoint", checkpoint)):
+        if v is not None:
+            raise ValueError(f"`{name}` does not apply to a PEtab problem (it carries its "
+                             "data; no checkpoints)")
+    if kernel != "nuts":
+        raise ValueError(f"`kernel`={kernel!r}: a PEtab problem is sampled with 'nuts'")
+    return sample_petab(problem, init="fit" if isinstance(init, str) and init == "map" else init,
+                        target_accept=0.8 if target_accept is None else target_accept,
+                        dense_mass=True if dense_mass is None else dense_mass, **options)
+
+
 def sample(
-    model, data, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2,
+    model, data=None, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2,
     kernel: str = "nuts", rerecord: str | None = None, seed: int = 0, init: Any = "map",
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
     progress: bool | None = None, target_accept: float | None = None,
@@ -171,8 +186,16 @@ def sample(
 ):
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
+    A `models.PetabProblem` (which carries its data: ``data=None``) is sampled by NumPyro
+    NUTS on its own log-likelihood and priors (uniform inside the bounds where none is
+    given), through ``inference._petab.sample_petab``: ``num_warmup``, ``num_samples``,
+    ``num_chains``, ``seed``, ``init`` (``"map"``: the best of a multistart fit),
+    ``target_accept``, ``dense_mass``, ``max_tree_depth``, ``init_jitter``, ``fit_kwargs``
+    and ``progress`` apply; the others do not.
+
     Args:
-        model: a `models.ODEModel`; data: a `models.Dataset`.
+        model: a `models.ODEModel` (or a NumPyro program, a population model, a
+            `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
         num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``; the chains run
             vectorised (``jax.vmap``, as ``chain_method="vectorized"``).
         kernel: ``"nuts"`` or ``"hmc"``.
@@ -258,6 +281,13 @@ def sample(
         >>> idata = inference.sample(models.lynx_hare(), models.load_dataset("lynx_hare"))
         >>> arviz.summary(idata)
     """
+    if is_petab(model):
+        return _sample_petab(model, data, kernel=kernel, num_warmup=num_warmup,
+                             num_samples=num_samples, num_chains=num_chains, seed=seed,
+                             init=init, checkpoint=checkpoint, progress=progress,
+                             target_accept=target_accept, dense_mass=dense_mass,
+                             max_tree_depth=max_tree_depth, init_jitter=init_jitter,
+                             fit_kwargs=fit_kwargs)
     _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
                          frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
                          max_steps, init, max_retunes)

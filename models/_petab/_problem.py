@@ -14,6 +14,7 @@ import logging
 import math
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,9 +25,10 @@ from petab.v1.math import sympify_petab
 
 import gradsolve as gs
 
+from ._priors import read_priors
 from ._sbml import TIME, SbmlOdes, read_sbml
 
-__all__ = ["PetabProblem", "load_petab"]
+__all__ = ["PetabProblem", "Residuals", "load_petab"]
 
 _SCALES = ("lin", "log", "log10")
 _STEADY_STATE_T = 1e5
@@ -83,6 +85,26 @@ def _split_overrides(v, n: int, what: str, row: int) -> list:
     return out
 
 
+class Residuals(NamedTuple):
+    """Every measurement's noise-weighted residual, in the form a least-squares solver
+    uses: ``log_likelihood = constant - sum(normal: z^2 / 2 + log_sigma;
+    laplace: |z| + log_sigma)``.
+
+    Attributes:
+        z: ``(m,)`` ``(t(measurement) - t(simulation)) / sigma``, ``t`` the observable's
+            transformation (``lin``, ``log``, ``log10``).
+        log_sigma: ``(m,)`` ``log |sigma|`` (the noise formula's value).
+        laplace: ``(m,)`` True where the noise is Laplace (else normal); static.
+        constant: the rest of the log-likelihood (normalising constants and the
+            transformations' Jacobians), independent of the parameters.
+    """
+
+    z: jax.Array
+    log_sigma: jax.Array
+    laplace: np.ndarray
+    constant: float
+
+
 class PetabProblem:
     """A PEtab problem: parameters, one ODE ensemble over its conditions, and a likelihood.
 
@@ -96,7 +118,7 @@ class PetabProblem:
     pre-equilibration condition is integrated to ``t = 1e5`` and the state reached starts
     the simulation condition (species the simulation condition sets are reset); its gradient
     is that long solve's discrete adjoint, and `preequilibration_residual` says how close to
-    a steady state it got. Priors are not read (`log_likelihood` only).
+    a steady state it got. `log_prior` is the parameter table's objective priors.
 
     Attributes:
         parameter_ids: estimated parameter ids (the order of a parameter vector ``x``).
@@ -108,6 +130,7 @@ class PetabProblem:
         state_ids: the ODE state (species, then rate-rule parameters/compartments).
         ts: ``(k,)`` the save times shared by all trajectories.
         odes: the symbolic model (`SbmlOdes`).
+        priors: the estimated parameters' objective priors, vectorised (`log_prior`).
         petab_problem: the `petab.v1.Problem` the tables came from.
         solver, rtol, atol, max_steps: how the ensemble is solved (`gradsolve.solve`'s;
             ``max_steps`` its step capacity per trajectory, 20,000 by default).
@@ -115,6 +138,7 @@ class PetabProblem:
     Example:
         >>> problem = models.load_petab("Boehm_JProteomeRes2014")
         >>> problem.log_likelihood()            # at the nominal parameters
+        >>> problem.log_prior(problem.nominal)   # uniform in bounds where none is given
     """
 
     def __init__(self, problem: petab.Problem, odes: SbmlOdes, *, solver=None,
@@ -129,7 +153,10 @@ class PetabProblem:
         self._build_model_functions(odes)
         self._build_measurements(problem, odes)
         self._tstops_static = self._build_tstops()
+        self._laplace, self._llh_constant = self._residual_constants()
         self._loglik_jit = jax.jit(self._loglik)
+        self._residuals_jit = jax.jit(self._residuals)
+        self._prior_jit = jax.jit(self._log_prior, static_argnames=("jacobian", "given_only"))
         self._predict_jit = jax.jit(self._predict)
         self._residual_jit = jax.jit(self._preeq_residual)
 
@@ -164,6 +191,7 @@ class PetabProblem:
             self.nominal = jnp.asarray(to_scale(nominal_lin[est], self._est_scale))
             self.bounds = (jnp.asarray(to_scale(lo, self._est_scale)),
                            jnp.asarray(to_scale(hi, self._est_scale)))
+        self.priors = read_priors(df, self._est_pos, self.scales)
 
     def _theta_lin(self, x):
         """All parameter-table values, linear scale, from the estimated ``x`` on its scale."""
@@ -479,22 +507,39 @@ class PetabProblem:
     def _predict(self, x):
         return self._observe(x)
 
-    def _loglik(self, x):
-        total = 0.0
+    def _residuals(self, x):
+        zs, logs = [], []
         for g, (h, sigma) in zip(self._groups, self._observe(x)):
             m = jnp.asarray(g["meas"])
             if g["trans"] == "log":
-                r, jac = jnp.log(m) - jnp.log(h), -jnp.log(m)
+                r = jnp.log(m) - jnp.log(h)
             elif g["trans"] == "log10":
-                r, jac = jnp.log10(m) - jnp.log10(h), -jnp.log(m * jnp.log(10.0))
+                r = jnp.log10(m) - jnp.log10(h)
             else:
-                r, jac = m - h, 0.0
-            if g["dist"] == "normal":
-                ll = -0.5 * jnp.log(2 * jnp.pi * sigma ** 2) - 0.5 * (r / sigma) ** 2
-            else:
-                ll = -jnp.log(2 * sigma) - jnp.abs(r) / sigma
-            total = total + jnp.sum(ll + jac)
-        return total
+                r = m - h
+            zs.append(r / sigma)
+            logs.append(jnp.log(jnp.abs(sigma)))
+        return jnp.concatenate(zs), jnp.concatenate(logs)
+
+    def _residual_constants(self):
+        """(laplace mask (m,), the log-likelihood's constant), in `_residuals`' order."""
+        lap, const = [], 0.0
+        for g in self._groups:
+            m = np.asarray(g["meas"])
+            if g["trans"] == "log":
+                const -= float(np.sum(np.log(m)))
+            elif g["trans"] == "log10":
+                const -= float(np.sum(np.log(m * np.log(10.0))))
+            is_lap = g["dist"] == "laplace"
+            lap.append(np.full(len(m), is_lap))
+            const -= len(m) * (math.log(2.0) if is_lap else 0.5 * math.log(2 * math.pi))
+        return np.concatenate(lap), const
+
+    def _loglik(self, x):
+        z, log_sigma = self._residuals(x)
+        lap = jnp.asarray(self._laplace)
+        return self._llh_constant - jnp.sum(
+            jnp.where(lap, jnp.abs(z), 0.5 * z**2) + log_sigma)
 
     # ----------------------------------------------------------------- public
     def log_likelihood(self, x=None) -> jax.Array:
@@ -511,6 +556,48 @@ class PetabProblem:
             (reverse mode through `gradsolve.solve`); NaN where a solve fails.
         """
         return self._loglik_jit(self._as_vector(x))
+
+    def residuals(self, x=None) -> Residuals:
+        """Every measurement's noise-weighted residual and log noise at ``x`` (a vector or
+        dict as `log_likelihood`'s), in the form Gauss-Newton and Levenberg-Marquardt
+        solvers use (`Residuals`; ``m`` measurements, grouped by observable). Jittable and
+        differentiable (forward and reverse mode)."""
+        z, log_sigma = self._residuals_jit(self._as_vector(x))
+        return Residuals(z, log_sigma, self._laplace, self._llh_constant)
+
+    def _log_prior(self, x, jacobian: bool = True, given_only: bool = False):
+        lo, hi = self.bounds
+        scale = jnp.asarray(self._est_scale)
+        lp = self.priors.log_density(x, _unscale(x, scale), scale, lo, hi, jacobian)
+        if given_only:
+            inside = (x >= lo) & (x <= hi)
+            lp = jnp.where(jnp.asarray(self.priors.given), lp, jnp.where(inside, 0.0, -jnp.inf))
+        return jnp.sum(lp)
+
+    def log_prior(self, x=None, *, jacobian: bool = True, given_only: bool = False
+                  ) -> jax.Array:
+        """Log prior density of the estimated parameters at ``x`` (as `log_likelihood`'s).
+
+        Each parameter's ``objectivePriorType`` with its ``objectivePriorParameters``
+        (``normal``, ``laplace``, ``uniform``, ``logNormal``, ``logLaplace`` of the linear
+        value; ``parameterScaleNormal``, ``parameterScaleLaplace``,
+        ``parameterScaleUniform`` of the value on the parameter scale), truncated to the
+        bounds and renormalised there; a parameter without one is uniform on its scale
+        inside its bounds. ``-inf`` outside the bounds.
+
+        Args:
+            x: estimated parameters on their scale (``None``: nominal).
+            jacobian: the density of ``x`` on the parameter scale (``True``: a prior of the
+                linear value gets the log-Jacobian ``log |d theta / d x|``, what a sampler
+                in ``x`` needs), or that prior's density at ``theta(x)`` (``False``: the
+                objective prior term of PEtab and pyPESTO).
+            given_only: sum only the priors the table gives (parameters without one add
+                ``0`` inside the bounds).
+
+        Returns:
+            A scalar, jittable and differentiable in ``x``.
+        """
+        return self._prior_jit(self._as_vector(x), jacobian=jacobian, given_only=given_only)
 
     def simulate(self, x=None):
         """PEtab's simulation table at ``x``: the measurement table with a ``simulation``

@@ -1,0 +1,207 @@
+"""A batched, bounded Levenberg–Marquardt for many starts of one residual problem at once.
+
+The objective of each start is a negative log-likelihood written through residuals,
+
+    F(x) = sum_i [ normal: z_i^2 / 2 + s_i ;  laplace: |z_i| + s_i ] + P(x),
+
+with ``z = (t(data) - t(model)) / sigma`` and ``s = log sigma`` (both may depend on ``x``)
+and ``P`` an optional separable penalty (a negative log prior). With ``sigma`` fixed and
+normal noise this is least squares and the method below is Levenberg–Marquardt exactly
+(Moré 1978, "The Levenberg-Marquardt algorithm: implementation and theory"). When ``sigma``
+is estimated, ``F`` is not a sum of squares; the step then uses the exact gradient and the
+Fisher information of the noise model as the curvature (Fisher scoring, the Hessian
+approximation Fides and pyPESTO use for these problems): for a measurement with normal noise
+``J_h^T J_h + 2 J_s^T J_s``, with Laplace noise ``J_h^T J_h + J_s^T J_s``, where
+``J_h = d t(model) / dx / sigma = -(J_z + z J_s)``; ``P`` adds its curvature's diagonal,
+clipped at zero. Steps are accepted on the actual decrease of ``F``, so the curvature model
+only shapes the steps.
+
+Bounds: a projected method with an active set (Bertsekas 1982, "Projected Newton methods
+for optimization problems with simple constraints"): coordinates on a bound whose gradient
+points out of the box are held, the damped system is solved in the others, and the trial
+point is projected into the box. The damping follows Nielsen's rule (Nielsen 1999, "Damping
+parameter in Marquardt's method"), scaled by the curvature's diagonal (Marquardt).
+
+Every start advances in the same compiled step (`LMKernel.step`): one evaluation of
+residuals and their forward-mode Jacobian for all starts (one ensemble of solves); each
+start accepts or rejects its own trial point and keeps its own damping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["LMState", "LMKernel", "RUNNING", "CONVERGED", "FAILED_START", "STALLED"]
+
+RUNNING, CONVERGED, FAILED_START, STALLED = 0, 1, 2, 3
+
+
+class LMState(NamedTuple):
+    """Per-start state of the batched Levenberg–Marquardt (``n`` starts, ``D`` parameters).
+
+    Attributes:
+        x: ``(n, D)`` current points; f: ``(n,)`` objective there; g: ``(n, D)`` gradient;
+        h: ``(n, D, D)`` curvature (Gauss–Newton / Fisher information).
+        lam: ``(n,)`` damping; nu: ``(n,)`` its growth factor after a rejection.
+        code: ``(n,)`` `RUNNING`, `CONVERGED`, `FAILED_START` (not finite at the start) or
+            `STALLED` (the damping grew past its bound without an accepted step).
+        iters: ``(n,)`` iterations done; accepted: ``(n,)`` accepted steps.
+    """
+
+    x: jax.Array
+    f: jax.Array
+    g: jax.Array
+    h: jax.Array
+    lam: jax.Array
+    nu: jax.Array
+    code: jax.Array
+    iters: jax.Array
+    accepted: jax.Array
+
+
+class LMKernel:
+    """`init` and `step` of a batched bounded LM for ``terms``.
+
+    Args:
+        terms: ``terms(x (D,)) -> (z (m,), s (m,))`` for one start: weighted residuals and
+            log noise scales (``s`` zeros for plain least squares); forward-mode
+            differentiable.
+        laplace: ``(m,)`` bool, where the noise is Laplace (``None``: all normal).
+        penalty: ``penalty(x) -> scalar`` added to the objective (separable in ``x``), or
+            ``None``.
+        lower, upper: ``(D,)`` bounds (finite or infinite).
+        ftol: converged when an accepted step lowers ``F`` by at most
+            ``ftol * (1 + |F|)``; gtol: or when the projected gradient's largest entry is
+            at most ``gtol``.
+        lam_max: a start whose damping passes this without an accepted step is `STALLED`.
+    """
+
+    def __init__(self, terms: Callable, laplace=None, penalty: Callable | None = None, *,
+                 lower, upper, ftol: float = 1e-10, gtol: float = 1e-6,
+                 lam_max: float = 1e12):
+        self.lower = jnp.asarray(lower, float)
+        self.upper = jnp.asarray(upper, float)
+        self.ftol, self.gtol, self.lam_max = ftol, gtol, lam_max
+        lap = None if laplace is None else jnp.asarray(laplace, bool)
+
+        def local(x):
+            """(F, gradient, curvature) at one point."""
+            def zs(x):
+                z, s = terms(x)
+                return jnp.concatenate([z, s])
+
+            v, jac = zs(x), jax.jacfwd(zs)(x)
+            m = v.shape[0] // 2
+            z, s, jz, js = v[:m], v[m:], jac[:m], jac[m:]
+            is_lap = jnp.zeros(m, bool) if lap is None else lap
+            f = jnp.sum(jnp.where(is_lap, jnp.abs(z), 0.5 * z**2) + s)
+            dz = jnp.where(is_lap, jnp.sign(z), z)
+            g = jz.T @ dz + jnp.sum(js, axis=0)
+            jh = jz + z[:, None] * js
+            w = jnp.where(is_lap, 1.0, 2.0)
+            h = jh.T @ jh + (js * w[:, None]).T @ js
+            if penalty is not None:
+                p, gp = jax.value_and_grad(penalty)(x)
+                hp = jnp.diagonal(jax.hessian(penalty)(x))
+                f, g = f + p, g + gp
+                h = h + jnp.diag(jnp.maximum(hp, 0.0))
+            ok = jnp.isfinite(f) & jnp.all(jnp.isfinite(g)) & jnp.all(jnp.isfinite(h))
+            return jnp.where(ok, f, jnp.inf), g, h
+
+        # the evaluation (the ensemble of solves and their Jacobians) is compiled once and
+        # shared by init and step; the step's algebra is a second, small program
+        self._local = jax.jit(jax.vmap(local))
+        self._trial_jit = jax.jit(self._trial)
+        self._update_jit = jax.jit(self._update)
+
+    def _free(self, x, g):
+        at_lo = (x <= self.lower) & (g > 0)
+        at_hi = (x >= self.upper) & (g < 0)
+        return ~(at_lo | at_hi)
+
+    def init(self, x) -> LMState:
+        """The state at the starts ``x (n, D)`` (clipped into the bounds): one evaluation."""
+        x = jnp.clip(jnp.asarray(x, float), self.lower, self.upper)
+        f, g, h = self._local(x)
+        n = x.shape[0]
+        code = jnp.where(jnp.isfinite(f), RUNNING, FAILED_START)
+        return LMState(x=x, f=f, g=g, h=h, lam=jnp.full(n, 1e-3), nu=jnp.full(n, 2.0),
+                       code=code, iters=jnp.zeros(n, int), accepted=jnp.zeros(n, int))
+
+    def _trial(self, s: LMState):
+        """Each start's projected damped step ``d (n, D)`` and its predicted decrease."""
+        free = self._free(s.x, s.g)
+        mask = free[:, :, None] & free[:, None, :]
+        diag = jnp.diagonal(s.h, axis1=1, axis2=2)
+        scale = jnp.maximum(diag, 1e-12 * (1.0 + jnp.max(diag, axis=1, keepdims=True)))
+        a = jnp.where(mask, s.h, 0.0) + jax.vmap(jnp.diag)(
+            jnp.where(free, s.lam[:, None] * scale, 1.0))
+        step = -jnp.linalg.solve(a, jnp.where(free, s.g, 0.0)[..., None])[..., 0]
+        x_new = jnp.clip(s.x + step, self.lower, self.upper)
+        d = x_new - s.x
+        pred = -(jnp.sum(s.g * d, axis=1) + 0.5 * jnp.einsum("ni,nij,nj->n", d, s.h, d))
+        return x_new, d, pred
+
+    def _update(self, s: LMState, x_new, d, pred, f_new, g_new, h_new) -> LMState:
+        """Each start's acceptance of its trial point, new damping and convergence."""
+        running = s.code == RUNNING
+        decrease = s.f - f_new
+        rho = decrease / jnp.where(pred > 0, pred, jnp.inf)
+        accept = running & jnp.isfinite(f_new) & (decrease > 0) & (rho > 1e-4)
+        lam_acc = s.lam * jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3)
+        lam = jnp.where(accept, lam_acc, jnp.where(running, s.lam * s.nu, s.lam))
+        nu = jnp.where(accept, 2.0, jnp.where(running, s.nu * 2.0, s.nu))
+        pick = lambda new, old: jnp.where(  # noqa: E731
+            accept.reshape(accept.shape + (1,) * (new.ndim - 1)), new, old)
+        x, f, g, h = pick(x_new, s.x), pick(f_new, s.f), pick(g_new, s.g), pick(h_new, s.h)
+        pg = jnp.where(self._free(x, g), g, 0.0)
+        small_f = accept & (decrease <= self.ftol * (1.0 + jnp.abs(f)))
+        small_g = jnp.max(jnp.abs(pg), axis=1) <= self.gtol
+        no_move = running & ~accept & (jnp.max(jnp.abs(d), axis=1) == 0.0)
+        code = jnp.where(running & (small_f | small_g | no_move), CONVERGED, s.code)
+        code = jnp.where((code == RUNNING) & (lam > self.lam_max), STALLED, code)
+        return LMState(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code,
+                       iters=s.iters + running, accepted=s.accepted + accept)
+
+    def step(self, s: LMState) -> LMState:
+        """One iteration of every running start (one evaluation of all trial points)."""
+        x_new, d, pred = self._trial_jit(s)
+        return self._update_jit(s, x_new, d, pred, *self._local(x_new))
+
+    def run(self, x, max_iter: int, callback: Callable | None = None) -> tuple[LMState, list]:
+        """Iterate from ``x (n, D)`` until no start is running or ``max_iter`` iterations;
+        returns the final state and the objective ``(n,)`` after each iteration.
+
+        Finished starts leave the ensemble: the step runs on the smallest batch of size
+        ``n, n/4, n/16, ...`` (at least 4) that holds the running starts (padded with repeats
+        of one of them), so that a few slow starts do not carry the cost of all; each size
+        is one more compile."""
+        s = self.init(x)
+        n = int(s.x.shape[0])
+        sizes, m = [n], n // 4
+        while m >= 4:
+            sizes.append(m)
+            m //= 4
+        sizes.sort()
+        history = [np.asarray(s.f)]
+        for _ in range(int(max_iter)):
+            running = np.flatnonzero(np.asarray(s.code) == RUNNING)
+            if not len(running):
+                break
+            size = next(b for b in sizes if b >= len(running))
+            if size == n:
+                s = self.step(s)
+            else:
+                idx = np.concatenate([running, np.full(size - len(running), running[0])])
+                sub = self.step(jax.tree_util.tree_map(lambda a: a[idx], s))
+                s = jax.tree_util.tree_map(lambda a, b: a.at[running].set(b[:len(running)]),
+                                           s, sub)
+            history.append(np.asarray(s.f))
+            if callback is not None:
+                callback(s)
+        return s, history

@@ -1,0 +1,293 @@
+"""Multistart fits and NUTS sampling of PEtab problems (`models.PetabProblem`).
+
+A PEtab problem carries its data, bounds, scales and priors, and solves all its conditions
+as one ensemble (`models.PetabProblem.log_likelihood`); `inference.fit` and
+`inference.sample` hand such a problem to `fit_petab` and `sample_petab` here.
+
+`fit_petab`: starts by Latin hypercube sampling inside the bounds on the parameter scale;
+all starts advance together, each evaluation one ensemble of every start and every
+condition (the solves under ``jax.vmap`` fold into one ensemble). Where every noise model is
+normal, Levenberg–Marquardt on the noise-weighted residuals (`inference._lm`; Fisher
+scoring when noise parameters are estimated); otherwise SciPy's L-BFGS-B, start by start.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._lm import CONVERGED, FAILED_START, LMKernel
+from ._progress import progress_bar
+from ._result import FAILED, FitResult
+
+__all__ = ["is_petab", "latin_hypercube", "fit_petab", "sample_petab"]
+
+
+def is_petab(model) -> bool:
+    """Whether ``model`` is a `models.PetabProblem` (without importing the PEtab extra)."""
+    mod = sys.modules.get("models._petab._problem")
+    return mod is not None and isinstance(model, mod.PetabProblem)
+
+
+def _finite_bounds(problem) -> tuple[np.ndarray, np.ndarray]:
+    lo, hi = (np.asarray(b, float) for b in problem.bounds)
+    bad = [p for p, a, b in zip(problem.parameter_ids, lo, hi)
+           if not (np.isfinite(a) and np.isfinite(b) and b > a)]
+    if bad:
+        raise ValueError(f"parameters {bad} need finite bounds with lowerBound < upperBound on "
+                         "their parameter scale for starts inside the bounds")
+    return lo, hi
+
+
+def latin_hypercube(lower, upper, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n, D)`` points inside ``[lower, upper]``: each coordinate's range cut into ``n``
+    equal strata, one point in each, strata paired at random across coordinates (McKay,
+    Beckman & Conover 1979)."""
+    lower, upper = np.asarray(lower, float), np.asarray(upper, float)
+    d = lower.shape[0]
+    strata = np.stack([rng.permutation(n) for _ in range(d)], axis=1)
+    u = (strata + rng.uniform(size=(n, d))) / n
+    return lower + (upper - lower) * u
+
+
+def _starts(problem, init, n_starts: int, seed: int) -> np.ndarray:
+    """The starts ``(n, D)``: Latin hypercube draws, after the given ``init`` rows."""
+    lo, hi = _finite_bounds(problem)
+    rng = np.random.default_rng(seed)
+    x = latin_hypercube(lo, hi, n_starts, rng)
+    if init is None:
+        return x
+    if isinstance(init, dict):
+        missing = set(problem.parameter_ids) - set(init)
+        if missing:
+            raise ValueError(f"`init` is missing parameters {sorted(missing)}")
+        given = np.asarray([[float(init[p]) for p in problem.parameter_ids]])
+    else:
+        given = np.atleast_2d(np.asarray(init, float))
+    if given.shape[1] != len(lo):
+        raise ValueError(f"`init` has {given.shape[1]} parameters, the problem "
+                         f"{len(lo)} ({problem.parameter_ids})")
+    if len(given) > n_starts:
+        raise ValueError(f"`init` holds {len(given)} starts, more than n_starts={n_starts}")
+    x[: len(given)] = given
+    return x
+
+
+def _objective_parts(problem, objective: str):
+    """(residual function of one start, laplace mask, penalty or None, the constant)."""
+    ref = problem.residuals(problem.nominal)
+    penalty = None
+    if objective == "map" and bool(np.any(problem.priors.given)):
+        def penalty(x):
+            return -problem.log_prior(x, jacobian=False, given_only=True)
+    return (lambda x: tuple(problem.residuals(x))[:2], np.asarray(ref.laplace), penalty,
+            float(ref.constant))
+
+
+def _fit_lm(problem, x0, objective, max_iter, progress):
+    terms, lap, penalty, const = _objective_parts(problem, objective)
+    lo, hi = problem.bounds
+    kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi)
+    bar = progress_bar(progress, total=max_iter, done=0, desc="fit PEtab (LM)")
+    try:
+        s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
+    finally:
+        bar.close()
+    losses = np.asarray(s.f) - const
+    code = np.asarray(s.code)
+    hist = np.stack(history) - const
+    return np.asarray(s.x), losses, code == CONVERGED, code == FAILED_START, hist, \
+        int(np.max(np.asarray(s.iters)) + 1)
+
+
+def _fit_lbfgs(problem, x0, objective, max_iter, progress):
+    from scipy.optimize import minimize
+
+    def loss(x):
+        value = -problem.log_likelihood(x)
+        if objective == "map":
+            value = value - problem.log_prior(x, jacobian=False, given_only=True)
+        return value
+
+    vg = jax.jit(jax.value_and_grad(loss))
+    lo, hi = (np.asarray(b, float) for b in problem.bounds)
+    xs, losses, conv, failed, history, n_eval = [], [], [], [], [], 0
+    bar = progress_bar(progress, total=len(x0), done=0, desc="fit PEtab (L-BFGS-B)")
+    for x in x0:
+        trace = []
+
+        def fun(x):
+            v, g = vg(jnp.asarray(x))
+            v, g = float(v), np.asarray(g, float)
+            ok = np.isfinite(v) and np.isfinite(g).all()
+            trace.append(v if ok else np.inf)
+            return (v, g) if ok else (np.inf, np.zeros_like(g))
+
+        v0 = fun(x)[0]
+        if not np.isfinite(v0):
+            xs.append(x), losses.append(np.inf), conv.append(False), failed.append(True)
+        else:
+            res = minimize(fun, x, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
+                           options=dict(maxiter=max_iter))
+            xs.append(res.x), losses.append(float(res.fun)), conv.append(bool(res.success))
+            failed.append(False)
+        n_eval += len(trace)
+        history.append(np.minimum.accumulate(np.asarray(trace)))
+        bar.update(1)
+    bar.close()
+    width = max(len(h) for h in history)
+    hist = np.stack([np.pad(h, (0, width - len(h)), mode="edge") for h in history], axis=1)
+    return np.stack(xs), np.asarray(losses), np.asarray(conv), np.asarray(failed), hist, n_eval
+
+
+def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
+              objective: str = "map", max_iter: int = 1000, method: str = "auto",
+              progress: bool | None = None) -> FitResult:
+    """Multistart fit of a `models.PetabProblem` (what `inference.fit` runs for one).
+
+    Args:
+        problem: the PEtab problem.
+        init: ``None``, or one or more starting points on the parameter scale (a dict by
+            parameter id, a ``(D,)`` vector or ``(k, D)`` rows): the first starts; the rest
+            are Latin hypercube draws inside the bounds.
+        n_starts: number of starts; seed: seeds the Latin hypercube.
+        objective: ``"map"`` (negative log-likelihood minus the log priors the parameter
+            table gives: PEtab's and pyPESTO's objective) or ``"mle"``.
+        max_iter: iterations per start.
+        method: ``"lm"``, ``"lbfgs"`` or ``"auto"`` (LM where every noise model is normal).
+        progress: a progress bar (default: only on a terminal).
+
+    Returns:
+        `FitResult` with the starts sorted by final objective (the waterfall, best first).
+    """
+    t0 = time.perf_counter()
+    if objective not in ("map", "mle"):
+        raise ValueError(f"`objective` must be 'map' or 'mle', got {objective!r}")
+    if method not in ("auto", "lm", "lbfgs"):
+        raise ValueError(f"`method` must be 'auto', 'lm' or 'lbfgs', got {method!r}")
+    for name, v in (("n_starts", n_starts), ("max_iter", max_iter)):
+        if not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"`{name}` must be an int >= 1, got {v!r}")
+    x0 = _starts(problem, init, int(n_starts), seed)
+    lap = np.asarray(problem.residuals(problem.nominal).laplace)
+    if method == "auto":
+        method = "lbfgs" if lap.any() else "lm"
+    run = _fit_lm if method == "lm" else _fit_lbfgs
+    x, losses, converged, failed, hist, n_eval = run(problem, x0, objective, int(max_iter),
+                                                     progress)
+    losses = np.where(failed | ~np.isfinite(losses), np.inf, losses)
+    if not np.isfinite(losses).any():
+        warnings.warn("inference.fit: no start ended with a finite objective", RuntimeWarning,
+                      stacklevel=3)
+    order = np.argsort(losses, kind="stable")
+    ids = problem.parameter_ids
+    xs = x[order]
+    n = len(order)
+    return FitResult(
+        params={p: float(xs[0, i]) for i, p in enumerate(ids)},
+        all_params={p: xs[:, i] for i, p in enumerate(ids)}, losses=losses[order],
+        loss_history=hist[:, order], n_records=n_eval,
+        n_records_per_start=np.full(n, n_eval, np.int64), n_grad_evals=n_eval,
+        wall_time=time.perf_counter() - t0, best_index=0,
+        status=np.where(failed[order], FAILED, 0).astype(np.int32), objective=objective,
+        n_steps=len(hist) - 1, max_error_ratio=np.zeros(n), starts=x0[order],
+        converged=converged[order], parameter_ids=tuple(ids), method=method)
+
+
+def _unbounded(x, lo, hi):
+    """The sampler's coordinate ``u`` of ``x`` inside ``(lo, hi)`` (``x = lo + (hi - lo)
+    sigmoid(u)``), with ``x`` pulled slightly inside so that ``u`` is finite."""
+    w = np.clip((np.asarray(x, float) - lo) / (hi - lo), 1e-6, 1 - 1e-6)
+    return np.log(w) - np.log1p(-w)
+
+
+def sample_petab(problem, *, num_warmup: int = 500, num_samples: int = 1000,
+                 num_chains: int = 2, seed: int = 0, init="fit", target_accept: float = 0.8,
+                 dense_mass: bool = True, max_tree_depth: int = 10,
+                 init_jitter: float = 0.05, fit_kwargs=None, progress: bool | None = None):
+    """NumPyro NUTS on a `models.PetabProblem`'s posterior (what `inference.sample` runs).
+
+    The target on the parameter scale is ``log_likelihood(x) + log_prior(x)`` (the
+    table's priors as densities of ``x``; uniform inside the bounds where none is given).
+    NUTS moves in ``u`` with ``x = lower + (upper - lower) sigmoid(u)`` (its log-Jacobian
+    added), so every draw lies inside the bounds. The chains run vectorised, every chain's
+    solve one ensemble.
+
+    Args:
+        problem: the PEtab problem.
+        num_warmup, num_samples, num_chains, target_accept, dense_mass, max_tree_depth:
+            as NumPyro's ``MCMC`` and ``NUTS``.
+        seed: seeds the initialisation and the chains.
+        init: ``"fit"`` (the best point of a multistart fit, `fit_petab` with
+            ``fit_kwargs``, default 10 starts), ``"prior"`` (Latin hypercube draws inside
+            the bounds) or a point (a dict by parameter id or a vector on the parameter
+            scale); each chain starts there jittered by ``init_jitter`` in ``u``.
+        fit_kwargs: options of the initial fit.
+        progress: NumPyro's progress bar (default: only on a terminal).
+
+    Returns:
+        ``arviz.InferenceData``: ``posterior`` one variable per parameter id (chain, draw),
+        on the parameter scale; ``sample_stats`` ``diverging``, ``n_steps`` (leapfrog steps a
+        draw), ``lp`` (log posterior in ``x``); attrs ``init`` and, after a fit,
+        ``init_fit_loss``.
+    """
+    import arviz as az
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import MCMC, NUTS
+
+    lo, hi = _finite_bounds(problem)
+    d = len(lo)
+    lo_j, hi_j = jnp.asarray(lo), jnp.asarray(hi)
+    rng = np.random.default_rng(seed)
+    attrs = {"init": init if isinstance(init, str) else "given"}
+    if isinstance(init, str) and init == "fit":
+        res = fit_petab(problem, seed=seed, **{"n_starts": 10, **dict(fit_kwargs or {})})
+        centre = np.asarray([res.params[p] for p in problem.parameter_ids])
+        attrs["init_fit_loss"] = float(res.loss)
+        u0 = _unbounded(centre, lo, hi)[None] + init_jitter * rng.standard_normal((num_chains, d))
+    elif isinstance(init, str) and init == "prior":
+        u0 = _unbounded(latin_hypercube(lo, hi, num_chains, rng), lo, hi)
+    elif isinstance(init, str):
+        raise ValueError(f"`init` must be 'fit', 'prior' or a point, got {init!r}")
+    else:
+        centre = (np.asarray([float(init[p]) for p in problem.parameter_ids])
+                  if isinstance(init, dict) else np.asarray(init, float))
+        if centre.shape != (d,):
+            raise ValueError(f"`init` has shape {centre.shape}, expected ({d},)")
+        u0 = _unbounded(centre, lo, hi)[None] + init_jitter * rng.standard_normal((num_chains, d))
+
+    def program():
+        u = numpyro.sample("u", dist.ImproperUniform(dist.constraints.real_vector, (), (d,)))
+        x = lo_j + (hi_j - lo_j) * jax.nn.sigmoid(u)
+        log_jac = jnp.sum(jnp.log(hi_j - lo_j) + jax.nn.log_sigmoid(u) + jax.nn.log_sigmoid(-u))
+        lp = problem.log_likelihood(x) + problem.log_prior(x)
+        numpyro.deterministic("lp", lp)
+        numpyro.factor("target", jnp.where(jnp.isfinite(lp), lp, -jnp.inf) + log_jac)
+
+    kernel = NUTS(program, target_accept_prob=target_accept, dense_mass=dense_mass,
+                  max_tree_depth=max_tree_depth)
+    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
+                num_chains=num_chains, chain_method="vectorized",
+                progress_bar=bool(progress) if progress is not None else sys.stderr.isatty())
+    t0 = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(seed), init_params={"u": jnp.asarray(u0)},
+             extra_fields=("diverging", "num_steps"))
+    draws = mcmc.get_samples(group_by_chain=True)
+    x = np.asarray(lo + (hi - lo) * jax.nn.sigmoid(draws["u"]))
+    extra = mcmc.get_extra_fields(group_by_chain=True)
+    posterior = {p: x[..., i] for i, p in enumerate(problem.parameter_ids)}
+    stats = {"diverging": np.asarray(extra["diverging"]),
+             "n_steps": np.asarray(extra["num_steps"]), "lp": np.asarray(draws["lp"])}
+    attrs.update(num_warmup=int(num_warmup), num_samples=int(num_samples),
+                 num_chains=int(num_chains), divergences=int(stats["diverging"].sum()),
+                 wall_time_s=time.perf_counter() - t0)
+    idata = az.from_dict(posterior=posterior, sample_stats=stats)
+    for group in (idata.posterior, idata.sample_stats):
+        group.attrs.update(attrs)
+    return idata

@@ -1,0 +1,328 @@
+"""Multistart fits and priors of PEtab problems (`inference.fit`, `inference.sample`,
+`models.PetabProblem.log_prior`).
+
+Independent references: SciPy's ``least_squares`` and ``minimize`` on closed forms (the
+batched Levenberg–Marquardt on synthetic problems; a one-state PEtab problem whose solution
+is ``A0 exp(-k t)``), ``scipy.stats`` densities (every PEtab prior type), AMICI's reference
+log-likelihood of Boehm_JProteomeRes2014 (its nominal objective).
+"""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import optimize, stats
+
+pytest.importorskip("petab")
+libsbml = pytest.importorskip("libsbml")
+
+import gradsolve as gs  # noqa: E402
+import inference  # noqa: E402
+import models  # noqa: E402
+from inference._lm import CONVERGED, LMKernel  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "petab"
+REFERENCE = json.loads((DATA / "amici_reference.json").read_text())["llh"]
+
+# ----------------------------------------------------------------- the batched LM alone
+T = np.linspace(0.0, 4.0, 30)
+Y = 2.0 * np.exp(-1.3 * T) + 0.5 + 0.05 * np.random.default_rng(0).standard_normal(30)
+
+
+def _model(x, t=T):
+    return x[0] * np.exp(-x[1] * t) + x[2] if isinstance(x, np.ndarray) else \
+        x[0] * jnp.exp(-x[1] * t) + x[2]
+
+
+def test_lm_matches_scipy_least_squares_with_an_active_bound():
+    lower, upper = np.array([-10.0, 0.0, -10.0]), np.array([10.0, 10.0, 0.4])
+
+    def terms(x):
+        r = (Y - _model(x)) / 0.05
+        return r, jnp.zeros_like(r)
+
+    starts = np.array([[1.0, 1.0, 0.0], [5.0, 3.0, -1.0], [0.1, 0.1, 0.1], [9.0, 9.0, 0.3]])
+    s, history = LMKernel(terms, lower=lower, upper=upper).run(starts, 200)
+    ref = optimize.least_squares(lambda x: (Y - _model(x)) / 0.05, starts[0],
+                                 bounds=(lower, upper), xtol=1e-15, ftol=1e-15, gtol=1e-15)
+    assert ref.x[2] == pytest.approx(0.4)  # the bound is active at the optimum
+    assert np.all(np.asarray(s.code) == CONVERGED)
+    np.testing.assert_allclose(np.asarray(s.f), ref.cost, rtol=1e-9)
+    np.testing.assert_allclose(np.asarray(s.x), np.broadcast_to(ref.x, (4, 3)), atol=1e-5)
+    # accepted steps only: every start's objective never increases
+    assert np.all(np.diff(np.stack(history), axis=0) <= 0)
+
+
+def test_lm_with_an_estimated_noise_scale_reaches_the_closed_form_mle():
+    # normal noise with unknown sigma: F = sum(z^2/2 + log sigma), not a sum of squares;
+    # at the optimum sigma^2 = RSS / n for the least-squares curve
+    def terms(x):
+        sigma = jnp.exp(x[3])
+        r = (Y - _model(x[:3])) / sigma
+        return r, jnp.full_like(r, x[3])
+
+    lower, upper = np.full(4, -10.0), np.full(4, 10.0)
+    s, _ = LMKernel(terms, lower=lower, upper=upper).run(
+        np.array([[1.0, 1.0, 0.0, 0.0], [3.0, 0.5, 1.0, -3.0]]), 300)
+    ls = optimize.least_squares(lambda x: Y - _model(x), [1.0, 1.0, 0.0], xtol=1e-15,
+                                ftol=1e-15, gtol=1e-15)
+    n = len(Y)
+    sigma = np.sqrt(2 * ls.cost / n)
+    f_ref = n * np.log(sigma) + n / 2
+    np.testing.assert_allclose(np.asarray(s.f), f_ref, rtol=1e-10)
+    np.testing.assert_allclose(np.asarray(s.x)[:, :3], np.broadcast_to(ls.x, (2, 3)), atol=1e-5)
+    np.testing.assert_allclose(np.exp(np.asarray(s.x)[:, 3]), sigma, rtol=1e-5)
+
+
+# ----------------------------------------------------------------- a one-state PEtab problem
+DECAY_T = np.array([0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0])
+DECAY_Y = 3.0 * np.exp(-0.7 * DECAY_T) + np.array(
+    [0.11, -0.08, 0.05, -0.12, 0.07, 0.02, -0.04, 0.06])
+
+
+def _decay_problem(path: Path, noise: str = "normal", priors: dict | None = None):
+    """A PEtab problem of dA/dt = -k A, A(0) = A0, observed with noise sd sigma."""
+    path.mkdir(parents=True, exist_ok=True)
+    doc = libsbml.SBMLDocument(3, 2)
+    m = doc.createModel()
+    m.setId("decay")
+    c = m.createCompartment()
+    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
+    sp = m.createSpecies()
+    for setter, v in (("setId", "A"), ("setCompartment", "cell"), ("setInitialAmount", 1.0),
+                      ("setHasOnlySubstanceUnits", True), ("setBoundaryCondition", False),
+                      ("setConstant", False)):
+        getattr(sp, setter)(v)
+    for pid in ("A0", "k"):
+        p = m.createParameter()
+        p.setId(pid), p.setValue(1.0), p.setConstant(True)
+    ia = m.createInitialAssignment()
+    ia.setSymbol("A"), ia.setMath(libsbml.parseL3Formula("A0"))
+    r = m.createReaction()
+    r.setId("deg"), r.setReversible(False)
+    ref = r.createReactant()
+    ref.setSpecies("A"), ref.setStoichiometry(1.0), ref.setConstant(True)
+    r.createKineticLaw().setMath(libsbml.parseL3Formula("k * A"))
+    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
+    pd.DataFrame({"conditionId": ["c0"]}).to_csv(path / "conditions.tsv", sep="\t",
+                                                   index=False)
+    pd.DataFrame({"observableId": ["obs_A"], "observableFormula": ["A"],
+                  "noiseFormula": ["noiseParameter1_obs_A"],
+                  "noiseDistribution": [noise]}).to_csv(path / "observables.tsv", sep="\t",
+                                                        index=False)
+    pd.DataFrame({"observableId": "obs_A", "simulationConditionId": "c0", "time": DECAY_T,
+                  "measurement": DECAY_Y, "noiseParameters": "sigma"}).to_csv(
+        path / "measurements.tsv", sep="\t", index=False)
+    table = pd.DataFrame({"parameterId": ["A0", "k", "sigma"], "parameterScale": "log10",
+                          "lowerBound": 1e-3, "upperBound": 1e3,
+                          "nominalValue": [3.0, 0.7, 0.1], "estimate": 1})
+    for col, values in (priors or {}).items():
+        table[col] = values
+    table.to_csv(path / "parameters.tsv", sep="\t", index=False)
+    (path / "problem.yaml").write_text(
+        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
+        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
+        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
+    # non-stiff: the explicit default solver compiles in a fraction of Rodas5P's time
+    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5())
+
+
+def _decay_mle():
+    """The closed-form problem's optimum: least squares for (A0, k), sigma^2 = RSS / n."""
+    ls = optimize.least_squares(lambda p: DECAY_Y - p[0] * np.exp(-p[1] * DECAY_T), [1.0, 1.0],
+                                xtol=1e-15, ftol=1e-15, gtol=1e-15)
+    n = len(DECAY_Y)
+    sigma = np.sqrt(2 * ls.cost / n)
+    return np.log10([*ls.x, sigma]), n / 2 * np.log(2 * np.pi * sigma**2) + n / 2
+
+
+@pytest.fixture(scope="module")
+def decay(tmp_path_factory):
+    return _decay_problem(tmp_path_factory.mktemp("decay"))
+
+
+@pytest.fixture(scope="module")
+def decay_fit(decay):
+    return inference.fit(decay, n_starts=6, seed=1)
+
+
+def test_petab_multistart_reaches_the_closed_form_optimum(decay, decay_fit):
+    x_ref, nll_ref = _decay_mle()
+    res = decay_fit
+    assert res.method == "lm" and res.objective == "map"
+    assert res.loss == pytest.approx(nll_ref, rel=1e-8)
+    x_best = np.array([res.params[p] for p in decay.parameter_ids])
+    np.testing.assert_allclose(x_best, x_ref, atol=1e-5)
+    assert res.converged[0] and np.all(res.status == 0)
+
+
+def test_petab_waterfall_is_sorted_and_each_loss_is_the_log_likelihood_there(decay,
+                                                                              decay_fit):
+    res = decay_fit
+    assert np.all(np.diff(res.losses) >= 0)
+    assert set(res.params) == set(decay.parameter_ids)
+    assert float(decay.log_likelihood(res.params)) == pytest.approx(-res.loss, rel=1e-10)
+    for i in range(len(res.losses)):
+        x = {p: res.all_params[p][i] for p in decay.parameter_ids}
+        assert float(decay.log_likelihood(x)) == pytest.approx(-res.losses[i], rel=1e-10)
+    # the starts were a Latin hypercube inside the bounds: one per stratum and coordinate
+    lo, hi = (np.asarray(b) for b in decay.bounds)
+    strata = np.floor((res.starts - lo) / (hi - lo) * len(res.losses)).astype(int)
+    for col in strata.T:
+        assert sorted(col) == list(range(len(res.losses)))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = res.plot_waterfall()
+    assert ax.get_yscale() == "log"
+
+
+def test_petab_laplace_noise_fits_by_lbfgs(tmp_path):
+    problem = _decay_problem(tmp_path, noise="laplace")
+    res = inference.fit(problem, n_starts=4, seed=0)
+    assert res.method == "lbfgs"
+
+    # Laplace: at fixed (A0, k) the scale's optimum is mean |r|; the rest by Nelder-Mead
+    def nll(p):
+        r = np.abs(DECAY_Y - p[0] * np.exp(-p[1] * DECAY_T))
+        b = np.mean(r)
+        return len(r) * (np.log(2 * b) + 1)
+
+    ref = optimize.minimize(nll, [3.0, 0.7], method="Nelder-Mead",
+                            options=dict(xatol=1e-10, fatol=1e-12, maxiter=5000))
+    # L-BFGS-B stops near the kinks of the Laplace likelihood (|r| is not differentiable
+    # where a residual vanishes, which is where its optimum lies): 0.002 above here
+    assert res.loss <= ref.fun + 0.01
+    assert float(problem.log_likelihood(res.params)) == pytest.approx(-res.loss, rel=1e-10)
+
+
+def test_petab_fit_bad_arguments_are_named(decay):
+    with pytest.raises(ValueError, match="`checkpoint`"):
+        inference.fit(decay, checkpoint="x.pkl")
+    with pytest.raises(ValueError, match="`init` is missing"):
+        inference.fit(decay, init={"A0": 0.0})
+    with pytest.raises(ValueError, match="`objective`"):
+        inference.fit(decay, objective="ml")
+
+
+# ----------------------------------------------------------------- priors
+@pytest.mark.parametrize("kinds", [
+    ("normal", "logLaplace", "parameterScaleNormal"),
+    ("laplace", "logNormal", "parameterScaleLaplace"),
+    ("uniform", "parameterScaleUniform", ""),
+])
+def test_log_prior_against_scipy_stats(tmp_path, kinds):
+    params = {"normal": (2.0, 1.5), "laplace": (2.0, 0.7), "uniform": (0.5, 40.0),
+              "logNormal": (-0.5, 0.4), "logLaplace": (-0.5, 0.4),
+              "parameterScaleNormal": (-1.0, 0.5), "parameterScaleLaplace": (-1.0, 0.5),
+              "parameterScaleUniform": (-2.0, 1.0), "": None}
+    problem = _decay_problem(tmp_path, priors={
+        "objectivePriorType": list(kinds),
+        "objectivePriorParameters": [";".join(map(str, params[k])) if params[k] else ""
+                                     for k in kinds]})
+    lo, hi = 1e-3, 1e3
+    rng = np.random.default_rng(3)
+    for x in rng.uniform(-2.9, 2.9, size=(5, 3)):
+        theta = 10.0**x
+        expected_x, expected_theta = 0.0, 0.0
+        for k, xi, ti in zip(kinds, x, theta):
+            a, b = params[k] if params[k] else (np.log10(lo), np.log10(hi))
+            jac = np.log(ti * np.log(10))  # d theta / d x on log10 scale
+            if k in ("normal", "laplace"):
+                d = stats.norm(a, b) if k == "normal" else stats.laplace(a, b)
+                lp = d.logpdf(ti) - np.log(d.cdf(hi) - d.cdf(lo))
+                expected_theta += lp
+                expected_x += lp + jac
+            elif k == "uniform":
+                lp = stats.uniform(max(a, lo), min(b, hi) - max(a, lo)).logpdf(ti)
+                expected_theta += lp
+                expected_x += lp + jac
+            elif k in ("logNormal", "logLaplace"):
+                base = stats.norm(a, b) if k == "logNormal" else stats.laplace(a, b)
+                mass = base.cdf(np.log(hi)) - base.cdf(np.log(lo))
+                lp = base.logpdf(np.log(ti)) - np.log(ti) - np.log(mass)  # density of theta
+                expected_theta += lp
+                expected_x += lp + jac
+            else:  # on the parameter scale: the density of x itself
+                if k == "parameterScaleUniform" or k == "":
+                    lp = stats.uniform(max(a, -3), min(b, 3) - max(a, -3)).logpdf(xi)
+                else:
+                    d = stats.norm(a, b) if k == "parameterScaleNormal" else stats.laplace(a, b)
+                    lp = d.logpdf(xi) - np.log(d.cdf(3.0) - d.cdf(-3.0))
+                expected_theta += lp
+                expected_x += lp
+        if not np.isfinite(expected_x):
+            assert float(problem.log_prior(x)) == -np.inf
+            continue
+        assert float(problem.log_prior(x)) == pytest.approx(expected_x, rel=1e-10)
+        assert float(problem.log_prior(x, jacobian=False)) == pytest.approx(expected_theta,
+                                                                          rel=1e-10)
+    # outside the bounds
+    assert float(problem.log_prior(np.array([3.5, 0.0, 0.0]))) == -np.inf
+
+
+def test_log_prior_density_integrates_to_one_on_the_parameter_scale(tmp_path):
+    problem = _decay_problem(tmp_path, priors={
+        "objectivePriorType": ["normal", "logLaplace", "parameterScaleNormal"],
+        "objectivePriorParameters": ["2.0;1.5", "-0.5;0.4", "-1.0;0.5"]})
+    # the prior is a product over coordinates, so its integral over the box is the
+    # product of one-dimensional integrals of p_i(x) / p_i(0) = exp(lp(x e_i) - lp(0)),
+    # times prod p_i(0) = exp(lp(0))
+    grid = np.linspace(-3, 3, 40001)
+    lp0 = float(problem.log_prior(np.zeros(3)))
+    log_mass = lp0
+    for i in range(3):
+        x = np.zeros((len(grid), 3))
+        x[:, i] = grid
+        lp = np.asarray(jax.vmap(problem.log_prior)(jnp.asarray(x)))
+        log_mass += np.log(np.trapezoid(np.exp(lp - lp0), grid))
+    assert log_mass == pytest.approx(0.0, abs=1e-6)
+
+
+def test_map_objective_adds_the_given_priors(tmp_path):
+    problem = _decay_problem(tmp_path, priors={
+        "objectivePriorType": ["", "", "parameterScaleNormal"],
+        "objectivePriorParameters": ["", "", "0.0;0.1"]})
+    res = inference.fit(problem, n_starts=3, seed=0)
+    x = res.params
+    expected = -float(problem.log_likelihood(x)) - stats.norm(0, 0.1).logpdf(x["sigma"]) + \
+        np.log(stats.norm(0, 0.1).cdf(3) - stats.norm(0, 0.1).cdf(-3))
+    assert res.loss == pytest.approx(expected, rel=1e-10)
+    # the prior pulls sigma towards 1 (log10 0) from the maximum likelihood estimate
+    assert _decay_mle()[0][2] + 0.05 < res.params["sigma"] < 0.0
+
+
+# ----------------------------------------------------------------- sampling
+def test_sample_petab_posterior_against_the_closed_form(decay):
+    # flat priors in log10 (A0, k, sigma): the draws stay inside the bounds and centre on
+    # the closed-form maximum likelihood point
+    idata = inference.sample(decay, num_warmup=150, num_samples=150, num_chains=2, seed=0,
+                             fit_kwargs=dict(n_starts=3))
+    x_ref, _ = _decay_mle()
+    post = idata.posterior
+    assert set(post.data_vars) == set(decay.parameter_ids)
+    for p, xr in zip(decay.parameter_ids, x_ref):
+        draws = np.asarray(post[p])
+        assert draws.shape == (2, 150)
+        assert np.all((draws > -3) & (draws < 3))
+        assert abs(np.median(draws) - xr) < 3 * np.std(draws)
+    assert int(idata.sample_stats.diverging.sum()) == 0
+
+
+# ----------------------------------------------------------------- Boehm (slow)
+@pytest.mark.slow
+def test_boehm_multistart_reaches_the_nominal_objective():
+    problem = models.load_petab(DATA / "Boehm_JProteomeRes2014")
+    nominal = -REFERENCE["Boehm_JProteomeRes2014"]
+    # a handful of starts: one 0.3 (log10) off the nominal point in every coordinate, the
+    # others Latin hypercube draws inside the bounds
+    lo, hi = (np.asarray(b) for b in problem.bounds)
+    near = np.clip(np.asarray(problem.nominal) + 0.3 * np.sign(np.arange(9) % 2 - 0.5), lo, hi)
+    res = inference.fit(problem, init=near, n_starts=4, seed=0)
+    assert res.loss <= nominal + 1e-3
+    assert np.all(np.diff(res.losses) >= 0)
+    assert float(problem.log_likelihood(res.params)) == pytest.approx(-res.loss, rel=1e-9)
