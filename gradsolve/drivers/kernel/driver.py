@@ -29,7 +29,7 @@ from ..._events import empty_events
 from ..._mesh import Mesh
 from ..._solver.base import AbstractExplicitRK
 from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
-from . import build
+from . import build, lowering
 from .codegen import Unsupported
 from .source import generate
 
@@ -178,7 +178,7 @@ def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
 
 
 def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
-                  moved: bool, layout: ReplayLayout) -> ReplayOutput:
+                  moved: bool, layout: ReplayLayout, threads: int = 0) -> ReplayOutput:
     """The compiled replay of ``nodes`` through the kernel ``prefix`` (`kernel_target`).
 
     Save slot ``m`` with ``nodes.subst[:, m]`` moves node ``save_index[:, m]`` to
@@ -194,6 +194,7 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
     jump times or save times carry a derivative, reverse mode is the batched driver's
     (same values; the kernel computes no node-time cotangents of moved jump nodes).
     """
+    lowering.install()
     dtype = jnp.result_type(y0)
     n, d = y0.shape
     k = nodes.save_index.shape[1]
@@ -221,13 +222,14 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
         wide = m * s1 * (d + 1) * jnp.dtype(dtype).itemsize
         return d + 1 if wide <= _WIDE_ROWS_MAX_BYTES else d
 
-    fwd_ffi = spread(lambda m: jax.ffi.ffi_call(
+    attrs = dict(threads=np.int32(threads))
+    fwd_ffi = spread(lambda m: partial(jax.ffi.ffi_call(
         f"{prefix}_fwd",
         (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
          jax.ShapeDtypeStruct((m,), dtype), jax.ShapeDtypeStruct((m, s1, row_width(m)), dtype),
          jax.ShapeDtypeStruct((m,), i32), jax.ShapeDtypeStruct((m,), i32)),
         vmap_method="broadcast_all",
-    ), n)
+    ), **attrs), n)
 
     def fwd_call(times, n_eff, y, pf, save, tol, tm, subst, ev=None):
         jidx, jsz, tidx, land, jt = event_args(ev)
@@ -241,12 +243,12 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
 
     def bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, ev=None):
         jidx, jsz, _, land, jt = event_args(ev)
-        ct_tm, ct_y0, ct_pf, ct_js = spread(lambda m: jax.ffi.ffi_call(
+        ct_tm, ct_y0, ct_pf, ct_js = spread(lambda m: partial(jax.ffi.ffi_call(
             f"{prefix}_{part(with_times)}",
             (jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((m, d), dtype),
              jax.ShapeDtypeStruct((m, p_size), dtype), jax.ShapeDtypeStruct((m, J, d), dtype)),
             vmap_method="broadcast_all",
-        ), n)(times, n_eff, pf, save, *states, ct_ys, ct_y1, tm, subst, jidx, jsz, land, jt)
+        ), **attrs), n)(times, n_eff, pf, save, *states, ct_ys, ct_y1, tm, subst, jidx, jsz, land, jt)
         if ev is None:
             return ct_tm, ct_y0, ct_pf
         # Padded jumps (node 0) are inert: no cotangent. Jump times carry none here (with
@@ -262,7 +264,7 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
 
 
 def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
-                  max_steps: int, fill: bool = True, events=None) -> dict:
+                  max_steps: int, fill: bool = True, events=None, threads: int = 0) -> dict:
     """Record on batched inputs ``y0 (n, d)``, ``ts (n, k)`` through the kernel ``prefix``;
     returns the `gradsolve.Mesh` fields it computes.
 
@@ -271,6 +273,7 @@ def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rt
     ``None`` or the validated `gradsolve._events.Events`, forced nodes and jumps under the
     XLA record's rules (`gradsolve.drivers.batched.record_loop`): the same nodes, to the
     last-bit differences of libm against XLA in the error estimates."""
+    lowering.install()
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype
@@ -292,7 +295,7 @@ def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rt
          jax.ShapeDtypeStruct((m, d), dtype), jax.ShapeDtypeStruct((m, J), i32),
          jax.ShapeDtypeStruct((m, L), i32)),
         vmap_method="broadcast_all",
-    ), fill=bool(fill)), n)
+    ), fill=bool(fill), threads=np.int32(threads)), n)
     sg = jax.lax.stop_gradient
     times, n_steps, n_rej, status, save_index, dt_next, y_last, jump_index, tstop_index = call(
         t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl, sg(ev.jump_times).astype(dtype),
@@ -345,12 +348,27 @@ class Kernel(AbstractDriver):
     An explicit ``Kernel()`` builds its kernel before the first call returns (seconds on
     first use, then cached on disk); `Kernel.prebuild` builds it ahead of time.
 
+    Args:
+        threads: the most threads one call runs on (an ensemble of fewer than 16 lanes'
+            work per thread runs on fewer). ``None`` (default): the CPUs this process may
+            use (its affinity mask), or ``$GRADSOLVE_KERNEL_THREADS`` where that is set. A
+            number is compiled into the calls, so it holds wherever the program runs.
+
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Kernel())
+        >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Kernel(threads=1))
     """
 
+    threads: int | None = None
     name: ClassVar[str] = "gradsolve-kernel"
     ragged: ClassVar[bool] = True  # each lane takes its trajectory's own steps
+
+    def __check_init__(self):
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer))
+                              or t < 1):
+            raise ValueError(f"gs.drivers.Kernel: `threads` must be a positive integer or "
+                             f"None; got {t!r}.")
 
     def prebuild(self, f, y0, params, *, solver=None) -> KernelBuild:
         """Build every variant of the kernel for ``f`` into the cache now: the replay, its
@@ -411,13 +429,14 @@ class Kernel(AbstractDriver):
                max_steps: int, fill: bool, events=None) -> Mesh:
         prefix = kernel_target(f, solver, y0, params).prefix
         out = kernel_record(prefix, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
-                            dt0, max_steps, fill, events)
+                            dt0, max_steps, fill, events, threads=self.threads or 0)
         return Mesh(**out, ts=ts, t0=t0, t1=t1, y0=y0, params=params, solver=solver, rtol=rtol,
                     atol=atol, controller=controller)
 
     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
         prefix = kernel_target(f, solver, y0, params).prefix
-        return kernel_replay(prefix, f, solver, nodes, y0, params, rtol, atol, moved, layout)
+        return kernel_replay(prefix, f, solver, nodes, y0, params, rtol, atol, moved, layout,
+                             threads=self.threads or 0)
 
 
 def kernel_allowed() -> bool:

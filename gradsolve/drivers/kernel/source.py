@@ -463,11 +463,14 @@ static int64_t usable_cpus() {{
 }}
 
 // Work is split over threads by striding through the length-sorted order (longest
-// first), so every thread gets a similar mix; GRADSOLVE_KERNEL_THREADS caps the count.
+// first), so every thread gets a similar mix. `requested` (the driver's `threads`, an FFI
+// attribute) caps the count; 0 means the CPUs this process may use, or
+// GRADSOLVE_KERNEL_THREADS where that is set.
 template <typename Fn>
-void for_threads(int64_t n, Fn fn) {{
+void for_threads(int64_t n, int64_t requested, Fn fn) {{
   int64_t hw = usable_cpus();
   if (const char* env = std::getenv("GRADSOLVE_KERNEL_THREADS")) hw = std::atoi(env);
+  if (requested > 0) hw = requested;
   int64_t threads = std::min<int64_t>(hw > 0 ? hw : 1, n / (16 * LANES));
   if (threads <= 1) {{ fn(0, 1); return; }}
   std::vector<std::thread> pool;
@@ -1029,13 +1032,13 @@ static ffi::Error FwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::ResultBuffer<ffi::{ffi_type}> err,
                           ffi::ResultBuffer<ffi::{ffi_type}> states,
                           ffi::ResultBuffer<ffi::S32> rows,
-                          ffi::ResultBuffer<ffi::S32> cost) {{
+                          ffi::ResultBuffer<ffi::S32> cost, int32_t threads_attr) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   set_events(pr, jidx, jsz, land, jt, &tidx);
   pr.sw = states->element_count() / (pr.n * pr.s1);
   pack_rows(pr, rows->typed_data());
-  for_threads(pr.n, [&](int64_t w, int64_t threads) {{
+  for_threads(pr.n, threads_attr, [&](int64_t w, int64_t threads) {{
     forward_thread(pr, w, threads, y0.typed_data(), tol.typed_data(), ys->typed_data(),
                    y1->typed_data(), err->typed_data(), states->typed_data(), cost->typed_data());
   }});
@@ -1053,7 +1056,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Fwd, FwdImpl,
         .Arg<ffi::Buffer<ffi::S32>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
-        .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>());
+        .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>()
+        .Attr<int32_t>("threads"));
 #endif  // GS_PART_FWD
 
 #if defined(GS_PART_BWD) || defined(GS_PART_BWDT)
@@ -1075,13 +1079,13 @@ static ffi::Error BwdImpl(ffi::Buffer<ffi::{ffi_type}> times, ffi::Buffer<ffi::S
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_tsave,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_y0,
                           ffi::ResultBuffer<ffi::{ffi_type}> ct_p,
-                          ffi::ResultBuffer<ffi::{ffi_type}> ct_jsz) {{
+                          ffi::ResultBuffer<ffi::{ffi_type}> ct_jsz, int32_t threads_attr) {{
   Problem pr;
   if (!setup(pr, times, n_eff, p, save, tsave, subst)) return ffi::Error::Success();
   set_events(pr, jidx, jsz, land, jt, nullptr);
   pr.sw = states.element_count() / (pr.n * pr.s1);
   unpack_rows(pr, rows.typed_data());
-  for_threads(pr.n, [&](int64_t w, int64_t threads) {{
+  for_threads(pr.n, threads_attr, [&](int64_t w, int64_t threads) {{
     backward_thread<GS_TIMES>(pr, w, threads, states.typed_data(), ct_ys.typed_data(),
                               ct_y1.typed_data(), ct_tsave->typed_data(),
                               ct_y0->typed_data(), ct_p->typed_data(), ct_jsz->typed_data());
@@ -1100,7 +1104,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Bwd, BwdImpl,
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
-        .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>());
+        .Ret<ffi::Buffer<ffi::{ffi_type}>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
+        .Attr<int32_t>("threads"));
 
 #endif  // GS_PART_BWD || GS_PART_BWDT
 
@@ -1117,7 +1122,8 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
                           ffi::ResultBuffer<ffi::{ffi_type}> dt_next,
                           ffi::ResultBuffer<ffi::{ffi_type}> y_last,
                           ffi::ResultBuffer<ffi::S32> jump_index,
-                          ffi::ResultBuffer<ffi::S32> tstop_index, bool fill) {{
+                          ffi::ResultBuffer<ffi::S32> tstop_index, bool fill,
+                          int32_t threads_attr) {{
   RecordIn in;
   in.fill = fill;
   in.n = dt0.element_count();
@@ -1131,7 +1137,7 @@ static ffi::Error RecImpl(ffi::Buffer<ffi::{ffi_type}> t01, ffi::Buffer<ffi::{ff
   in.jt = jt.typed_data(); in.jsz = jsz.typed_data(); in.tst = tst.typed_data();
   in.order.resize(in.n);
   std::iota(in.order.begin(), in.order.end(), 0);
-  for_threads(in.n, [&](int64_t w, int64_t threads) {{
+  for_threads(in.n, threads_attr, [&](int64_t w, int64_t threads) {{
     record_thread(in, w, threads, times->typed_data(), n_steps->typed_data(), n_rej->typed_data(),
                   status->typed_data(), save_index->typed_data(), dt_next->typed_data(),
                   y_last->typed_data(), jump_index->typed_data(), tstop_index->typed_data());
@@ -1152,6 +1158,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(Rec, RecImpl,
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::{ffi_type}>>()
         .Ret<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::S32>>()
-        .Attr<bool>("fill"));
+        .Attr<bool>("fill").Attr<int32_t>("threads"));
 #endif  // GS_PART_REC
 """
