@@ -9,6 +9,9 @@
   returns ``arviz.InferenceData``.
 - `fit_population`, `PopulationFit`: population maximum likelihood, random effects
   integrated by the Laplace approximation (FOCE-I or Laplace), all subjects one ensemble.
+- `vpc`, `VPC`, `plot_vpc`, `plot_dv_pred`, `plot_cwres`, `population_table`: a
+  population fit's diagnostics (visual predictive check, DV against PRED/IPRED, CWRES) and
+  its long-form table.
 - `predictive`: posterior and prior predictive draws of a model or program, through its
   own solver, vectorised over draws.
 - `ode`: an ODE solve as a site of any NumPyro program (``gs.solve`` under plain
@@ -39,6 +42,7 @@ Importing this package changes no JAX configuration (use float64 for accuracy wo
 from ._baseline import diffrax_numpyro_model
 from ._chains import SampleState
 from ._density import log_density, numpyro_model
+from ._diagnostics import VPC, plot_cwres, plot_dv_pred, plot_vpc, population_table, vpc
 from ._fit import FitState, fit
 from ._least_squares import fit_least_squares
 from ._ode import ode
@@ -81,4 +85,10 @@ __all__ = [
     "predictive",
     "fit_population",
     "PopulationFit",
+    "vpc",
+    "VPC",
+    "plot_vpc",
+    "plot_dv_pred",
+    "plot_cwres",
+    "population_table",
 ]
