@@ -90,6 +90,14 @@ class PopulationFit(NamedTuple):
     n_iterations: int
     wall_time: float
 
+    def table(self, data, path=None) -> dict:
+        """The fitted data in NONMEM's long form (`inference.population_table`): one row
+        per observation or dose of ``data`` (the data set fitted), with ``PRED, IPRED,
+        IWRES, CWRES`` and ``ETA1..ETAq``; written as CSV to ``path`` if given."""
+        from ._diagnostics import population_table
+
+        return population_table(self, data, path)
+
 
 class _Sites(NamedTuple):
     population: dict      # name -> prior distribution (for its support and shape)

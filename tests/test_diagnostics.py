@@ -215,6 +215,10 @@ def test_table_round_trips_through_the_reader(tmp_path):
     fit = fake_fit(data)
     path = tmp_path / "fit.csv"
     tab = inference.population_table(fit, data, path)
+    same = fit.table(data)                                      # the method, the same table
+    assert list(same) == list(tab)
+    for k in tab:
+        np.testing.assert_array_equal(same[k], tab[k])
     back = models.PopulationDataset.from_table(path, covariates=["WT"])
     assert back.ids == data.ids and back.covariate_names == ("WT",)
     for s, r in zip(data.subjects, back.subjects):
