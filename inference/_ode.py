@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.primitives import Messenger, _PYRO_STACK, apply_stack
+from numpyro.primitives import Messenger, apply_stack
 
 import gradsolve as gs
 
@@ -166,10 +166,9 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
 
 
 def _site(name: str, call: OdeCall) -> gs.Solution:
-    """``call`` solved as the site ``name``: ``gs.solve`` without handlers, else what the
+    """``call`` solved as the site ``name``: ``gs.solve`` without handlers (NumPyro's
+    default for a message no handler answers is to call its ``fn``), else what the
     innermost handler of `SITE` messages makes of it."""
-    if not _PYRO_STACK:
-        return call.resolved().solve()
     msg = {"type": SITE, "name": name, "fn": lambda c: c.resolved().solve(), "args": (call,), "kwargs": {},
            "value": None, "cond_indep_stack": [], "infer": {}, "scale": None, "mask": None,
            "stop": False, "is_observed": False, "intermediates": []}

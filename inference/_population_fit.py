@@ -24,7 +24,6 @@ Almquist et al. 2015, J Pharmacokinet Pharmacodyn 42:191).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -183,20 +182,9 @@ def fit_population(
     kw = dict(method=method, init=init, rtol=rtol, atol=atol, solver=solver,
               max_iterations=max_iterations, inner_iterations=inner_iterations, seed=seed)
     t0 = time.perf_counter()
-    try:
-        res = _fit(model, data, driver=driver, **kw)
-        return res._replace(wall_time=time.perf_counter() - t0)
-    except jax.errors.JaxRuntimeError as e:
-        if driver is not None or "No registered implementation" not in str(e):
-            raise
-        # The compiled kernel's FFI target is sometimes missing from a program that mixes
-        # its forward, adjoint and tangent calls (seen with the two-compartment oral model
-        # with repeated doses; not yet understood): fit on the XLA lanes driver instead.
-        warnings.warn("inference.fit_population: the compiled CPU kernel failed in this "
-                      f"program ({str(e)[:120]}...); fitting with gs.drivers.Lanes() "
-                      "instead (same results, slower).", RuntimeWarning, stacklevel=2)
-        res = _fit(model, data, driver=gs.drivers.Lanes(), **kw)
-        return res._replace(wall_time=time.perf_counter() - t0)
+    gs.ensure_compilation_cache()  # a second fit of the same model compiles nothing
+    res = _fit(model, data, driver=driver, **kw)
+    return res._replace(wall_time=time.perf_counter() - t0)
 
 
 def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner_iterations,
@@ -334,7 +322,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
                    options=dict(maxiter=int(max_iterations), gtol=1e-6))
     u_hat = res.x
     eta_hat = modes(u_hat)
-    ofv = float(objective(jnp.asarray(u_hat), eta_hat))
+    ofv = float(value_and_grad(jnp.asarray(u_hat), eta_hat)[0])  # no second compile
     # the objective's Hessian by central differences of its exact gradient
     P = u_hat.size
     Hm = np.zeros((P, P))
@@ -360,8 +348,17 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         i += sizes[k]
 
     phi_j = unflatten(jnp.asarray(u_hat))
-    pred0 = np.asarray(predictions(phi_j, jnp.zeros((S, q)))[0])
-    _, ipred, _ = joint(phi_j, eta_hat)
+
+    @jax.jit
+    def tables(u, eta):
+        """PRED, IPRED and IPRED's ``(S, K, q)`` derivative in the modes, one program."""
+        phi = unflatten(u)
+        pred0 = predictions(phi, jnp.zeros((S, q)))[0]
+        ipred, tangent = jax.linearize(lambda e: predictions(phi, e)[0], eta)
+        basis = [jnp.zeros((S, q)).at[:, k].set(1.0) for k in range(q)]
+        return pred0, ipred, jnp.stack([tangent(b) for b in basis], axis=-1)
+
+    pred0, ipred, J_hat = (np.asarray(a) for a in tables(jnp.asarray(u_hat), eta_hat))
     theta_hat = dict(phi_j, **{eff: jnp.reshape(eta_hat, (S,) + np.shape(draw[eff])[1:])})
     noise = model.noise(theta_hat, jnp.where(seen, ipred, 1.0))
     var = np.broadcast_to(np.asarray(noise.variance), ys.shape)
@@ -370,8 +367,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     prior_var = np.asarray(jnp.broadcast_to(
         _effect_site(model, data, theta_hat, eff)["fn"].variance, (S,) + np.shape(draw[eff])[1:])
     ).reshape(S, q)
-    cwres = _cwres(lambda e: predictions(phi_j, e)[0], eta_hat, ipred, var, ys0, seen,
-                   prior_var)
+    cwres = _cwres(J_hat, eta_hat, ipred, var, ys0, seen, prior_var)
     etas = np.asarray(eta_hat)
     prior_sd = np.sqrt(prior_var[0])
     shrink = 1.0 - np.std(etas, axis=0, ddof=1) / prior_sd
@@ -434,13 +430,11 @@ def _median(d):
 
 
 
-def _cwres(pred_of, eta, ipred, var, ys, seen, prior_var):
+def _cwres(J, eta, ipred, var, ys, seen, prior_var):
     """Conditional weighted residuals: ``C^-1/2 (y - E y)`` with ``E y = f(eta*) - J eta*``
-    and ``C = J Omega J' + R`` (``Omega`` the random effects' prior variances), per
-    subject (``C^-1/2`` by Cholesky)."""
+    and ``C = J Omega J' + R`` (``J (S, K, q)`` the predictions' derivative in the modes,
+    ``Omega`` the random effects' prior variances), per subject (``C^-1/2`` by Cholesky)."""
     S, q = prior_var.shape
-    basis = [jnp.zeros((S, q)).at[:, k].set(1.0) for k in range(q)]
-    J = np.stack([np.asarray(jax.jvp(pred_of, (eta,), (b,))[1]) for b in basis], axis=-1)
     out = np.full(ys.shape, np.nan)
     e = np.asarray(eta)
     for i in range(S):
