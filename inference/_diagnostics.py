@@ -231,13 +231,17 @@ def plot_vpc(result: VPC, *, ax=None, log: bool = False, xlabel: str = "time",
     x = result.bin_times
     ok = np.isfinite(x)
     mid = int(np.argmin(np.abs(result.percentiles - 50.0)))
+    outer = ", ".join(f"{p:g}th" for j, p in enumerate(result.percentiles) if j != mid)
     for j, p in enumerate(result.percentiles):
-        colour = "tab:red" if j == mid else "tab:blue"
+        first_outer = j == (1 if mid == 0 else 0)
+        what = f"{p:g}th" if j == mid else outer
+        show = j == mid or first_outer            # one legend entry for the outer ones
         ax.fill_between(x[ok], result.simulated[ok, j, 0], result.simulated[ok, j, 2],
-                        color=colour, alpha=0.25, lw=0,
-                        label=f"simulated {p:g}th, {100 * result.interval:g} % interval")
+                        color="tab:red" if j == mid else "tab:blue", alpha=0.25, lw=0,
+                        label=f"simulated {what}: {100 * result.interval:g} % interval"
+                        if show else None)
         ax.plot(x[ok], result.observed[ok, j], "-" if j == mid else "--", color="k", lw=1.5,
-                label=f"observed {p:g}th")
+                label=f"observed {what}" if show else None)
     if log:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
