@@ -133,7 +133,8 @@ def vpc(
     and the observations from the noise model; all replicates run as one vectorised
     program (`inference.predictive`). A prediction-corrected VPC (Bergstrand et al. 2011)
     multiplies every observed and simulated value by ``median(PRED in its bin) / PRED``,
-    removing the spread that differing doses and covariates put into a bin.
+    removing the spread that differing doses and covariates put into a bin (values whose
+    PRED is zero, such as pre-dose samples, are left as they are).
 
     Args:
         model: the `models.PopulationModel` that was fitted.
@@ -177,7 +178,7 @@ def vpc(
         pred = _pred(model, data, params)[seen]
         factor = np.ones_like(pred)
         for b in range(edges.size - 1):
-            m = which == b
+            m = (which == b) & (pred != 0)       # a pre-dose PRED of 0 stays uncorrected
             if m.any():
                 factor[m] = np.median(pred[m]) / pred[m]
         dv, sims = dv * factor, sims * factor

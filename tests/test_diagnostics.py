@@ -148,32 +148,44 @@ def theoph_bateman(params, data, eta):
 
 def test_vpc_theophylline_against_numpy_bateman():
     """Oral doses through the model's own dosing and ODE solve: the VPC numbers of
-    theophylline at fixed population values against a NumPy simulation of the Bateman
-    function, within 5 sampling standard deviations of that simulation repeated at the
-    same replicate count."""
+    theophylline at fixed population values, plain and prediction-corrected (PRED the
+    Bateman function at zero random effects; the pre-dose samples, PRED 0, uncorrected),
+    against a NumPy simulation of the Bateman function, within 5 sampling standard
+    deviations of that simulation repeated at the same replicate count."""
     data = models.load_dataset("theophylline")
     params = {"lKa": 0.45, "lCl": -3.22, "lKe": -2.45, "omega": np.array([0.64, 0.26]),
               "sigma": 0.7}
     N, edges = 300, [0.0, 0.4, 1.5, 4.0, 8.0, 13.0, 25.0]
-    v = inference.vpc(models.theophylline(), data, params, n_replicates=N, bins=edges, seed=1)
+    model = models.theophylline()
+    v = inference.vpc(model, data, params, n_replicates=N, bins=edges, seed=1)
+    v_pc = inference.vpc(model, data, params, n_replicates=N, bins=edges, seed=2,
+                         pred_corrected=True)
     ts, ys = data.observations()
     seen = ~np.isnan(ys)
     which = np.clip(np.searchsorted(edges, ts[seen], side="right") - 1, 0, len(edges) - 2)
+    pred = theoph_bateman(params, data, np.zeros((1, data.n_subjects, 2)))[0][seen]
+    factor = np.ones_like(pred)
+    for b in range(len(edges) - 1):
+        m = (which == b) & (pred != 0)
+        factor[m] = np.median(pred[m]) / pred[m]
+    assert np.any(pred == 0) and np.all(np.isfinite(v_pc.simulated))
 
-    def numpy_vpc(seed, n):
+    def numpy_vpc(seed, n, f):
         r = np.random.default_rng(seed)
         c = theoph_bateman(params, data, r.normal(size=(n, data.n_subjects, 2)))
-        y = (c + params["sigma"] * r.normal(size=c.shape))[:, seen]
+        y = (c + params["sigma"] * r.normal(size=c.shape))[:, seen] * f
         per = np.stack([np.percentile(y[:, which == b], [5, 50, 95], axis=1)
                         for b in range(len(edges) - 1)])                # (B, P, n)
         return np.quantile(per, [0.05, 0.5, 0.95], axis=2).transpose(1, 2, 0)
 
-    reps = np.stack([numpy_vpc(100 + k, N) for k in range(60)])
-    ref = numpy_vpc(7, 20 * N)
-    np.testing.assert_array_less(np.abs(v.simulated - ref), 5 * reps.std(axis=0) + 1e-9)
-    for b in range(len(edges) - 1):
-        np.testing.assert_allclose(v.observed[b],
-                                   np.percentile(ys[seen][which == b], [5, 50, 95]))
+    for result, f in ((v, 1.0), (v_pc, factor)):
+        reps = np.stack([numpy_vpc(100 + k, N, f) for k in range(60)])
+        ref = numpy_vpc(7, 20 * N, f)
+        np.testing.assert_array_less(np.abs(result.simulated - ref),
+                                     5 * reps.std(axis=0) + 1e-9)
+        for b in range(len(edges) - 1):
+            np.testing.assert_allclose(result.observed[b], np.percentile(
+                (ys[seen] * f)[which == b], [5, 50, 95]), rtol=1e-7)
 
 
 # ----------------------------------------------------------------------------- plots, table
