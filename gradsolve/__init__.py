@@ -4,7 +4,8 @@ Public API (``import gradsolve as gs``): `record`, `replay`, `solve`, `MeshReuse
 mesh for loops), `Mesh`, `Solution`,
 the solvers `Tsit5`, `Dopri5`, `Vern7`, `Rosenbrock23`, `Rodas5P`, the drivers
 (``gs.drivers``: how a solve runs, passed as ``driver=``), dose schedules as data
-(`DoseSchedule` of `Bolus`, `Infusion` or your own `AbstractDose` records, passed as
+(`DoseSchedule` of `Bolus`, `Infusion`, `SteadyState`, `Reset` or your own `AbstractDose`
+records, passed as
 ``doses=``), `clear_caches` and `enable_x64`.
 Importing this package never changes global JAX configuration.
 """
@@ -14,7 +15,8 @@ from ._caches import clear_caches
 from ._compilation_cache import ensure_compilation_cache, use_compilation_cache
 from ._config import enable_x64, use_compiled_kernel
 from ._controller import PIDController
-from ._doses import AbstractDose, Bolus, DoseChange, DoseSchedule, Infusion
+from ._doses import (AbstractDose, Bolus, DoseChange, DosedSolve, DoseSchedule, Infusion, Reset,
+                     SteadyState)
 from ._mesh import Mesh, Status
 from ._record import record
 from ._replay import replay
@@ -50,6 +52,9 @@ __all__ = [
     "AbstractDose",
     "Bolus",
     "Infusion",
+    "Reset",
+    "SteadyState",
+    "DosedSolve",
     "steady_state",
     "AbstractSolver",
     "AbstractExplicitRK",

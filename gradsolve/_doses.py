@@ -22,9 +22,15 @@ RMS over all components), so the error test over ``d + m`` components is the one
 runs; pass a smaller ``rtol`` where that matters.
 
 Record types (`AbstractDose` subclasses) say what they change, as `DoseChange` tuples: an
-``"amount"`` (a jump of a state) or a ``"rate"`` (a jump of a compartment's input rate) at
-times ``(n, K)``. `DoseSchedule` collects them, lays out the extra states and builds the
-solve's vector field, initial state and jumps.
+``"amount"`` (a jump of a state), a ``"rate"`` (a jump of a compartment's input rate), a
+``"state"`` (a jump of every state, e.g. a steady state added) or a ``"restart"`` (a reset
+to zero or to a steady state) at times ``(n, K)``. `DoseSchedule` collects them, lays out
+the extra states and builds the solve's vector field, initial state and jumps.
+
+A restart is not an additive jump, and no driver needs to learn it: after a restart the
+solution does not depend on what came before, so `DoseSchedule.plan` runs each stretch
+between restarts as its own trajectory of the ensemble, on a local time that starts at
+the restart, and reads every save time from its stretch (`Reset`, `SteadyState`).
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ import numpy as np
 
 from ._caches import cache
 
-__all__ = ["AbstractDose", "Bolus", "Infusion", "DoseChange", "DoseSchedule", "as_schedule"]
+__all__ = ["AbstractDose", "Bolus", "Infusion", "Reset", "SteadyState", "DoseChange",
+           "DoseSchedule", "DosedSolve", "as_schedule"]
 
 _FIELDS = cache("dosed vector fields")
 
@@ -50,10 +57,19 @@ class DoseChange(NamedTuple):
 
     Attributes:
         kind: ``"amount"``: the state ``cmt`` jumps by ``values``; ``"rate"``: the input
-            rate into ``cmt`` jumps by ``values`` (it stays until another change).
-        cmt: the state index (0-based) the change applies to.
+            rate into ``cmt`` jumps by ``values`` (it stays until another change);
+            ``"state"``: every model state jumps by ``values (n, K, d)``; ``"restart"``:
+            the trajectory restarts at ``values (n, K, d)`` (every input stopped), or at
+            zero for ``values=None`` (a reset).
+        cmt: the state index (0-based) the change applies to (unused by ``"state"`` and
+            ``"restart"``).
         times: ``(n, K)`` change times; ``+inf`` for none (padding).
-        values: ``(n, K)`` the jumps.
+        values: ``(n, K)`` the jumps (``(n, K, d)`` for ``"state"`` and ``"restart"``), or,
+            for those two, a function ``values(f, params, options) -> (n, K, d)`` of the
+            model's vector field, its ensemble's parameters (leading axis ``n``) and the
+            solve's ``options`` (``solver``, ``rtol``, ``atol``, ``driver``), evaluated
+            when the schedule is planned: a state that needs the model, e.g. a steady
+            state.
         origin: ``(n, K)`` when the dose that makes the change was given (an infusion's
             end belongs to its start), or ``None``: ``times``. A reset stops what was
             given before it: a change whose dose came before a reset is dropped after it.
@@ -62,7 +78,7 @@ class DoseChange(NamedTuple):
         >>> gs.DoseChange("rate", 1, jnp.full((n, 1), 2.0), jnp.full((n, 1), 50.0))
     """
 
-    kind: Literal["amount", "rate"]
+    kind: Literal["amount", "rate", "state", "restart"]
     cmt: int
     times: jax.Array
     values: jax.Array
@@ -207,25 +223,139 @@ class Infusion(AbstractDose):
                 DoseChange("rate", self.cmt, t + dur, -r, origin=t)]
 
 
+class Reset(AbstractDose):
+    """Every compartment to zero at ``time``, and every input running then stopped
+    (NONMEM's ``EVID 3``; with a dose at the same time, ``EVID 4``: a dose at a reset's
+    time comes after it).
+
+    A reset restarts the trajectory: what happens after it does not depend on what came
+    before, so the solve runs each stretch between resets as its own trajectory of the
+    ensemble, started at zero at the reset time (see `DoseSchedule.plan`). No driver
+    applies anything but additive jumps, and none needs to.
+
+    Attributes:
+        time: reset times (a scalar, ``(K,)`` or ``(n, K)``; ``+inf`` pads).
+
+    Example:
+        >>> gs.DoseSchedule([gs.Bolus(0.0, 100.0), gs.Reset(24.0), gs.Bolus(24.0, 50.0)])
+    """
+
+    time: jax.Array
+
+    def changes(self, n: int) -> list[DoseChange]:
+        t = _rows(self.time, n, "time", "gs.Reset")
+        return [DoseChange("restart", 0, t, None)]
+
+
+class _Given(AbstractDose):
+    """Changes given as they are (a steady state's interval: one dose's changes)."""
+
+    given: tuple
+
+    def changes(self, n: int) -> list[DoseChange]:
+        return list(self.given)
+
+
+class SteadyState(AbstractDose):
+    """A dose given at steady state (NONMEM's ``SS`` with ``II``): ``dose`` as if it had
+    been given every ``interval`` forever before.
+
+    At each of ``dose``'s times the state is the pre-dose state of that periodic steady
+    state (`gradsolve.steady_state`: the fixed point of one dosed interval's flow, by
+    Newton's method, its gradient by the implicit function theorem), and then ``dose``
+    is given. ``add=False`` (``SS = 1``) resets the trajectory to that state, as `Reset`
+    does; ``add=True`` (``SS = 2``) adds it to the current state (superposition: right
+    for linear models only).
+
+    Attributes:
+        dose: a `Bolus` or `Infusion` (any record with a ``time`` field, e.g. with a lag
+            time or a bioavailability); an infusion ends before the next dose.
+        interval: ``II`` (> 0), broadcast to ``dose.time``'s shape.
+        add: ``SS = 2`` instead of ``SS = 1``.
+
+    Example:
+        >>> gs.SteadyState(gs.Infusion(0.0, 500.0, duration=2.0, cmt=1), interval=12.0)
+    """
+
+    dose: AbstractDose
+    interval: jax.Array
+    add: bool = eqx.field(static=True, default=False)
+
+    def changes(self, n: int) -> list[DoseChange]:
+        given = self.dose.changes(n)
+        t = _rows(self.dose.time, n, "time", "gs.SteadyState")
+        ii = jnp.broadcast_to(_rows(self.interval, n, "interval", "gs.SteadyState"), t.shape)
+        here = jnp.isfinite(t)
+
+        def values(f, params, options):
+            from ._steady_state import steady_state
+
+            out = []
+            for k in range(t.shape[1]):
+                tk = t[:, k:k + 1]
+                rel = [c._replace(
+                    times=jnp.where(here[:, k:k + 1] & jnp.isfinite(c.times[:, k:k + 1]),
+                                    c.times[:, k:k + 1] - jnp.where(here[:, k:k + 1], tk, 0.0),
+                                    jnp.inf),
+                    values=c.values[:, k:k + 1], origin=None) for c in given]
+                y = steady_state(f, jnp.where(here[:, k], ii[:, k], 1.0),
+                                 jnp.zeros((n, options["d"])), params, doses=[_Given(tuple(rel))],
+                                 **{o: options[o] for o in ("solver", "rtol", "atol", "driver")})
+                out.append(y)
+            return jnp.stack(out, axis=1)
+
+        return given + [DoseChange("state" if self.add else "restart", 0, t, values)]
+
+
 def _check_values(doses: Sequence[AbstractDose]) -> None:
-    """Concrete amounts, rates and durations: finite where the time is, rates and
-    durations positive (a negative rate is not an infusion)."""
+    """Concrete fields: rates, durations and steady-state intervals positive (a negative
+    rate is not an infusion), lag times and bioavailabilities not negative."""
     for i, dose in enumerate(doses):
-        for name in ("amount", "rate", "duration"):
-            v = getattr(dose, name, None)
-            if v is None or isinstance(v, jax.core.Tracer):
-                continue
-            v = np.asarray(v)
-            if name != "amount" and np.any(v <= 0):
-                raise ValueError(f"gs.DoseSchedule: dose {i} ({type(dose).__name__}) has a "
-                                 f"non-positive `{name}`.")
-        for name in ("lag", "bioavailability"):
-            v = getattr(dose, name, None)
-            if v is None or isinstance(v, jax.core.Tracer):
-                continue
-            if np.any(np.asarray(v) < 0):
-                raise ValueError(f"gs.DoseSchedule: dose {i} ({type(dose).__name__}) has a "
-                                 f"negative `{name}`.")
+        inner = [dose.dose] if isinstance(dose, SteadyState) else []
+        for rec in [dose] + inner:
+            for name, ok, what in (("rate", np.greater, "non-positive"),
+                                   ("duration", np.greater, "non-positive"),
+                                   ("interval", np.greater, "non-positive"),
+                                   ("lag", np.greater_equal, "negative"),
+                                   ("bioavailability", np.greater_equal, "negative")):
+                v = getattr(rec, name, None)
+                if v is None or isinstance(v, jax.core.Tracer):
+                    continue
+                if not np.all(ok(np.asarray(v), 0)):
+                    raise ValueError(f"gs.DoseSchedule: dose {i} ({type(dose).__name__}) has "
+                                     f"a {what} `{name}`.")
+
+
+class DosedSolve(NamedTuple):
+    """A dosed solve's arguments (`DoseSchedule.plan`): solve ``f`` from ``y0`` at
+    ``params``, saving at ``ts``, with ``jumps``, then `DoseSchedule.finish` the solution.
+
+    Attributes:
+        f, y0, params, ts, jumps: the solve's arguments (over the given ``[t0, t1]``).
+        d: the model's states.
+        segments: trajectories of the solve per given trajectory (``1``: no restart).
+        seg: ``(n, k + 1)`` which of them each save time (and ``t1``, last) reads, or
+            ``None``.
+        single: one trajectory given.
+        ts_out: the given save times (``(n, k)``), or ``None``.
+
+    Example:
+        >>> plan = gs.DoseSchedule([gs.Bolus(0.0, 100.0), gs.Reset(12.0)]).plan(
+        ...     f, 0.0, 24.0, y0, p, ts=ts)
+        >>> sol = gs.DoseSchedule.finish(gs.solve(plan.f, 0.0, 24.0, plan.y0, plan.params,
+        ...                                       ts=plan.ts, jumps=plan.jumps), plan)
+    """
+
+    f: Callable
+    y0: jax.Array
+    params: object
+    ts: jax.Array | None
+    jumps: tuple | None
+    d: int
+    segments: int
+    seg: jax.Array | None
+    single: bool
+    ts_out: jax.Array | None
 
 
 class DoseSchedule(eqx.Module):
@@ -260,7 +390,7 @@ class DoseSchedule(eqx.Module):
     def _changes(self, n: int, d: int) -> list[DoseChange]:
         out = [c for dose in self.doses for c in dose.changes(n)]
         for c in out:
-            if not 0 <= c.cmt < d:
+            if c.kind in ("amount", "rate") and not 0 <= c.cmt < d:
                 raise ValueError(f"gs.DoseSchedule: a dose into state {c.cmt}, but the model "
                                  f"has {d} states (cmt is 0-based).")
         return out
@@ -287,8 +417,62 @@ class DoseSchedule(eqx.Module):
         _FIELDS[key] = g
         return g
 
+    @staticmethod
+    def _shifted(g: Callable) -> Callable:
+        """``h(u, z, (p, shift)) = g(u + shift, z, p)``: a trajectory started at a restart
+        runs on local time ``u`` from ``t0``; one function per ``g`` (cached as `field`)."""
+        key = (g, "shifted")
+        if key not in _FIELDS:
+            def h(t, z, q):
+                return g(t + q[1], z, q[0])
+
+            h.__name__ = getattr(g, "__name__", "field") + "_restarted"
+            _FIELDS[key] = h
+        return _FIELDS[key]
+
+    def _layout(self, n: int, d: int, f, params, options, dtype):
+        """The changes (callable values evaluated), the input compartments, the solve's
+        width ``D`` and each change's ``(times (n, K), origin (n, K), sizes (n, K, D))``."""
+        changes = self._changes(n, d)
+        inputs = tuple(sorted({c.cmt for c in changes if c.kind == "rate"}))
+        D = d + len(inputs)
+        col = {("amount", c): c for c in range(d)}
+        col.update({("rate", c): d + j for j, c in enumerate(inputs)})
+        additive, restarts = [], []
+        for c in changes:
+            v = c.values
+            if callable(v):
+                v = v(f, params, {**options, "d": d})
+            t = jnp.asarray(c.times, dtype)
+            if c.kind == "restart":
+                v = jnp.zeros(t.shape + (d,), dtype) if v is None else v
+                restarts.append((t, jnp.asarray(v, dtype)))
+                continue
+            v = jnp.where(jnp.isfinite(t)[..., None] if c.kind == "state" else jnp.isfinite(t),
+                          jnp.asarray(v, dtype), 0.0)
+            if c.kind == "state":
+                size = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (D - d,), v.dtype)], -1)
+            else:
+                size = v[..., None] * jax.nn.one_hot(col[(c.kind, c.cmt)], D, dtype=v.dtype)
+            o = t if c.origin is None else jnp.asarray(c.origin, dtype)
+            additive.append((t, o, size))
+        return additive, restarts, inputs, D
+
+    @staticmethod
+    def _merged(items, D: int):
+        """``(times (N, J), sizes (N, J, D))`` of ``(times, sizes)`` items, each row sorted
+        with its ``+inf`` padding last; ``None`` without items."""
+        if not items:
+            return None
+        T = jnp.concatenate([t for t, _ in items], axis=1)
+        S = jnp.concatenate([s for _, s in items], axis=1)
+        order = jnp.argsort(T, axis=1, stable=True)
+        return (jnp.take_along_axis(T, order, axis=1),
+                jnp.take_along_axis(S, order[..., None], axis=1))
+
     def apply(self, f: Callable, y0, *, t1=None, jumps=None):
-        """The solve's ``(vector field, initial state, jumps)``.
+        """The solve's ``(vector field, initial state, jumps)``, for a schedule without
+        restarts and whose changes need no model (`plan` does every schedule).
 
         Args:
             f: the model's vector field ``f(t, y, p)`` for one trajectory (``y (d,)``).
@@ -307,37 +491,162 @@ class DoseSchedule(eqx.Module):
         single = y0.ndim == 1
         Y = y0[None] if single else y0
         n, d = Y.shape
-        changes = self._changes(n, d)
-        inputs = tuple(sorted({c.cmt for c in changes if c.kind == "rate"}))
-        D = d + len(inputs)
-        col = {("amount", c): c for c in range(d)}
-        col.update({("rate", c): d + j for j, c in enumerate(inputs)})
-        times, sizes = [], []
-        for c in changes:
-            t = c.times.astype(Y.dtype)
-            v = jnp.where(jnp.isfinite(t), c.values.astype(Y.dtype), 0.0)
+        if any(c.kind == "restart" or callable(c.values) for c in self._changes(n, d)):
+            raise ValueError("gs.DoseSchedule.apply: the schedule has a reset or a "
+                             "steady-state dose, which need the model's parameters and the "
+                             "save times: use DoseSchedule.plan (gs.solve does).")
+        additive, _, inputs, D = self._layout(n, d, f, None, {}, Y.dtype)
+        additive += self._layout_jumps(jumps, n, d, D, Y.dtype)
+        items = []
+        for t, _, size in additive:
             if t1 is not None:
-                v = jnp.where(t > t1, 0.0, v)
+                size = jnp.where((t > t1)[..., None], 0.0, size)
                 t = jnp.where(t > t1, jnp.inf, t)
-            times.append(t)
-            sizes.append(v[..., None] * jax.nn.one_hot(col[(c.kind, c.cmt)], D, dtype=Y.dtype))
-        if jumps is not None:
-            jt, js = jnp.asarray(jumps[0], Y.dtype), jnp.asarray(jumps[1], Y.dtype)
-            jt = jnp.broadcast_to(jt, (n,) + jt.shape[-1:])
-            js = jnp.broadcast_to(js, (n,) + js.shape[-2:])
-            times.append(jt)
-            sizes.append(jnp.concatenate([js, jnp.zeros(js.shape[:-1] + (D - d,), Y.dtype)], -1))
+            items.append((t, size))
         Z0 = jnp.concatenate([Y, jnp.zeros((n, D - d), Y.dtype)], axis=1)
-        if not times:
+        merged = self._merged(items, D)
+        if merged is None:
             return f, (Z0[0] if single else Z0), None
-        T, S = jnp.concatenate(times, axis=1), jnp.concatenate(sizes, axis=1)
-        order = jnp.argsort(T, axis=1, stable=True)
-        T = jnp.take_along_axis(T, order, axis=1)
-        S = jnp.take_along_axis(S, order[..., None], axis=1)
         g = self.field(f, d, inputs)
         if single:
-            return g, Z0[0], (T[0], S[0])
-        return g, Z0, (T, S)
+            return g, Z0[0], (merged[0][0], merged[1][0])
+        return g, Z0, merged
+
+    @staticmethod
+    def _layout_jumps(jumps, n: int, d: int, D: int, dtype):
+        """Other jumps ``(times, sizes (.., d))`` as additive ``(times (n, J), origin,
+        sizes (n, J, D))``, or none."""
+        if jumps is None:
+            return []
+        jt, js = jnp.asarray(jumps[0], dtype), jnp.asarray(jumps[1], dtype)
+        jt = jnp.broadcast_to(jt, (n,) + jt.shape[-1:])
+        js = jnp.broadcast_to(js, (n,) + js.shape[-2:])
+        js = jnp.concatenate([js, jnp.zeros(js.shape[:-1] + (D - d,), dtype)], -1)
+        return [(jt, jt, jnp.where(jnp.isfinite(jt)[..., None], js, 0.0))]
+
+    def plan(self, f: Callable, t0, t1, y0, params, *, ts=None, jumps=None,
+             options: dict | None = None) -> "DosedSolve":
+        """The dosed solve's arguments (every schedule; `finish` maps its solution back).
+
+        Without a restart this is `apply`. A restart (`Reset`, `SteadyState` with ``SS =
+        1``) at ``tau`` makes the future independent of the past, so each trajectory with
+        ``R`` restart slots becomes ``R + 1`` trajectories of the ensemble, one per stretch
+        between restarts, each run on local time ``u = t - tau + t0`` (the vector field
+        sees ``t``: it takes ``tau - t0`` as a parameter) from the restart's state, with
+        the changes of the doses given in its stretch; every save time is read from its
+        stretch's trajectory (one at a restart's time reads the state before it, as at a
+        jump). Only additive jumps reach a driver, so every driver runs it unchanged, and
+        the gradient w.r.t. a restart's time is exact: it moves the save times and the
+        vector field's time, both differentiable.
+
+        Args:
+            f, t0, t1, y0, params, ts, jumps: as `gradsolve.solve`'s.
+            options: ``solver``, ``rtol``, ``atol``, ``driver`` of the solve, for changes
+                that need the model (a steady state).
+
+        Returns:
+            A `DosedSolve`: solve ``f``, ``y0``, ``params``, ``ts``, ``jumps`` over
+            ``[t0, t1]``, then `finish` the solution.
+        """
+        options = {"solver": None, "rtol": 1e-6, "atol": 1e-9, "driver": None,
+                   **{k: v for k, v in (options or {}).items() if v is not None}}
+        y0 = jnp.asarray(y0)
+        single = y0.ndim == 1
+        Y = y0[None] if single else y0
+        n, d = Y.shape
+        P = jax.tree.map(lambda x: jnp.asarray(x)[None], params) if single else params
+        additive, restarts, inputs, D = self._layout(n, d, f, P, options, Y.dtype)
+        additive += self._layout_jumps(jumps, n, d, D, Y.dtype)
+        if not restarts:
+            merged = self._merged(
+                [(jnp.where(t > t1, jnp.inf, t), jnp.where((t > t1)[..., None], 0.0, size))
+                 for t, _, size in additive], D)
+            Z0 = jnp.concatenate([Y, jnp.zeros((n, D - d), Y.dtype)], axis=1)
+            if single:
+                Z0, merged = Z0[0], None if merged is None else (merged[0][0], merged[1][0])
+            return DosedSolve(self.field(f, d, inputs), Z0, params, ts, merged, d, 1, None,
+                              single, ts)
+        return self._split(f, t0, t1, Y, P, ts, additive, restarts, inputs, D, single)
+
+    def _split(self, f, t0, t1, Y, P, ts, additive, restarts, inputs, D, single):
+        """`plan` with restarts: one trajectory per stretch between restarts."""
+        n, d = Y.shape
+        dtype = Y.dtype
+        taus = jnp.concatenate([t for t, _ in restarts], axis=1)            # (n, R)
+        vals = jnp.concatenate([v for _, v in restarts], axis=1)            # (n, R, d)
+        order = jnp.argsort(taus, axis=1, stable=True)
+        taus = jnp.take_along_axis(taus, order, axis=1)
+        vals = jnp.take_along_axis(vals, order[..., None], axis=1)
+        S = taus.shape[1] + 1
+        t0 = jnp.asarray(t0, dtype)
+        starts = jnp.concatenate([jnp.full((n, 1), t0, dtype), taus], axis=1)  # (n, S)
+        ends = jnp.concatenate([taus, jnp.full((n, 1), jnp.inf, dtype)], axis=1)
+        live = jnp.isfinite(starts)
+        first = (jnp.arange(S) == 0)[None, :]
+        at = jnp.where(live, starts, t0)
+
+        def local(t):  # (n, K) true times -> (n, S, K) local ones
+            st = at[:, :, None]
+            return jnp.where(first[..., None], t[:, None], jnp.where(
+                t[:, None] == st, t0, t0 + (t[:, None] - st)))
+
+        items = []
+        for t, o, size in additive:
+            inside = ((o[:, None] >= starts[:, :, None]) & (o[:, None] < ends[:, :, None])
+                      & jnp.isfinite(t)[:, None])
+            u = local(jnp.where(jnp.isfinite(t), t, t0))
+            inside = inside & (u <= t1)
+            items.append((jnp.where(inside, u, jnp.inf).reshape(n * S, -1),
+                          jnp.where(inside[..., None], size[:, None], 0.0).reshape(
+                              n * S, -1, D)))
+        merged = self._merged(items, D)
+        Z = jnp.concatenate([Y[:, None], vals], axis=1)                      # (n, S, d)
+        Z0 = jnp.concatenate([Z, jnp.zeros((n, S, D - d), dtype)], -1).reshape(n * S, D)
+        saves = ts is not None
+        tb = jnp.full((n, 1), t1, dtype) if ts is None else jnp.broadcast_to(
+            jnp.asarray(ts, dtype), (n, jnp.shape(ts)[-1]))
+        text = jnp.concatenate([tb, jnp.full((n, 1), t1, dtype)], axis=1)   # (n, k + 1)
+        seg = jax.lax.stop_gradient(jnp.sum(taus[:, None, :] < text[:, :, None], axis=-1))
+        lts = jnp.where(live[:, :, None], jnp.clip(local(text), t0, t1), t0)
+        reps = lambda x: jnp.repeat(jnp.asarray(x), S, axis=0)
+        q = (jax.tree.map(reps, P), (at - t0).reshape(n * S))
+        g = self._shifted(self.field(f, d, inputs))
+        return DosedSolve(g, Z0, q, lts.reshape(n * S, -1), merged, d, S, seg, single,
+                          tb if saves else None)
+
+    @staticmethod
+    def finish(sol, plan: "DosedSolve"):
+        """The `gradsolve.Solution` of the dosed solve ``plan`` (from `plan`) with the
+        model's ``d`` states, one trajectory per given one: each save time read from its
+        stretch's trajectory, ``error_ratio`` the largest and step counts the sums of its
+        stretches' (``mesh`` is the planned ensemble's)."""
+        d, S = plan.d, plan.segments
+        if S == 1:
+            return DoseSchedule.solution(sol, d)
+        N = sol.ys.shape[0]
+        n = N // S
+        ys = sol.ys.reshape((n, S) + sol.ys.shape[1:])
+        picked = jnp.take_along_axis(ys, plan.seg[:, None, :, None], axis=1)[:, 0, :, :d]
+        y1 = picked[:, -1]
+        ts_out = plan.ts_out
+        ys_out = picked[:, :-1] if ts_out is not None else y1[:, None]
+        if ts_out is None:
+            ts_out = jnp.broadcast_to(sol.ts[:1, -1:], (n, 1))
+
+        def per(key, x):
+            if jnp.ndim(x) == 0 or jnp.shape(x)[0] != N:
+                return x
+            x = jnp.reshape(x, (n, S) + jnp.shape(x)[1:])
+            return jnp.max(x, axis=1) if key == "status" else jnp.sum(x, axis=1)
+
+        stats = {k: per(k, v) for k, v in sol.stats.items()}
+        err = jnp.max(sol.error_ratio.reshape(n, S), axis=1)
+        if plan.single:
+            ys_out, y1, ts_out, err = ys_out[0], y1[0], ts_out[0], err[0]
+            stats = {k: (v[0] if jnp.ndim(v) and jnp.shape(v)[0] == 1 else v)
+                     for k, v in stats.items()}
+        return eqx.tree_at(lambda s: (s.ys, s.y1, s.ts, s.stats, s.error_ratio), sol,
+                           (ys_out, y1, ts_out, stats, err))
 
     @staticmethod
     def solution(sol, d: int):

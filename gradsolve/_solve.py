@@ -62,9 +62,10 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             times (each jump's node moves with its time); tstops are not. Every driver
             but `gradsolve.drivers.Diffrax` applies them.
         doses: a `gradsolve.DoseSchedule` (or a list of dose records: `gradsolve.Bolus`,
-            `gradsolve.Infusion`, ...): doses as data, merged with ``jumps``; the solution
-            has the model's ``d`` states. Differentiable w.r.t. every dose field (times,
-            amounts, rates, durations) on every driver.
+            `gradsolve.Infusion`, `gradsolve.SteadyState`, `gradsolve.Reset`, ...): doses
+            as data, merged with ``jumps``; the solution has the model's ``d`` states.
+            Differentiable w.r.t. every dose field (times, amounts, rates, durations, lag
+            times, bioavailabilities, steady-state intervals) on every driver.
 
     Returns:
         A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
@@ -83,13 +84,14 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
     """
     where = "gs.solve"
     if doses is not None:
-        d = jnp.shape(y0)[-1]
-        g, z0, jumps = as_schedule(doses, where).apply(f, y0, t1=t1, jumps=jumps)
-        sol = solve(g, t0, t1, z0, params, ts=ts, solver=solver, rtol=rtol, atol=atol,
-                    dt0=dt0, max_steps=max_steps, controller=controller, throw=throw,
-                    group_size=group_size, chunk_size=chunk_size, driver=driver,
-                    jumps=jumps, tstops=tstops)
-        return DoseSchedule.solution(sol, d)
+        plan = as_schedule(doses, where).plan(f, t0, t1, y0, params, ts=ts, jumps=jumps,
+                                              options=dict(solver=solver, rtol=rtol,
+                                                           atol=atol, driver=driver))
+        sol = solve(plan.f, t0, t1, plan.y0, plan.params, ts=plan.ts, solver=solver,
+                    rtol=rtol, atol=atol, dt0=dt0, max_steps=max_steps,
+                    controller=controller, throw=throw, group_size=group_size,
+                    chunk_size=chunk_size, driver=driver, jumps=plan.jumps, tstops=tstops)
+        return DoseSchedule.finish(sol, plan)
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
                                        controller, where, dt0)
     events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)

@@ -48,7 +48,8 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
 
     Args:
         f: the vector field ``f(t, y, params)`` of one trajectory (``y (d,)``).
-        interval: the dosing interval ``II`` (> 0; a scalar shared by the ensemble).
+        interval: the dosing interval ``II`` (> 0): a scalar, or ``(n,)`` one per
+            trajectory.
         y0: ``(d,)`` or ``(n, d)``: Newton's starting guess (zeros serve; a linear model
             needs one step from anywhere).
         params: as `gradsolve.solve` (leading axis ``n`` on every leaf for an ensemble).
@@ -78,22 +79,30 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
     single = y0.ndim == 1
     Y = y0[None] if single else y0
     n, d = Y.shape
-    if is_concrete(interval) and not float(interval) > 0:
+    interval = jnp.asarray(interval, Y.dtype)
+    if interval.shape not in ((), (n,)):
+        raise ValueError(f"{where}: `interval` must be a scalar or ({n},), got shape "
+                         f"{interval.shape}.")
+    if is_concrete(interval) and not np.all(np.asarray(interval) > 0):
         raise ValueError(f"{where}: `interval` must be positive, got {interval}.")
+    interval = jnp.broadcast_to(interval, (n,))
     g, Z0, jumps = sched.apply(f, Y, jumps=None)
     if jumps is None:
         raise ValueError(f"{where}: `doses` gives no dose; a steady state needs one.")
     T, S = jumps
     if is_concrete(T, interval):
-        finite = np.asarray(T)[np.isfinite(np.asarray(T))]
-        if finite.size and (finite.min() < 0 or finite.max() > float(interval)):
+        Tn, ii = np.asarray(T), np.asarray(interval)[:, None]
+        finite = np.isfinite(Tn)
+        if np.any(finite & ((Tn < 0) | (Tn > ii))):
+            row = int(np.flatnonzero(np.any(finite & ((Tn < 0) | (Tn > ii)), axis=1))[0])
             raise ValueError(f"{where}: every dose of the interval, and the end of every "
-                             f"input, must lie in [0, interval] = [0, {float(interval)}] "
-                             "(times are relative to the interval's start).")
+                             f"input, must lie in [0, interval] = [0, {float(ii[row, 0])}] "
+                             f"(times are relative to the interval's start; trajectory "
+                             f"{row}).")
     D = Z0.shape[1]
     p_batched = jax.tree.map(lambda x: jnp.asarray(x)[None], params) if single else params
 
-    def one(y_guess, p, times, sizes):
+    def one(y_guess, p, times, sizes, interval):
         def interval_map(y, q, tt, ss, t_end):
             z = jnp.concatenate([y, jnp.zeros(D - d, y.dtype)])
             sol = solve(g, 0.0, t_end, z, q, solver=solver, rtol=rtol, atol=atol,
@@ -123,7 +132,7 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
         residual = y - interval_map(y, p, times, sizes, jnp.asarray(interval, y.dtype))
         return y - _solve_small(eye - J, residual)
 
-    out = jax.vmap(one)(Y, p_batched, T, S)
+    out = jax.vmap(one)(Y, p_batched, T, S, interval)
     if is_concrete(out) and not bool(jnp.all(jnp.isfinite(out))):
         bad = np.flatnonzero(~np.all(np.isfinite(np.asarray(out)), axis=-1)).tolist()
         raise RuntimeError(f"{where}: Newton's method found no periodic steady state within "

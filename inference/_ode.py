@@ -152,16 +152,17 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
             max_steps, (int, np.integer)) or max_steps < 1):
         raise ValueError(f"{where}({name!r}): `max_steps` must be a positive int, got "
                          f"{max_steps!r}")
-    d = None
+    plan = None
     if doses is not None:
         if not isinstance(doses, gs.DoseSchedule):
             doses = gs.DoseSchedule(doses)
-        d = jnp.shape(y0)[-1]
-        f, y0, jumps = doses.apply(f, y0, t1=t1, jumps=jumps)
+        plan = doses.plan(f, t0, t1, y0, params, ts=ts, jumps=jumps,
+                          options=dict(solver=solver, rtol=rtol, atol=atol))
+        f, y0, params, ts, jumps = plan.f, plan.y0, plan.params, plan.ts, plan.jumps
     call = OdeCall(f, t0, t1, y0, params, ts, jumps, tstops, solver, rtol, atol,
                    None if max_steps is None else int(max_steps))
-    if d is not None:
-        return gs.DoseSchedule.solution(_site(name, call), d)
+    if plan is not None:
+        return gs.DoseSchedule.finish(_site(name, call), plan)
     return _site(name, call)
 
 

@@ -41,7 +41,14 @@ class Subject(NamedTuple):
         dose_cmt: ``(J,)`` 0-based compartment index each dose goes into.
         covariates: name -> value, constant within the subject.
         dose_rates: ``(J,)`` zero-order input rate of each dose (``0``: a bolus; ``RATE``,
-            or ``AMT / DUR``); ``None`` (the default) for bolus doses only.
+            or ``AMT / DUR``; ``-1``/``-2``: a rate/duration the model gives); ``None``
+            (the default) for bolus doses only.
+        dose_durations: ``(J,)`` ``DUR`` of each dose (``0``: none given), or ``None``.
+        dose_ss: ``(J,)`` ``SS`` of each dose (``0``; ``1``: at steady state, resetting;
+            ``2``: at steady state, added), or ``None``: none.
+        dose_ii: ``(J,)`` ``II`` of each dose (its steady state's interval), or ``None``.
+        dose_rows: ``(J,)`` the table row (1-based) each dose comes from, or ``None``.
+        resets: ``(R,)`` reset times (``EVID`` 3 and 4), or ``None``: none.
 
     Example:
         >>> s = models.load_dataset("theophylline").subjects[0]
@@ -57,6 +64,11 @@ class Subject(NamedTuple):
     dose_cmt: np.ndarray
     covariates: dict
     dose_rates: np.ndarray | None = None
+    dose_durations: np.ndarray | None = None
+    dose_ss: np.ndarray | None = None
+    dose_ii: np.ndarray | None = None
+    dose_rows: np.ndarray | None = None
+    resets: np.ndarray | None = None
 
 
 def _column(table, name: str, argname: str, required: bool = True):
@@ -116,36 +128,36 @@ def read_csv(text: str, label: str) -> tuple[dict[str, list], dict[str, str]]:
     return cols, meta
 
 
-def _dose_record(sid, r: int, t: float, amount: float, get) -> list[tuple[float, float]]:
-    """The ``(time, rate)`` of the dose on row ``r`` and of its ``ADDL`` additional doses
-    (rate ``0``: a bolus), with NONMEM's rules for ``RATE``, ``DUR``, ``SS``, ``II``."""
+def _dose_record(sid, r: int, t: float, amount: float, get) -> list[tuple]:
+    """The ``(time, rate, duration, ss, ii)`` of the dose on row ``r`` and of its ``ADDL``
+    additional doses (rate ``0``: a bolus; ``-1``/``-2``: modelled), with NONMEM's rules
+    for ``RATE``, ``DUR``, ``SS``, ``II`` (only the row's own dose is at steady state)."""
     where = f"PopulationDataset: subject {sid!r}, row {r + 1}"
     rate, dur, addl, ii, ss = (get(k) for k in ("rate", "dur", "addl", "ii", "ss"))
     rate, dur, addl, ii, ss = (0.0 if np.isnan(v) else v for v in (rate, dur, addl, ii, ss))
-    if rate in (-1.0, -2.0):
-        raise NotImplementedError(
-            f"{where}: RATE = {rate:g} (a {'rate' if rate == -1 else 'duration'} the model "
-            "estimates) is not read from a table yet; write the dose with gs.Infusion in a "
-            "NumPyro program (inference.ode(..., doses=...)), where it may be a parameter.")
-    if rate < 0:
-        raise ValueError(f"{where}: RATE must be >= 0 (or -1/-2), got {rate:g}.")
+    if rate < 0 and rate not in (-1.0, -2.0):
+        raise ValueError(f"{where}, column RATE: RATE must be >= 0 (or -1/-2), got {rate:g}.")
     if dur < 0:
-        raise ValueError(f"{where}: DUR must be >= 0, got {dur:g}.")
-    if rate > 0 and dur > 0:
-        raise ValueError(f"{where}: give RATE or DUR, not both (RATE {rate:g}, DUR {dur:g}).")
-    if ss:
-        if ii <= 0:
-            raise ValueError(f"{where}: SS = {ss:g} needs an interval II > 0.")
-        raise NotImplementedError(
-            f"{where}: SS = {ss:g} (a dose at steady state) is not read from a table yet; "
-            "compute the pre-dose state with gradsolve.steady_state and start there.")
+        raise ValueError(f"{where}, column DUR: DUR must be >= 0, got {dur:g}.")
+    if rate != 0 and dur > 0:
+        raise ValueError(f"{where}, columns RATE and DUR: give RATE or DUR, not both (RATE "
+                         f"{rate:g}, DUR {dur:g}).")
+    if ss not in (0.0, 1.0, 2.0):
+        raise ValueError(f"{where}, column SS: SS must be 0, 1 or 2, got {ss:g}.")
+    if ss and ii <= 0:
+        raise ValueError(f"{where}, column II: SS = {ss:g} needs an interval II > 0.")
+    if ss and dur > ii:
+        raise ValueError(f"{where}, column DUR: a steady-state infusion must end within its "
+                         f"interval (DUR {dur:g} > II {ii:g}).")
     if addl < 0 or addl != int(addl):
-        raise ValueError(f"{where}: ADDL must be a whole number >= 0, got {addl:g}.")
+        raise ValueError(f"{where}, column ADDL: ADDL must be a whole number >= 0, got "
+                         f"{addl:g}.")
     if addl and ii <= 0:
-        raise ValueError(f"{where}: ADDL = {addl:g} needs an interval II > 0.")
+        raise ValueError(f"{where}, column II: ADDL = {addl:g} needs an interval II > 0.")
     if dur > 0:
         rate = amount / dur
-    return [(t + k * ii, rate) for k in range(int(addl) + 1)]
+    return [(t + k * ii, rate, dur, int(ss) if k == 0 else 0, ii)
+            for k in range(int(addl) + 1)]
 
 
 class PopulationDataset:
@@ -231,9 +243,10 @@ class PopulationDataset:
         A dose into a compartment at or beyond ``n_states`` is a ``ValueError`` naming the
         subject.
         """
-        if self.has_infusions:
+        if self.needs_schedule:
             raise ValueError("PopulationDataset.jumps: the data set has zero-order inputs "
-                             "(RATE or DUR), which are not jumps; use `doses`.")
+                             "(RATE or DUR), steady-state doses (SS) or resets (EVID 3/4), "
+                             "which are not jumps; use `doses`.")
         scale = self._scale(scale, n_states, "jumps")
         J = max(1, max(s.dose_times.size for s in self.subjects))
         times = np.full((self.n_subjects, J), np.inf)
@@ -248,19 +261,27 @@ class PopulationDataset:
     @property
     def has_infusions(self) -> bool:
         """Whether any dose is a zero-order input (``RATE`` or ``DUR`` in the table)."""
-        return any(s.dose_rates is not None and np.any(s.dose_rates > 0)
+        return any(s.dose_rates is not None and np.any(s.dose_rates != 0)
                    for s in self.subjects)
+
+    @property
+    def needs_schedule(self) -> bool:
+        """Whether the doses need `doses` (a ``gradsolve.DoseSchedule``): zero-order
+        inputs, steady-state doses or resets; else `jumps` serve."""
+        return self.has_infusions or any(s.dose_ss is not None or s.resets is not None
+                                         for s in self.subjects)
 
     def _check_compartments(self, n_states: int, where: str) -> None:
         """A dose into a compartment the model does not have is a ``ValueError`` naming
-        the subject."""
+        the subject, row and column."""
         for s in self.subjects:
-            bad = s.dose_cmt[(s.dose_cmt < 0) | (s.dose_cmt >= n_states)]
+            bad = np.flatnonzero((s.dose_cmt < 0) | (s.dose_cmt >= n_states))
             if bad.size:
+                row = "" if s.dose_rows is None else f"row {int(s.dose_rows[bad[0]])}, "
                 raise ValueError(
                     f"PopulationDataset.{where}: subject {s.id!r} has a dose into compartment "
-                    f"CMT={int(bad[0]) + 1}, but the model has {n_states} states "
-                    f"(CMT 1..{n_states}).")
+                    f"CMT={int(s.dose_cmt[bad[0]]) + 1} ({row}column CMT), but the model has "
+                    f"{n_states} states (CMT 1..{n_states}).")
 
     @staticmethod
     def _scale(scale, n_states: int, where: str) -> np.ndarray:
@@ -270,41 +291,98 @@ class PopulationDataset:
                              f"({n_states},), got {scale.shape}.")
         return scale
 
-    def doses(self, n_states: int, scale: Sequence[float] | None = None):
-        """Every subject's doses as a ``gradsolve.DoseSchedule``: per compartment, one
-        ``gs.Bolus`` of the bolus doses and one ``gs.Infusion`` of the zero-order inputs
-        (``(S, J)`` fields padded with ``inf`` times), amounts and rates times
-        ``scale[c]``. Pass it as ``doses=`` to ``gs.solve`` or ``inference.ode``.
+    def _dose_groups(self):
+        """Every subject's doses by ``(cmt, kind, ss)`` (kind: ``bolus``, ``rate``,
+        ``dur``, ``R`` a modelled rate, ``D`` a modelled duration): per group, per
+        subject, the dose indices."""
+        groups: dict[tuple, list[np.ndarray]] = {}
+        for i, s in enumerate(self.subjects):
+            J = s.dose_times.size
+            rate = np.zeros(J) if s.dose_rates is None else s.dose_rates
+            dur = np.zeros(J) if s.dose_durations is None else s.dose_durations
+            ss = np.zeros(J, np.int64) if s.dose_ss is None else s.dose_ss
+            kind = np.where(rate == 0, "bolus", np.where(dur > 0, "dur", np.where(
+                rate == -1, "R", np.where(rate == -2, "D", "rate"))))
+            for j in range(J):
+                key = (int(s.dose_cmt[j]), str(kind[j]), int(ss[j]))
+                groups.setdefault(key, [[] for _ in self.subjects])[i].append(j)
+        return groups
 
-        A dose into a compartment at or beyond ``n_states`` is a ``ValueError`` naming the
-        subject.
+    def doses(self, n_states: int, scale: Sequence[float] | None = None,
+              parameters: Mapping[str, Any] | None = None):
+        """Every subject's doses as a ``gradsolve.DoseSchedule``: per compartment and kind
+        one record (``gs.Bolus``, ``gs.Infusion``, wrapped in ``gs.SteadyState`` for ``SS``
+        doses) with ``(S, J)`` fields padded with ``inf`` times, and a ``gs.Reset`` of the
+        ``EVID`` 3/4 times; amounts and rates times ``scale[c]``. Pass it as ``doses=`` to
+        ``gs.solve`` or ``inference.ode``.
+
+        Args:
+            n_states: the model's states.
+            scale: ``(n_states,)`` a factor per compartment (default ones).
+            parameters: the model's dose parameters, NONMEM's names with the 1-based
+                compartment, each ``(S,)`` (may be traced): ``ALAGc`` the lag time, ``Fc``
+                the bioavailability, ``Rc`` the rate of ``RATE = -1`` doses, ``Dc`` the
+                duration of ``RATE = -2`` doses.
+
+        A dose into a compartment at or beyond ``n_states``, and a ``RATE = -1/-2`` dose
+        without its ``Rc``/``Dc``, are ``ValueError``s naming the subject, row and column.
         """
+        import jax.numpy as jnp
+
         import gradsolve as gs
 
         scale = self._scale(scale, n_states, "doses")
         S = self.n_subjects
-        records = []
+        params = dict(parameters or {})
+        allowed = {f"{k}{c + 1}" for k in ("ALAG", "F", "R", "D") for c in range(n_states)}
+        unknown = sorted(set(params) - allowed)
+        if unknown:
+            raise ValueError(f"PopulationDataset.doses: unknown dose parameters {unknown}; "
+                             f"they are ALAGc, Fc, Rc, Dc for c in 1..{n_states}.")
+        params = {k: jnp.reshape(jnp.asarray(v), (S,))[:, None] for k, v in params.items()}
         self._check_compartments(n_states, "doses")
-        rates = [np.zeros(s.dose_times.size) if s.dose_rates is None else s.dose_rates
-                 for s in self.subjects]
-        for c in range(n_states):
-            for infused in (False, True):
-                picks = [(s.dose_cmt == c) & ((r > 0) == infused)
-                         for s, r in zip(self.subjects, rates)]
-                J = max(int(m.sum()) for m in picks)
-                if J == 0:
-                    continue
-                t = np.full((S, J), np.inf)
-                a = np.zeros((S, J))
-                rr = np.ones((S, J))  # padding: an inert positive rate
-                for i, (s, r, m) in enumerate(zip(self.subjects, rates, picks)):
-                    k = int(m.sum())
-                    t[i, :k], a[i, :k], rr[i, :k] = s.dose_times[m], s.dose_amounts[m], r[m]
-                a = a * scale[c]
-                if infused:
-                    records.append(gs.Infusion(time=t, amount=a, rate=rr * scale[c], cmt=c))
-                else:
-                    records.append(gs.Bolus(time=t, amount=a, cmt=c))
+        records = []
+        for (c, kind, ss), picks in sorted(self._dose_groups().items()):
+            J = max(len(m) for m in picks)
+            t, a, rr, dd, ii = (np.full((S, J), x) for x in (np.inf, 0.0, 1.0, 1.0, 1.0))
+            for i, (s, m) in enumerate(zip(self.subjects, picks)):
+                k = len(m)
+                t[i, :k], a[i, :k] = s.dose_times[m], s.dose_amounts[m] * scale[c]
+                if s.dose_rates is not None and kind in ("rate", "dur"):
+                    rr[i, :k] = s.dose_rates[m] * scale[c]
+                    dd[i, :k] = s.dose_durations[m]
+                if s.dose_ii is not None:
+                    ii[i, :k] = np.where(s.dose_ii[m] > 0, s.dose_ii[m], 1.0)
+            extra = dict(lag=params.get(f"ALAG{c + 1}"),
+                         bioavailability=params.get(f"F{c + 1}"), cmt=c)
+            if kind in ("R", "D"):
+                name = f"{kind}{c + 1}"
+                if name not in params:
+                    i = next(i for i, m in enumerate(picks) if m)
+                    s = self.subjects[i]
+                    raise ValueError(
+                        f"PopulationDataset.doses: subject {s.id!r}, row "
+                        f"{int(s.dose_rows[picks[i][0]])}, column RATE: RATE = "
+                        f"{-1 if kind == 'R' else -2} needs the model's "
+                        f"{'rate' if kind == 'R' else 'duration'} {name} (the model gives "
+                        f"no such dose parameter).")
+                how = ({"rate": params[name] * scale[c]} if kind == "R"
+                       else {"duration": params[name]})
+                rec = gs.Infusion(time=t, amount=a, **how, **extra)
+            elif kind == "rate":
+                rec = gs.Infusion(time=t, amount=a, rate=rr, **extra)
+            elif kind == "dur":
+                rec = gs.Infusion(time=t, amount=a, duration=dd, **extra)
+            else:
+                rec = gs.Bolus(time=t, amount=a, **extra)
+            records.append(gs.SteadyState(rec, interval=ii, add=ss == 2) if ss else rec)
+        R = max(0 if s.resets is None else s.resets.size for s in self.subjects)
+        if R:
+            times = np.full((S, R), np.inf)
+            for i, s in enumerate(self.subjects):
+                if s.resets is not None:
+                    times[i, :s.resets.size] = s.resets
+            records.append(gs.Reset(times))
         return gs.DoseSchedule(records)
 
     def subject_dataset(self, i: int) -> Dataset:
@@ -323,7 +401,9 @@ class PopulationDataset:
                    units: str | None = None, source: str | None = None
                    ) -> "PopulationDataset":
         """Read a long-format table: one row per observation (``EVID`` 0), dose
-        (``EVID`` 1) or other event (``EVID`` 2, skipped), with NONMEM's dose columns.
+        (``EVID`` 1), other event (``EVID`` 2, skipped), reset (``EVID`` 3: every
+        compartment to zero, running inputs stopped) or reset and dose (``EVID`` 4), with
+        NONMEM's dose columns.
 
         Args:
             table: a mapping of column name to values (a dict of lists or arrays, a pandas
@@ -333,19 +413,23 @@ class PopulationDataset:
                 may be absent: then rows with an ``AMT`` are doses and everything goes into
                 (and is observed from) compartment 1. Missing values: empty, ``.`` or NaN.
             rate, dur: a dose's zero-order input: ``RATE`` (amount per unit time) or
-                ``DUR`` (its duration), ``0`` or missing for a bolus. Both given on one row,
-                a negative ``RATE`` other than ``-1``/``-2``, and ``-1``/``-2`` (a rate or
-                duration that the model estimates: write it with ``gs.Infusion`` in a
-                program) are errors naming the row.
+                ``DUR`` (its duration), ``0`` or missing for a bolus; ``RATE = -1``/``-2``:
+                the rate/duration is the model's dose parameter ``Rc``/``Dc`` (see
+                `doses`). Both given on one row, or a negative ``RATE`` other than
+                ``-1``/``-2``, are errors naming the row.
             addl, ii: ``ADDL`` additional doses, one every ``II`` after the row's.
-            ss, mdv: ``SS = 1`` (a dose at steady state: see `gradsolve.steady_state`) is
-                an error naming the row; ``MDV = 1`` makes an observation row missing.
+            ss: ``SS = 1``: the row's dose is at steady state (given every ``II`` before;
+                the state is reset to that steady state, see ``gradsolve.SteadyState``);
+                ``SS = 2``: the same, added to the current state. Needs ``II``.
+            mdv: ``MDV = 1`` makes an observation row missing.
             covariates: covariate columns (constant within a subject); default every column
                 not named above.
             name, units, source: metadata (a CSV's comments fill them when not given).
 
         Rows of a subject must be in time order (as NONMEM requires); at one time an
-        observation row before a dose row reads the state before that dose.
+        observation row before a dose row reads the state before that dose; an
+        observation at a reset's time is an error. Bad input is a ``ValueError`` naming
+        the subject, row and column.
 
         Returns:
             A `PopulationDataset`.
@@ -377,7 +461,8 @@ class PopulationDataset:
             sid = sid.item() if hasattr(sid, "item") else sid
             if isinstance(sid, str) and sid.strip().lstrip("-").isdigit():
                 sid = int(sid)
-            d = rows.setdefault(sid, {"obs": [], "dose": [], "cov": {c: [] for c in covariates}})
+            d = rows.setdefault(sid, {"obs": [], "dose": [], "resets": [],
+                                     "cov": {c: [] for c in covariates}})
             t = _number(times[r], f"TIME (row {r + 1})", sid, allow_missing=False)
             amount = np.nan if amts is None else _number(amts[r], f"AMT (row {r + 1})", sid)
             kind = (1 if np.isfinite(amount) else 0) if evids is None else int(
@@ -390,25 +475,25 @@ class PopulationDataset:
                 value = np.nan if dvs is None else _number(dvs[r], f"DV (row {r + 1})", sid)
                 if get("mdv") == 1:
                     value = np.nan
-                d["obs"].append((t, value, comp - 1))
-            elif kind == 1:
+                d["obs"].append((t, value, comp - 1, r + 1))
+            elif kind in (3, 4):  # a reset (EVID 4: and a dose after it)
+                d["resets"].append((t, r + 1))
+            elif kind not in (1, 2):
+                raise ValueError(f"PopulationDataset: subject {sid!r}: EVID {kind} (row {r + 1}, "
+                                 "column EVID) is not one of 0 (observation), 1 (dose), 2 "
+                                 "(other event), 3 (reset), 4 (reset and dose).")
+            if kind in (1, 4):
                 if not np.isfinite(amount):
                     raise ValueError(f"PopulationDataset: subject {sid!r}: the dose at TIME "
-                                     f"{t:g} (row {r + 1}) has no AMT.")
-                for t_dose, r_dose in _dose_record(sid, r, t, amount, get):
-                    d["dose"].append((t_dose, amount, comp - 1, r_dose))
-            elif kind == 2:
-                pass  # another event: nothing to solve or observe
-            elif kind in (3, 4):
-                raise NotImplementedError(
-                    f"PopulationDataset: subject {sid!r}: EVID {kind} (row {r + 1}, a reset of "
-                    "every compartment) is not supported yet: split the subject at the reset.")
-            else:
-                raise ValueError(f"PopulationDataset: subject {sid!r}: EVID {kind} (row {r + 1}) "
-                                 "is not one of 0 (observation), 1 (dose), 2 (other event).")
+                                     f"{t:g} (row {r + 1}, column AMT) has no AMT.")
+                for t_dose, r_dose, dur, ss_, ii_ in _dose_record(sid, r, t, amount, get):
+                    d["dose"].append((t_dose, amount, comp - 1, r_dose, dur, ss_, ii_, r + 1))
             for c in covariates:
-                d["cov"][c].append(_number(cov_cols[c][r], f"covariate {c!r} (row {r + 1})",
-                                           sid))
+                v = _number(cov_cols[c][r], f"covariate {c!r} (row {r + 1})", sid)
+                if np.isnan(v):
+                    raise ValueError(f"PopulationDataset: subject {sid!r}: covariate {c!r} is "
+                                     f"missing (row {r + 1}, column {c}).")
+                d["cov"][c].append(v)
         subjects = [cls._subject(sid, d) for sid, d in rows.items()]
         title = meta.get("title")
         src = source if source is not None else meta.get("source")
@@ -419,20 +504,22 @@ class PopulationDataset:
 
     @staticmethod
     def _subject(sid, d) -> Subject:
-        obs, dose = d["obs"], d["dose"]
-        for what, recs in (("observation", obs),):
-            t = np.array([x[0] for x in recs])
-            if np.any(np.diff(t) < 0):
-                raise ValueError(f"PopulationDataset: subject {sid!r}: {what} times are not "
-                                 "in time order; sort each subject's rows by TIME.")
+        obs, dose, resets = d["obs"], d["dose"], d["resets"]
+        t = np.array([x[0] for x in obs])
+        if np.any(np.diff(t) < 0):
+            raise ValueError(f"PopulationDataset: subject {sid!r}: observation times are not "
+                             "in time order; sort each subject's rows by TIME.")
+        for t_obs, _, _, row in obs:
+            if any(t_obs == t_r for t_r, _ in resets):
+                raise ValueError(f"PopulationDataset: subject {sid!r}, row {row}, column TIME: "
+                                 f"an observation at a reset time ({t_obs:g}; EVID 3/4): it "
+                                 "would read the state before the reset; move it off the "
+                                 "reset time.")
         if not obs or all(np.isnan(x[1]) for x in obs):
             raise ValueError(f"PopulationDataset: subject {sid!r} has no observations.")
         covs = {}
         for c, values in d["cov"].items():
             v = np.asarray(values)
-            if np.any(np.isnan(v)):
-                raise ValueError(f"PopulationDataset: subject {sid!r}: covariate {c!r} is "
-                                 "missing (NaN) on some rows.")
             if np.any(v != v[0]):
                 raise ValueError(f"PopulationDataset: subject {sid!r}: covariate {c!r} changes "
                                  "within the subject; time-varying covariates are not "
@@ -440,8 +527,11 @@ class PopulationDataset:
             covs[c] = float(v[0])
         dose = sorted(dose, key=lambda x: x[0])  # additional doses interleave later rows
         arr = lambda recs, j, dt=np.float64: np.array([x[j] for x in recs], dtype=dt)
-        rates = arr(dose, 3)
+        rates, ss = arr(dose, 3), arr(dose, 5, np.int64)
         return Subject(id=sid, ts=arr(obs, 0), ys=arr(obs, 1), obs_cmt=arr(obs, 2, np.int64),
                        dose_times=arr(dose, 0), dose_amounts=arr(dose, 1),
                        dose_cmt=arr(dose, 2, np.int64), covariates=covs,
-                       dose_rates=rates if np.any(rates > 0) else None)
+                       dose_rates=rates if np.any(rates != 0) else None,
+                       dose_durations=arr(dose, 4), dose_ss=ss if np.any(ss) else None,
+                       dose_ii=arr(dose, 6), dose_rows=arr(dose, 7, np.int64),
+                       resets=np.array(sorted(t for t, _ in resets)) if resets else None)

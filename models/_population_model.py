@@ -89,6 +89,10 @@ class PopulationModel(eqx.Module):
             dose_scale[c]`` to state ``c`` (default ones; a unit change).
         dose_sizes: ``dose_sizes(theta, p, sizes (S, J, d)) -> sizes``, e.g. a
             bioavailability estimated from the data; default the identity.
+        dose_parameters: ``dose_parameters(theta, p) -> dict`` of NONMEM's dose
+            parameters per compartment ``c`` (1-based), each ``(S,)``: ``ALAGc`` a lag
+            time, ``Fc`` a bioavailability, ``Rc``/``Dc`` the rate/duration of the data's
+            ``RATE = -1``/``-2`` doses (`PopulationDataset.doses`); differentiable.
 
     Example:
         >>> model = models.theophylline()
@@ -116,6 +120,7 @@ class PopulationModel(eqx.Module):
     observation_fn: Callable = eqx.field(static=True)
     noise_fn: Callable = eqx.field(static=True)
     dose_sizes_fn: Callable = eqx.field(static=True)
+    dose_parameters_fn: Callable | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -132,6 +137,7 @@ class PopulationModel(eqx.Module):
         obs_name: str = "DV",
         dose_scale: Sequence[float] | None = None,
         dose_sizes: Callable | None = None,
+        dose_parameters: Callable | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"`name` must be a non-empty string, got {name!r}")
@@ -149,6 +155,8 @@ class PopulationModel(eqx.Module):
         self.noise_fn = _callable("noise", noise, "noise(theta, pred) -> distribution")
         self.dose_sizes_fn = _identity_doses if dose_sizes is None else _callable(
             "dose_sizes", dose_sizes, "dose_sizes(theta, p, sizes) -> sizes")
+        self.dose_parameters_fn = None if dose_parameters is None else _callable(
+            "dose_parameters", dose_parameters, "dose_parameters(theta, p) -> dict")
         try:
             self.t0 = float(t0)
         except (TypeError, ValueError):
@@ -181,7 +189,7 @@ class PopulationModel(eqx.Module):
             latent=self.latent_fn, individual=self.individual_fn,
             observation=self.observation_fn, noise=self.noise_fn, t0=self.t0,
             stiff=self.stiff, obs_name=self.obs_name, dose_scale=self.dose_scale,
-            dose_sizes=self.dose_sizes_fn,
+            dose_sizes=self.dose_sizes_fn, dose_parameters=self.dose_parameters_fn,
         )
         unknown = sorted(set(changes) - set(kwargs))
         if unknown:
@@ -233,19 +241,27 @@ class PopulationModel(eqx.Module):
         observation time change no prediction and are dropped (``gs.solve`` refuses jump
         times past ``t1``). ``data`` is concrete; ``theta`` and ``p`` may be traced.
 
-        A data set with zero-order inputs (``RATE``/``DUR``) gives ``(zeros (S, d),
-        schedule)`` instead: every dose in a ``gradsolve.DoseSchedule``
-        (`PopulationDataset.doses` at ``dose_scale``), which a solve takes as ``doses=``.
+        A data set with zero-order inputs (``RATE``/``DUR``), steady-state doses (``SS``)
+        or resets (``EVID`` 3/4), and a model with `dose_parameters`, give ``(zeros (S,
+        d), schedule)`` instead: every dose in a ``gradsolve.DoseSchedule``
+        (`PopulationDataset.doses` at ``dose_scale`` and the dose parameters), which a
+        solve takes as ``doses=``.
         """
         data = _checked_data(data, f"{self.name}.dosing")
         d = self.n_states
-        if data.has_infusions:
+        if data.needs_schedule or self.dose_parameters_fn is not None:
             if self.dose_sizes_fn is not _identity_doses:
                 raise NotImplementedError(
-                    f"{self.name}: `dose_sizes` acts on bolus jumps; this data set has "
-                    "zero-order inputs (RATE/DUR): scale them with `dose_scale`, or write "
-                    "the doses with gs.Infusion in a NumPyro program.")
-            return jnp.zeros((data.n_subjects, d)), data.doses(d, scale=self.dose_scale)
+                    f"{self.name}: `dose_sizes` acts on bolus jumps; this data set or model "
+                    "needs a dose schedule (RATE/DUR, SS, EVID 3/4, dose parameters): give "
+                    "a bioavailability as `dose_parameters` (F1, ...) instead.")
+            params = (None if self.dose_parameters_fn is None
+                      else self.dose_parameters_fn(theta, p))
+            if params is not None and not isinstance(params, Mapping):
+                raise ValueError(f"{self.name}: `dose_parameters` must return a dict (ALAG1, "
+                                 f"F1, R1, D1, ...), got {type(params).__name__}")
+            return jnp.zeros((data.n_subjects, d)), data.doses(d, scale=self.dose_scale,
+                                                               parameters=params)
         times, sizes = data.jumps(d, scale=self.dose_scale)   # (S, J), (S, J, d) numpy
         early = np.isfinite(times) & (times < self.t0)
         if early.any():

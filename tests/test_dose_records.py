@@ -12,6 +12,7 @@ import gradsolve as gs
 
 TS = np.linspace(0.0, 24.0, 33)
 TIGHT = dict(rtol=1e-10, atol=1e-12)
+DRIVER = None  # the default (the compiled kernel on CPU)
 
 
 def elimination(t, y, p):
@@ -119,3 +120,152 @@ def test_bad_lag_and_bioavailability():
     with pytest.raises(ValueError, match="`lag`"):
         gs.solve(elimination, 0.0, 5.0, jnp.zeros((2, 1)), {"k": jnp.ones(2)},
                  doses=[gs.Bolus(jnp.zeros((2, 1)), 5.0, lag=jnp.zeros((3, 1)))])
+
+
+# ------------------------------------------------------------------ steady-state doses
+II_TERMS = 400  # superposition terms for a dose repeated "forever" (exp(-0.15 * 12 * 400))
+
+
+@pytest.mark.slow
+def test_steady_state_oral_dose_with_lag_against_superposition():
+    """NONMEM SS = 1: an oral dose (lag, F) at steady state at tau, every II, after an
+    earlier dose the steady state replaces, and a later dose: against the superposition
+    sum over the past doses; gradients w.r.t. amount, F, lag, II, tau, ka and k."""
+    def central(amount, F, lag, ii, tau, ka, k):
+        ss = gs.SteadyState(gs.Bolus(tau, amount, cmt=0, lag=lag, bioavailability=F),
+                            interval=ii)
+        doses = [gs.Bolus(0.0, 200.0, cmt=0), ss, gs.Bolus(tau + 11.0, 30.0, cmt=0)]
+        return gs.solve(oral, 0.0, 24.0, jnp.zeros(2), {"ka": ka, "k": k}, ts=TS,
+                        doses=doses, driver=DRIVER, **TIGHT).ys[:, 1]
+
+    def exact(amount, F, lag, ii, tau, ka, k):
+        before = np.where(TS <= tau, bateman(TS, ka, k, 0.0, 200.0), 0.0)
+        after = sum(bateman(TS, ka, k, tau + lag - j * ii, F * amount) for j in range(II_TERMS))
+        return before + np.where(TS > tau, after + bateman(TS, ka, k, tau + 11.0, 30.0), 0.0)
+
+    args = [np.array(150.0), np.array(0.8), np.array(0.37), np.array(12.0), np.array(4.3),
+            np.array(1.3), np.array(0.15)]
+    np.testing.assert_allclose(central(*map(jnp.asarray, args)), exact(*args), rtol=1e-8,
+                               atol=1e-8)
+    w = np.cos(np.arange(TS.size))
+    assert_grads(jax.grad(lambda *a: jnp.sum(central(*a) * w), argnums=tuple(range(7)))(
+        *map(jnp.asarray, args)),
+        central_differences(lambda *a: float(np.sum(exact(*a) * w)), args))
+
+
+@pytest.mark.slow
+def test_steady_state_infusion_and_ss2_against_superposition():
+    """An infusion at steady state (SS = 1: the periodic orbit with the input on for its
+    duration each interval), and an SS = 2 bolus added to the state it meets; gradients
+    w.r.t. the infusion's amount and duration, II and k."""
+    def ys(amount, dur, ii, k):
+        doses = [gs.SteadyState(gs.Infusion(2.2, amount, duration=dur), interval=ii),
+                 gs.SteadyState(gs.Bolus(9.1, 40.0), interval=6.0, add=True)]
+        return gs.solve(elimination, 0.0, 24.0, jnp.zeros(1), {"k": k}, ts=TS, doses=doses,
+                        driver=DRIVER, **TIGHT).ys[:, 0]
+
+    def exact(amount, dur, ii, k):
+        inf = sum(infusion_exact(TS, k, 2.2 - j * ii, amount / dur, dur) for j in range(II_TERMS))
+        bol = sum(np.where(TS > 9.1 - 6.0 * j, 40.0 * np.exp(-k * (TS - 9.1 + 6.0 * j)), 0.0)
+                  for j in range(II_TERMS))
+        return np.where(TS > 2.2, inf, 0.0) + np.where(TS > 9.1, bol, 0.0)
+
+    args = [np.array(300.0), np.array(1.7), np.array(8.0), np.array(0.25)]
+    np.testing.assert_allclose(ys(*map(jnp.asarray, args)), exact(*args), rtol=1e-8, atol=1e-8)
+    w = np.sin(np.arange(TS.size) + 0.3)
+    assert_grads(jax.grad(lambda *a: jnp.sum(ys(*a) * w), argnums=tuple(range(4)))(
+        *map(jnp.asarray, args)),
+        central_differences(lambda *a: float(np.sum(exact(*a) * w)), args))
+
+
+def mm(t, y, p):
+    return jnp.stack([-p["ka"] * y[0], p["ka"] * y[0] - p["vmax"] * y[1] / (p["km"] + y[1])])
+
+
+@pytest.mark.slow
+def test_steady_state_of_michaelis_menten_against_many_intervals_in_scipy():
+    """Nonlinear elimination: the SS = 1 trajectory over an interval against SciPy's
+    solve_ivp (Radau, rtol 1e-12) simulating 80 dosed intervals from zero (converged: the
+    last two agree to 1e-11); the gradient w.r.t. vmax against central differences."""
+    from scipy.integrate import solve_ivp
+
+    p = {"ka": 1.1, "vmax": 20.0, "km": 15.0}
+    ii, amount, tau = 12.0, 120.0, 3.0
+    ts = np.linspace(tau, tau + ii, 13)[1:]
+
+    def rhs(t, y):
+        return [-p["ka"] * y[0], p["ka"] * y[0] - p["vmax"] * y[1] / (p["km"] + y[1])]
+
+    y = np.zeros(2)
+    ends = []
+    for _ in range(80):
+        y[0] += amount
+        sol = solve_ivp(rhs, (0.0, ii), y, method="Radau", rtol=1e-12, atol=1e-12,
+                        t_eval=ts - tau)
+        ends.append(sol.y.T)
+        y = sol.y[:, -1].copy()
+    np.testing.assert_allclose(ends[-1], ends[-2], rtol=1e-11)
+
+    def central(vmax):
+        q = {k: jnp.asarray(v) for k, v in p.items()} | {"vmax": vmax}
+        return gs.solve(mm, 0.0, tau + ii, jnp.zeros(2), q, ts=ts, driver=DRIVER,
+                        doses=[gs.SteadyState(gs.Bolus(tau, amount), interval=ii)],
+                        **TIGHT).ys
+
+    np.testing.assert_allclose(central(jnp.asarray(20.0)), ends[-1], rtol=1e-8)
+    loss = lambda v: jnp.sum(central(v)[:, 1])
+    g = float(jax.grad(loss)(jnp.asarray(20.0)))
+    fd = (float(loss(jnp.asarray(20.0 + 1e-5))) - float(loss(jnp.asarray(20.0 - 1e-5)))) / 2e-5
+    assert g == pytest.approx(fd, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------ resets
+def _reset_exact(tau, a0, a_inf, dur, a_re, k):
+    """A bolus at 0 and an infusion from 2 (stopped by the reset when it runs past tau);
+    the reset at tau with a dose then (EVID 4), and a bolus at 15."""
+    before = np.where(TS > 0, a0 * np.exp(-k * TS), 0.0) + infusion_exact(TS, k, 2.0, a_inf / dur, dur)
+    after = a_re * np.exp(-k * (TS - tau)) + np.where(TS > 15.0, 20.0 * np.exp(-k * (TS - 15.0)),
+                                                      0.0)
+    return np.where(TS <= tau, before, after)
+
+
+def _reset_solve(driver, tau, a0, a_inf, dur, a_re, k):
+    doses = [gs.Bolus(0.0, a0), gs.Infusion(2.0, a_inf, duration=dur), gs.Reset(tau),
+             gs.Bolus(tau, a_re), gs.Bolus(15.0, 20.0)]
+    return gs.solve(elimination, 0.0, 24.0, jnp.zeros((1, 1)), {"k": jnp.reshape(k, (1,))},
+                    ts=TS, doses=doses, driver=driver, **TIGHT).ys[0, :, 0]
+
+
+RESET_ARGS = [np.array(7.1), np.array(100.0), np.array(80.0), np.array(9.0), np.array(60.0),
+              np.array(0.2)]
+
+
+def test_reset_against_the_closed_form():
+    """EVID 3/4: everything before the reset forgotten, an infusion running across it
+    stopped; the gradient w.r.t. the reset time (with its dose), amounts, duration, k."""
+    ys = lambda *a: _reset_solve(DRIVER, *a)
+    np.testing.assert_allclose(ys(*map(jnp.asarray, RESET_ARGS)), _reset_exact(*RESET_ARGS),
+                               rtol=1e-8, atol=1e-8)
+    w = np.cos(np.arange(TS.size) * 0.7)
+    assert_grads(jax.grad(lambda *a: jnp.sum(ys(*a) * w), argnums=tuple(range(6)))(
+        *map(jnp.asarray, RESET_ARGS)),
+        central_differences(lambda *a: float(np.sum(_reset_exact(*a) * w)), RESET_ARGS))
+
+
+@pytest.mark.slow
+def test_drivers_agree_on_resets_and_steady_states():
+    """The planned ensemble (stretches between restarts, a steady state) on every driver:
+    values to 1e-12 and gradients to 1e-11 of the kernel's."""
+    def run(driver, a):
+        doses = [gs.Bolus(0.0, a[1]), gs.Infusion(2.0, a[2], duration=a[3]), gs.Reset(a[0]),
+                 gs.Bolus(a[0], a[4]),
+                 gs.SteadyState(gs.Bolus(17.3, a[1]), interval=6.0)]
+        return jnp.sum(gs.solve(elimination, 0.0, 24.0, jnp.zeros(1), {"k": a[5]}, ts=TS,
+                                doses=doses, driver=driver).ys ** 2)
+
+    a = jnp.asarray(np.array([float(x) for x in RESET_ARGS]))
+    outs = [jax.value_and_grad(lambda x: run(drv, x))(a)
+            for drv in (gs.drivers.Kernel(), gs.drivers.Lanes(), gs.drivers.Batched())]
+    for v, g in outs[1:]:
+        np.testing.assert_allclose(v, outs[0][0], rtol=1e-12)
+        np.testing.assert_allclose(g, outs[0][1], rtol=1e-11, atol=1e-12)

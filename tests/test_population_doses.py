@@ -3,6 +3,7 @@ a `models.PopulationDataset`, its `doses` schedule, and a population model predi
 scoring them: against the closed form of one-compartment kinetics (superposed infusions and
 boluses); every unsupported or inconsistent record an error naming the subject and row."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -97,38 +98,124 @@ def test_predictions_and_log_density_match_the_closed_form(data):
     assert float(lp) == pytest.approx(exact, rel=1e-6)  # the program solves at rtol 1e-6
 
 
-@pytest.mark.parametrize("column, value, error, match", [
-    ("RATE", -3.0, ValueError, "RATE must be >= 0"),
-    ("RATE", -2.0, NotImplementedError, "duration the model estimates"),
-    ("DUR", -1.0, ValueError, "DUR must be >= 0"),
-    ("SS", 1, ValueError, "needs an interval II"),
-    ("ADDL", 1.5, ValueError, "whole number"),
+@pytest.mark.parametrize("column, value, match, named", [
+    ("RATE", -3.0, "RATE must be >= 0", "column RATE"),
+    ("DUR", -1.0, "DUR must be >= 0", "column DUR"),
+    ("SS", 1, "needs an interval II", "column II"),
+    ("SS", 3, "SS must be 0, 1 or 2", "column SS"),
+    ("ADDL", 1.5, "whole number", "column ADDL"),
+    ("EVID", 5, "EVID 5 .* is not one of", "column EVID"),
+    ("WT", ".", "covariate 'WT' is missing", "column WT"),
 ])
-def test_bad_dose_records_name_the_subject_and_row(column, value, error, match):
+def test_bad_dose_records_name_the_subject_row_and_column(column, value, match, named):
     table = {k: list(v) for k, v in TABLE.items()}
-    table.setdefault(column, ["."] * len(table["ID"]))
+    table.setdefault(column, [70.0 if column == "WT" else "."] * len(table["ID"]))
     table[column][7] = value  # subject 2's dose row
-    with pytest.raises(error, match=match) as info:
+    with pytest.raises(ValueError, match=match) as info:
         models.PopulationDataset.from_table(table)
     assert "subject 2" in str(info.value) and "row 8" in str(info.value)
+    assert named in str(info.value)
 
 
 def test_more_bad_records():
     table = {k: list(v) for k, v in TABLE.items()}
     table["DUR"][7] = 4.0  # RATE 20 and DUR 4 on one row
-    with pytest.raises(ValueError, match="RATE or DUR, not both"):
+    with pytest.raises(ValueError, match="columns RATE and DUR: give RATE or DUR, not both"):
         models.PopulationDataset.from_table(table)
     table = {k: list(v) for k, v in TABLE.items()}
-    table["SS"] = ["."] * 13
-    table["SS"][4], table["II"][4] = 1, 8.0
-    with pytest.raises(NotImplementedError, match="steady_state"):
+    table["EVID"][8] = 3    # subject 2's EVID 2 row at 0.5 a reset ...
+    table["TIME"][9] = 0.5  # ... and its observation at 1.0 moved to 0.5
+    with pytest.raises(ValueError, match="subject 2, row 10, column TIME: an observation at "
+                                         "a reset time"):
         models.PopulationDataset.from_table(table)
     table = {k: list(v) for k, v in TABLE.items()}
-    table["EVID"][2] = 3
-    with pytest.raises(NotImplementedError, match="EVID 3"):
-        models.PopulationDataset.from_table(table)
-    table = {k: list(v) for k, v in TABLE.items()}
-    table["CMT"][0] = 2
+    table["CMT"][4] = 2
     data = models.PopulationDataset.from_table(table)
-    with pytest.raises(ValueError, match="CMT=2, but the model has 1 states"):
+    with pytest.raises(ValueError, match=r"subject 1 has a dose into compartment CMT=2 \(row "
+                                         r"5, column CMT\), but the model has 1 states"):
         data.doses(1)
+    table = {k: list(v) for k, v in TABLE.items()}
+    table["RATE"][7] = -2
+    data = models.PopulationDataset.from_table(table)
+    with pytest.raises(ValueError, match="subject 2, row 8, column RATE: RATE = -2 needs the "
+                                         "model's duration D1"):
+        one_compartment().predict({"lk": jnp.asarray(-1.0), "sigma": jnp.asarray(1.0)}, data)
+    with pytest.raises(ValueError, match="unknown dose parameters"):
+        data.doses(1, parameters={"ALAG2": jnp.zeros(2)})
+
+
+# ------------------------------------------- SS, EVID 3/4, RATE -2, ALAG1 and F1
+# subject 1: SS = 1 bolus every 12 h at 0; EVID 4 (reset and a dose of 50) at 14.
+# subject 2: RATE -2 (duration D1) infusion of 80 at 1; EVID 3 at 8; bolus 30 at 10.
+# subject 3: SS = 1 infusion of 60 at RATE 20 every 8 h, at 2.
+# Every dose into CMT 1 has the model's lag ALAG1 and bioavailability F1.
+TABLE2 = {
+    "ID":   [1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3],
+    "TIME": [0.0, 1.0, 5.0, 11.0, 14.0, 15.0, 20.0, 1.0, 2.0, 4.0, 7.5, 8.0, 9.0, 10.0,
+             12.0, 13.0, 2.0, 3.0, 6.0, 9.5],
+    "DV":   [".", 1, 1, 1, ".", 1, 1, ".", 1, 1, 1, ".", 1, ".", 1, 1, ".", 1, 1, 1],
+    "AMT":  [100, ".", ".", ".", 50, ".", ".", 80, ".", ".", ".", ".", ".", 30, ".", ".",
+             60, ".", ".", "."],
+    "EVID": [1, 0, 0, 0, 4, 0, 0, 1, 0, 0, 0, 3, 0, 1, 0, 0, 1, 0, 0, 0],
+    "RATE": [".", ".", ".", ".", ".", ".", ".", -2, ".", ".", ".", ".", ".", ".", ".", ".",
+             20, ".", ".", "."],
+    "SS":   [1] + ["."] * 15 + [1, ".", ".", "."],
+    "II":   [12.0] + ["."] * 15 + [8.0, ".", ".", "."],
+}
+
+
+def _exact2(k, lag, F, dur):
+    """Observed amounts / 10 of TABLE2's subjects: superposition, windows between resets."""
+    def bol(t, t_dose, a):
+        return np.where(t > t_dose, F * a * np.exp(-k * (t - t_dose)), 0.0)
+
+    def inf(t, start, rate, d):
+        return infusion(t, k, start, rate * d, d)
+
+    past = range(400)  # a dose repeated forever: exp(-0.3 * 8 * 400) is nothing
+    t1 = np.array([1.0, 5.0, 11.0, 15.0, 20.0])
+    s1 = np.where(t1 <= 14.0, sum(bol(t1, lag - 12.0 * j, 100.0) for j in past),
+                  bol(t1, 14.0 + lag, 50.0))
+    t2 = np.array([2.0, 4.0, 7.5, 9.0, 12.0, 13.0])
+    s2 = np.where(t2 <= 8.0, inf(t2, 1.0 + lag, F * 80.0 / dur, dur), bol(t2, 10.0 + lag, 30.0))
+    t3 = np.array([3.0, 6.0, 9.5])
+    s3 = sum(inf(t3, 2.0 + lag - 8.0 * j, 20.0, F * 60.0 / 20.0) for j in past)
+    out = np.full((3, 6), np.nan)
+    for i, s in enumerate((s1, s2, s3)):
+        out[i, :s.size] = s / 10.0
+    return out
+
+
+@pytest.mark.slow
+def test_steady_state_resets_and_modelled_doses_from_a_table():
+    """SS = 1 (bolus and infusion), EVID 3/4, RATE = -2 with the model's D1, and ALAG1/F1
+    from the model: predictions against the superposition closed form (1e-8), and their
+    gradient w.r.t. k, the lag, F and D1 against central differences of it."""
+    data = models.PopulationDataset.from_table(TABLE2)
+    assert data.needs_schedule
+    np.testing.assert_array_equal(data.subjects[1].resets, [8.0])
+    np.testing.assert_array_equal(data.subjects[0].dose_ss, [1, 0])
+    S = data.n_subjects
+    model = one_compartment().replace(dose_parameters=lambda th, p: {
+        "ALAG1": jnp.broadcast_to(th["lag"], (S,)), "F1": jnp.broadcast_to(th["F"], (S,)),
+        "D1": jnp.broadcast_to(th["dur"], (S,))})
+
+    def pred(lk, lag, F, dur):
+        theta = {"lk": lk, "sigma": jnp.asarray(1.0), "lag": lag, "F": F, "dur": dur}
+        return model.predict(theta, data)
+
+    args = [np.array(np.log(0.3)), np.array(0.4), np.array(0.8), np.array(2.5)]
+    exact = lambda lk, lag, F, dur: _exact2(np.exp(lk), lag, F, dur)
+    seen = ~np.isnan(exact(*args))
+    got = np.asarray(pred(*map(jnp.asarray, args)))
+    np.testing.assert_allclose(got[seen], exact(*args)[seen], rtol=1e-8, atol=1e-10)
+    w = np.where(seen, np.cos(np.arange(18.0)).reshape(3, 6), 0.0)
+    g = jax.grad(lambda *a: jnp.sum(jnp.where(seen, pred(*a), 0.0) * w), argnums=(0, 1, 2, 3))(
+        *map(jnp.asarray, args))
+    eps = 1e-6
+    for j in range(4):
+        up, dn = [a.copy() for a in args], [a.copy() for a in args]
+        up[j] += eps
+        dn[j] -= eps
+        fd = np.sum(np.nan_to_num(exact(*up) - exact(*dn)) * w) / (2 * eps)
+        assert float(g[j]) == pytest.approx(fd, rel=1e-6, abs=1e-9), j
