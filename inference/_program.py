@@ -521,7 +521,7 @@ def population_program(model):
         ok = jnp.all(jnp.isfinite(pred))
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))
         pred = jnp.where(ok, pred, 1.0)
-        numpyro.sample("obs", model.observations(theta, pred), obs=ys)
+        numpyro.sample("obs", model.observations(theta, pred, data.censoring()), obs=ys)
 
     program.__name__ = model.name
     program.__doc__ = f"NumPyro program of population model {model.name!r}."

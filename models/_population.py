@@ -49,6 +49,8 @@ class Subject(NamedTuple):
         dose_ii: ``(J,)`` ``II`` of each dose (its steady state's interval), or ``None``.
         dose_rows: ``(J,)`` the table row (1-based) each dose comes from, or ``None``.
         resets: ``(R,)`` reset times (``EVID`` 3 and 4), or ``None``: none.
+        cens: ``(k,)`` censoring of each observation (``0``: observed; ``1``: below its
+            ``ys`` value, the limit; ``-1``: above it), or ``None``: none censored.
 
     Example:
         >>> s = models.load_dataset("theophylline").subjects[0]
@@ -69,6 +71,7 @@ class Subject(NamedTuple):
     dose_ii: np.ndarray | None = None
     dose_rows: np.ndarray | None = None
     resets: np.ndarray | None = None
+    cens: np.ndarray | None = None
 
 
 def _column(table, name: str, argname: str, required: bool = True):
@@ -233,6 +236,16 @@ class PopulationDataset:
             ys[i, :k] = s.ys
         return ts, ys
 
+    def censoring(self) -> np.ndarray:
+        """``(S, K)`` each observation's censoring, padded as `observations` (``0``:
+        observed; ``1``: below its value; ``-1``: above it)."""
+        K = max(s.ts.size for s in self.subjects)
+        out = np.zeros((self.n_subjects, K), np.int64)
+        for i, s in enumerate(self.subjects):
+            if s.cens is not None:
+                out[i, :s.cens.size] = s.cens
+        return out
+
     def jumps(self, n_states: int, scale: Sequence[float] | None = None
               ) -> tuple[np.ndarray, np.ndarray]:
         """Every subject's doses as bolus jumps of the state: ``(times (S, J), sizes (S, J,
@@ -396,7 +409,8 @@ class PopulationDataset:
     def from_table(cls, table: Mapping | str | Path, *, id: str = "ID", time: str = "TIME",
                    dv: str = "DV", amt: str = "AMT", evid: str = "EVID", cmt: str = "CMT",
                    rate: str = "RATE", dur: str = "DUR", addl: str = "ADDL", ii: str = "II",
-                   ss: str = "SS", mdv: str = "MDV",
+                   ss: str = "SS", mdv: str = "MDV", cens: str = "CENS",
+                   lloq: float | None = None,
                    covariates: Sequence[str] | None = None, name: str | None = None,
                    units: str | None = None, source: str | None = None
                    ) -> "PopulationDataset":
@@ -422,6 +436,10 @@ class PopulationDataset:
                 the state is reset to that steady state, see ``gradsolve.SteadyState``);
                 ``SS = 2``: the same, added to the current state. Needs ``II``.
             mdv: ``MDV = 1`` makes an observation row missing.
+            cens, lloq: censored observations (Beal's M3 likelihood, see
+                `PopulationModel.observations`): ``CENS = 1``, the value is below ``DV``
+                (the limit of quantification); ``CENS = -1``, above it. With ``lloq``,
+                every observed ``DV`` below it is censored at ``lloq``.
             covariates: covariate columns (constant within a subject); default every column
                 not named above.
             name, units, source: metadata (a CSV's comments fill them when not given).
@@ -445,12 +463,12 @@ class PopulationDataset:
         cmts = _column(table, cmt, "cmt", required=False)
         extra = {k: _column(table, c, k, required=False)
                  for k, c in (("rate", rate), ("dur", dur), ("addl", addl), ("ii", ii),
-                              ("ss", ss), ("mdv", mdv))}
+                              ("ss", ss), ("mdv", mdv), ("cens", cens))}
         n = len(ids)
         if dvs is None and amts is None:
             raise ValueError("PopulationDataset.from_table: the table has neither a `dv` nor "
                              "an `amt` column.")
-        named = {id, time, dv, amt, evid, cmt, rate, dur, addl, ii, ss, mdv}
+        named = {id, time, dv, amt, evid, cmt, rate, dur, addl, ii, ss, mdv, cens}
         if covariates is None:
             covariates = [k for k in table if k not in named]
         covariates = list(covariates)
@@ -475,7 +493,17 @@ class PopulationDataset:
                 value = np.nan if dvs is None else _number(dvs[r], f"DV (row {r + 1})", sid)
                 if get("mdv") == 1:
                     value = np.nan
-                d["obs"].append((t, value, comp - 1, r + 1))
+                censored = 0.0 if np.isnan(get("cens")) else get("cens")
+                if censored not in (0.0, 1.0, -1.0):
+                    raise ValueError(f"PopulationDataset: subject {sid!r}: CENS must be 0, 1 "
+                                     f"or -1 (row {r + 1}, column CENS), got {censored:g}.")
+                if lloq is not None and value < lloq:
+                    value, censored = float(lloq), 1.0
+                if censored and np.isnan(value):
+                    raise ValueError(f"PopulationDataset: subject {sid!r}: a censored "
+                                     f"observation needs its limit as DV (row {r + 1}, "
+                                     "column DV).")
+                d["obs"].append((t, value, comp - 1, r + 1, int(censored)))
             elif kind in (3, 4):  # a reset (EVID 4: and a dose after it)
                 d["resets"].append((t, r + 1))
             elif kind not in (1, 2):
@@ -509,7 +537,7 @@ class PopulationDataset:
         if np.any(np.diff(t) < 0):
             raise ValueError(f"PopulationDataset: subject {sid!r}: observation times are not "
                              "in time order; sort each subject's rows by TIME.")
-        for t_obs, _, _, row in obs:
+        for t_obs, _, _, row, _ in obs:
             if any(t_obs == t_r for t_r, _ in resets):
                 raise ValueError(f"PopulationDataset: subject {sid!r}, row {row}, column TIME: "
                                  f"an observation at a reset time ({t_obs:g}; EVID 3/4): it "
@@ -534,4 +562,5 @@ class PopulationDataset:
                        dose_rates=rates if np.any(rates != 0) else None,
                        dose_durations=arr(dose, 4), dose_ss=ss if np.any(ss) else None,
                        dose_ii=arr(dose, 6), dose_rows=arr(dose, 7, np.int64),
-                       resets=np.array(sorted(t for t, _ in resets)) if resets else None)
+                       resets=np.array(sorted(t for t, _ in resets)) if resets else None,
+                       cens=(arr(obs, 4, np.int64) if any(x[4] for x in obs) else None))

@@ -40,7 +40,7 @@ import numpyro.distributions as dist
 from ._model import MissingObservations, default_solver
 from ._population import PopulationDataset
 
-__all__ = ["PopulationModel"]
+__all__ = ["PopulationModel", "CensoredObservations"]
 
 
 def _identity_doses(theta, p, sizes):
@@ -61,6 +61,54 @@ def _callable(name: str, fn: Any, signature: str) -> Callable:
     if not callable(fn):
         raise ValueError(f"`{name}` must be a callable {signature}, got {type(fn).__name__}")
     return fn
+
+
+class CensoredObservations(dist.Distribution):
+    """Observations some of which are censored, with Beal's M3 likelihood: an observed
+    entry contributes its density, an entry below a limit of quantification (``censored
+    = 1``, its value the limit) the log of the noise's CDF there, one above a limit
+    (``-1``) the log of its survival function; missing (NaN) entries nothing. (S. L.
+    Beal, "Ways to fit a PK model with some data below the quantification limit", J.
+    Pharmacokinet. Pharmacodyn. 28, 2001.)
+
+    Args:
+        noise: the elementwise noise distribution, batch shape ``(S, K)``; a ``Normal``
+            uses ``log Phi`` (accurate far in the tail), others ``log cdf``.
+        fill: ``(S, K)`` values in the support, used at the missing entries.
+        censored: ``(S, K)`` ``0``, ``1`` or ``-1``.
+
+    Example:
+        >>> d = CensoredObservations(dist.Normal(pred, 0.3), pred, data.censoring())
+    """
+
+    arg_constraints = {}
+
+    def __init__(self, noise: dist.Distribution, fill: jax.Array, censored: Any):
+        self.noise, self.fill = noise, fill
+        self.censored = jnp.asarray(censored)
+        super().__init__(batch_shape=(), event_shape=tuple(noise.batch_shape))
+
+    @property
+    def support(self):
+        return self.noise.support
+
+    def sample(self, key, sample_shape=()):
+        return self.noise.sample(key, sample_shape)
+
+    def log_prob(self, value):
+        from jax.scipy.stats import norm
+
+        miss = jnp.isnan(value)
+        filled = jnp.where(miss, jnp.broadcast_to(self.fill, jnp.shape(value)), value)
+        if isinstance(self.noise, dist.Normal):
+            z = (filled - self.noise.loc) / self.noise.scale
+            below, above = norm.logcdf(z), norm.logcdf(-z)
+        else:
+            cdf = self.noise.cdf(filled)
+            below, above = jnp.log(cdf), jnp.log1p(-cdf)
+        lp = jnp.where(self.censored == 1, below, jnp.where(
+            self.censored == -1, above, self.noise.log_prob(filled)))
+        return jnp.sum(jnp.where(miss, 0.0, lp), axis=(-2, -1))
 
 
 class PopulationModel(eqx.Module):
@@ -320,12 +368,18 @@ class PopulationModel(eqx.Module):
                              f"{tuple(d.batch_shape)}, event shape {tuple(d.event_shape)}")
         return d
 
-    def observations(self, theta: Mapping[str, Any], pred: jax.Array) -> dist.Distribution:
+    def observations(self, theta: Mapping[str, Any], pred: jax.Array,
+                     censored: Any = None) -> dist.Distribution:
         """The distribution of all observations, event shape ``(S, K)``, whose
         ``log_prob`` skips missing (NaN) entries (the padding of
         ``PopulationDataset.observations``): `MissingObservations` of ``noise(theta,
-        pred).to_event(2)``."""
-        return MissingObservations(self.noise(theta, pred).to_event(2), pred)
+        pred).to_event(2)``; with ``censored`` (``(S, K)``, `PopulationDataset.censoring`)
+        a `CensoredObservations`: a censored entry's term is the probability of lying
+        below (``1``) or above (``-1``) its value, Beal's M3 method."""
+        noise = self.noise(theta, pred)
+        if censored is not None and np.any(np.asarray(censored) != 0):
+            return CensoredObservations(noise, pred, censored)
+        return MissingObservations(noise.to_event(2), pred)
 
     # ------------------------------------------------------------------ drawing
     def sample_latent(self, key: jax.Array, data: PopulationDataset) -> dict[str, jax.Array]:

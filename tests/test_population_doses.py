@@ -142,6 +142,12 @@ def test_more_bad_records():
         one_compartment().predict({"lk": jnp.asarray(-1.0), "sigma": jnp.asarray(1.0)}, data)
     with pytest.raises(ValueError, match="unknown dose parameters"):
         data.doses(1, parameters={"ALAG2": jnp.zeros(2)})
+    table = {k: list(v) for k, v in TABLE.items()}
+    table["CENS"] = ["."] * 13
+    table["CENS"][9] = 2
+    with pytest.raises(ValueError, match=r"subject 2: CENS must be 0, 1 or -1 \(row 10, "
+                                         r"column CENS\)"):
+        models.PopulationDataset.from_table(table)
 
 
 # ------------------------------------------- SS, EVID 3/4, RATE -2, ALAG1 and F1
@@ -219,3 +225,44 @@ def test_steady_state_resets_and_modelled_doses_from_a_table():
         dn[j] -= eps
         fd = np.sum(np.nan_to_num(exact(*up) - exact(*dn)) * w) / (2 * eps)
         assert float(g[j]) == pytest.approx(fd, rel=1e-6, abs=1e-9), j
+
+
+# ------------------------------------------------------------------- M3 censoring
+def test_m3_censored_log_density_against_scipy():
+    """CENS = 1 (below the limit in DV) and CENS = -1 rows, and an LLOQ: the program's log
+    density equals the priors plus norm.logpdf of the observed values plus norm.logcdf
+    (norm.logsf) at the limits of the censored ones, computed with SciPy."""
+    from scipy.stats import halfnorm
+
+    table = {k: list(v) for k, v in TABLE.items()}
+    table["CENS"] = ["."] * 13
+    table["CENS"][3], table["DV"][3] = 1, 0.5    # subject 1 at 4.0: below 0.5
+    table["CENS"][12], table["DV"][12] = -1, 9.0  # subject 2 at 11.0: above 9.0
+    data = models.PopulationDataset.from_table(table)
+    cens = data.censoring()
+    assert cens.sum() == 0 and (cens != 0).sum() == 2
+    model = one_compartment()
+    theta = {"lk": jnp.asarray(np.log(0.3)), "sigma": jnp.asarray(0.4)}
+    lp, _ = log_density(inference.population_program(model), (data,), {}, theta)
+    want = exact_amounts(0.3, data) / 10.0
+    ts, ys = data.observations()
+    seen = ~np.isnan(ys)
+    obs = seen & (cens == 0)
+    exact = (norm.logpdf(np.log(0.3), -1.5, 1.0) + halfnorm.logpdf(0.4, scale=1.0)
+             + norm.logpdf(ys[obs], want[obs], 0.4).sum()
+             + norm.logcdf(ys[cens == 1], want[cens == 1], 0.4).sum()
+             + norm.logsf(ys[cens == -1], want[cens == -1], 0.4).sum())
+    assert float(lp) == pytest.approx(exact, rel=1e-6)
+
+    lloq = 2.5  # every DV below it censored at it
+    data = models.PopulationDataset.from_table(TABLE, lloq=lloq)
+    cens = data.censoring()
+    ts, ys = data.observations()
+    below = np.isin(ys, [lloq]) & (cens == 1)
+    assert below.sum() == 2 and np.all(ys[cens == 1] == lloq)
+    lp, _ = log_density(inference.population_program(model), (data,), {}, theta)
+    obs = ~np.isnan(ys) & (cens == 0)
+    exact = (norm.logpdf(np.log(0.3), -1.5, 1.0) + halfnorm.logpdf(0.4, scale=1.0)
+             + norm.logpdf(ys[obs], want[obs], 0.4).sum()
+             + norm.logcdf(lloq, want[cens == 1], 0.4).sum())
+    assert float(lp) == pytest.approx(exact, rel=1e-6)
