@@ -269,3 +269,14 @@ def test_drivers_agree_on_resets_and_steady_states():
     for v, g in outs[1:]:
         np.testing.assert_allclose(v, outs[0][0], rtol=1e-12)
         np.testing.assert_allclose(g, outs[0][1], rtol=1e-11, atol=1e-12)
+
+
+def test_bad_restarts():
+    y0, p = jnp.zeros(1), {"k": 0.3}
+    with pytest.raises(ValueError, match="non-positive `interval`"):
+        gs.DoseSchedule([gs.SteadyState(gs.Bolus(0.0, 1.0), interval=0.0)])
+    with pytest.raises(ValueError, match="use DoseSchedule.plan"):  # a mesh has no restarts
+        gs.record(elimination, 0.0, 5.0, y0, p, doses=[gs.Bolus(0.0, 1.0), gs.Reset(2.0)])
+    with pytest.raises(ValueError, match="must lie in"):  # the input outlasts the interval
+        gs.solve(elimination, 0.0, 5.0, y0, p,
+                 doses=[gs.SteadyState(gs.Infusion(1.0, 10.0, duration=3.0), interval=2.0)])
