@@ -51,6 +51,9 @@ class Subject(NamedTuple):
         resets: ``(R,)`` reset times (``EVID`` 3 and 4), or ``None``: none.
         cens: ``(k,)`` censoring of each observation (``0``: observed; ``1``: below its
             ``ys`` value, the limit; ``-1``: above it), or ``None``: none censored.
+        covariate_steps: name -> ``(times, values)`` of a time-varying covariate (each
+            value holds from its time until the next: last value carried forward; the
+            first is the one in ``covariates``), or ``None``: none.
 
     Example:
         >>> s = models.load_dataset("theophylline").subjects[0]
@@ -72,6 +75,7 @@ class Subject(NamedTuple):
     dose_rows: np.ndarray | None = None
     resets: np.ndarray | None = None
     cens: np.ndarray | None = None
+    covariate_steps: dict | None = None
 
 
 def _column(table, name: str, argname: str, required: bool = True):
@@ -235,6 +239,28 @@ class PopulationDataset:
             ts[i, :k], ts[i, k:] = s.ts, s.ts[-1]
             ys[i, :k] = s.ys
         return ts, ys
+
+    def covariate_at(self, name: str, ts: Any) -> np.ndarray:
+        """``(S, K)`` the covariate ``name`` of every subject at times ``ts`` (``(S, K)``,
+        e.g. `observations`' times), its last value at or before each time carried
+        forward (before a subject's first row: its first value); a constant covariate
+        is its value everywhere.
+
+        Example:
+            >>> ts, _ = data.observations()
+            >>> wt = data.covariate_at("WT", ts)           # (S, K)
+        """
+        base = self.covariate(name)
+        ts = np.asarray(ts, dtype=np.float64)
+        if ts.ndim != 2 or ts.shape[0] != self.n_subjects:
+            raise ValueError(f"PopulationDataset.covariate_at: `ts` must have shape "
+                             f"({self.n_subjects}, K), got {ts.shape}.")
+        out = np.repeat(base[:, None], ts.shape[1], axis=1)
+        for i, s in enumerate(self.subjects):
+            if s.covariate_steps and name in s.covariate_steps:
+                t, v = s.covariate_steps[name]
+                out[i] = v[np.maximum(np.searchsorted(t, ts[i], side="right") - 1, 0)]
+        return out
 
     def censoring(self) -> np.ndarray:
         """``(S, K)`` each observation's censoring, padded as `observations` (``0``:
@@ -411,7 +437,8 @@ class PopulationDataset:
                    rate: str = "RATE", dur: str = "DUR", addl: str = "ADDL", ii: str = "II",
                    ss: str = "SS", mdv: str = "MDV", cens: str = "CENS",
                    lloq: float | None = None,
-                   covariates: Sequence[str] | None = None, name: str | None = None,
+                   covariates: Sequence[str] | None = None,
+                   time_varying: Sequence[str] = (), name: str | None = None,
                    units: str | None = None, source: str | None = None
                    ) -> "PopulationDataset":
         """Read a long-format table: one row per observation (``EVID`` 0), dose
@@ -442,6 +469,9 @@ class PopulationDataset:
                 every observed ``DV`` below it is censored at ``lloq``.
             covariates: covariate columns (constant within a subject); default every column
                 not named above.
+            time_varying: the covariates that may change within a subject: each row's
+                value holds from its time on (last value carried forward; see
+                `covariate_at`); ``covariates`` gives the first.
             name, units, source: metadata (a CSV's comments fill them when not given).
 
         Rows of a subject must be in time order (as NONMEM requires); at one time an
@@ -479,7 +509,7 @@ class PopulationDataset:
             sid = sid.item() if hasattr(sid, "item") else sid
             if isinstance(sid, str) and sid.strip().lstrip("-").isdigit():
                 sid = int(sid)
-            d = rows.setdefault(sid, {"obs": [], "dose": [], "resets": [],
+            d = rows.setdefault(sid, {"obs": [], "dose": [], "resets": [], "times": [],
                                      "cov": {c: [] for c in covariates}})
             t = _number(times[r], f"TIME (row {r + 1})", sid, allow_missing=False)
             amount = np.nan if amts is None else _number(amts[r], f"AMT (row {r + 1})", sid)
@@ -516,13 +546,18 @@ class PopulationDataset:
                                      f"{t:g} (row {r + 1}, column AMT) has no AMT.")
                 for t_dose, r_dose, dur, ss_, ii_ in _dose_record(sid, r, t, amount, get):
                     d["dose"].append((t_dose, amount, comp - 1, r_dose, dur, ss_, ii_, r + 1))
+            d["times"].append(t)
             for c in covariates:
                 v = _number(cov_cols[c][r], f"covariate {c!r} (row {r + 1})", sid)
                 if np.isnan(v):
                     raise ValueError(f"PopulationDataset: subject {sid!r}: covariate {c!r} is "
                                      f"missing (row {r + 1}, column {c}).")
                 d["cov"][c].append(v)
-        subjects = [cls._subject(sid, d) for sid, d in rows.items()]
+        unknown = sorted(set(time_varying) - set(covariates))
+        if unknown:
+            raise ValueError(f"PopulationDataset.from_table: `time_varying` names {unknown}, "
+                             f"which are not covariates ({covariates}).")
+        subjects = [cls._subject(sid, d, tuple(time_varying)) for sid, d in rows.items()]
         title = meta.get("title")
         src = source if source is not None else meta.get("source")
         if source is None and title:
@@ -531,7 +566,7 @@ class PopulationDataset:
                    source=src)
 
     @staticmethod
-    def _subject(sid, d) -> Subject:
+    def _subject(sid, d, time_varying: tuple = ()) -> Subject:
         obs, dose, resets = d["obs"], d["dose"], d["resets"]
         t = np.array([x[0] for x in obs])
         if np.any(np.diff(t) < 0):
@@ -545,13 +580,19 @@ class PopulationDataset:
                                  "reset time.")
         if not obs or all(np.isnan(x[1]) for x in obs):
             raise ValueError(f"PopulationDataset: subject {sid!r} has no observations.")
-        covs = {}
+        covs, steps = {}, {}
         for c, values in d["cov"].items():
             v = np.asarray(values)
-            if np.any(v != v[0]):
+            if c in time_varying:
+                rt = np.asarray(d["times"])
+                order = np.argsort(rt, kind="stable")
+                rt, v = rt[order], v[order]
+                keep = np.r_[True, v[1:] != v[:-1]]  # the times where the value changes
+                steps[c] = (rt[keep], v[keep])
+            elif np.any(v != v[0]):
                 raise ValueError(f"PopulationDataset: subject {sid!r}: covariate {c!r} changes "
-                                 "within the subject; time-varying covariates are not "
-                                 "supported.")
+                                 "within the subject; name it in `time_varying=` to read it "
+                                 "as a time-varying covariate (last value carried forward).")
             covs[c] = float(v[0])
         dose = sorted(dose, key=lambda x: x[0])  # additional doses interleave later rows
         arr = lambda recs, j, dt=np.float64: np.array([x[j] for x in recs], dtype=dt)
@@ -563,4 +604,5 @@ class PopulationDataset:
                        dose_durations=arr(dose, 4), dose_ss=ss if np.any(ss) else None,
                        dose_ii=arr(dose, 6), dose_rows=arr(dose, 7, np.int64),
                        resets=np.array(sorted(t for t, _ in resets)) if resets else None,
-                       cens=(arr(obs, 4, np.int64) if any(x[4] for x in obs) else None))
+                       cens=(arr(obs, 4, np.int64) if any(x[4] for x in obs) else None),
+                       covariate_steps=steps or None)

@@ -266,3 +266,28 @@ def test_m3_censored_log_density_against_scipy():
              + norm.logpdf(ys[obs], want[obs], 0.4).sum()
              + norm.logcdf(lloq, want[cens == 1], 0.4).sum())
     assert float(lp) == pytest.approx(exact, rel=1e-6)
+
+
+# ------------------------------------------------------- time-varying covariates
+def test_time_varying_covariate_is_carried_forward():
+    """A covariate changing within subjects (``time_varying=``): its value at every
+    observation time is the last one at or before it, against a direct walk of the
+    table's rows."""
+    table = {k: list(v) for k, v in TABLE.items()}
+    table["WT"] = [70, 70, 70, 72, 72, 72, 75, 60, 60, 60, 61, 61, 58]
+    table["CRCL"] = [90] * 7 + [80] * 6
+    with pytest.raises(ValueError, match="covariate 'WT' changes"):
+        models.PopulationDataset.from_table(table)
+    data = models.PopulationDataset.from_table(table, time_varying=["WT"])
+    ts, _ = data.observations()
+    got = data.covariate_at("WT", ts)
+    for i, sid in enumerate(data.ids):
+        rows = [r for r in range(13) if table["ID"][r] == sid]
+        for j, t in enumerate(ts[i]):
+            last = [table["WT"][r] for r in rows if table["TIME"][r] <= t][-1]
+            assert got[i, j] == last, (sid, t)
+    np.testing.assert_array_equal(data.covariate("WT"), [70.0, 60.0])  # the first values
+    np.testing.assert_array_equal(data.covariate_at("CRCL", ts), np.where(ts > -1, 1, 0) *
+                                  np.array([[90.0], [80.0]]))
+    with pytest.raises(ValueError, match="`time_varying` names"):
+        models.PopulationDataset.from_table(table, time_varying=["HT"])
