@@ -259,17 +259,19 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         """``(S, q, q)`` ``H_i`` (first-order or exact) and ``(S, q)`` the gradient."""
         total = lambda e: jnp.sum(joint(phi, e)[0])
         g = jax.grad(total)(eta)
-        basis = [jnp.zeros((S, q)).at[:, k].set(1.0) for k in range(q)]
+        # The q directions batched (vmap), not unrolled: one traced copy of the solve's
+        # derivative in the compiled program instead of q (its compile time dominates).
+        basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
+        hvp = lambda fn: jax.vmap(lambda b: jax.jvp(jax.grad(fn), (eta,), (b,))[1])(basis)
         if method == "laplace" or exact:
-            cols = [jax.jvp(jax.grad(total), (eta,), (b,))[1] for b in basis]
-            return -jnp.stack(cols, axis=-1), g
+            return -jnp.moveaxis(hvp(total), 0, -1), g
         # one solve for the predictions and residual variances, q tangents of it
         (_, var), tangent = jax.linearize(lambda e: joint(phi, e)[1:], eta)
-        J = jnp.stack([tangent(b)[0] for b in basis], axis=-1)  # (S, K, q)
+        J = jnp.moveaxis(jax.vmap(lambda b: tangent(b)[0])(basis), 0, -1)  # (S, K, q)
         w = jnp.where(seen, 1.0 / var, 0.0)
         prior = lambda e: jnp.sum(_effect_logprob(model, data, dict(phi, **{
             eff: jnp.reshape(e, (S,) + np.shape(draw[eff])[1:])}), eff))
-        P = -jnp.stack([jax.jvp(jax.grad(prior), (eta,), (b,))[1] for b in basis], axis=-1)
+        P = -jnp.moveaxis(hvp(prior), 0, -1)
         return jnp.einsum("ski,sk,skj->sij", J, w, J) + P, g
 
     @jax.jit
@@ -355,8 +357,8 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         phi = unflatten(u)
         pred0 = predictions(phi, jnp.zeros((S, q)))[0]
         ipred, tangent = jax.linearize(lambda e: predictions(phi, e)[0], eta)
-        basis = [jnp.zeros((S, q)).at[:, k].set(1.0) for k in range(q)]
-        return pred0, ipred, jnp.stack([tangent(b) for b in basis], axis=-1)
+        basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
+        return pred0, ipred, jnp.moveaxis(jax.vmap(tangent)(basis), 0, -1)
 
     pred0, ipred, J_hat = (np.asarray(a) for a in tables(jnp.asarray(u_hat), eta_hat))
     theta_hat = dict(phi_j, **{eff: jnp.reshape(eta_hat, (S,) + np.shape(draw[eff])[1:])})
