@@ -67,7 +67,8 @@ class DoseChange(NamedTuple):
         values: ``(n, K)`` the jumps (``(n, K, d)`` for ``"state"`` and ``"restart"``), or,
             for those two, a function ``values(f, params, options) -> (n, K, d)`` of the
             model's vector field, its ensemble's parameters (leading axis ``n``) and the
-            solve's ``options`` (``solver``, ``rtol``, ``atol``, ``driver``), evaluated
+            solve's ``options`` (``solver``, ``rtol``, ``atol``, ``driver``; ``d`` the
+            model's states), evaluated
             when the schedule is planned: a state that needs the model, e.g. a steady
             state.
         origin: ``(n, K)`` when the dose that makes the change was given (an infusion's
