@@ -19,6 +19,10 @@
   `population_program`, the program of a many-subject `models.PopulationModel`.
 - `MeshPolicy`: the one rule by which fits and samplers record, reuse and re-record
   meshes; `InferenceModel`: what a model must provide (`models.ODEModel` does).
+- A `models.PetabProblem` carries its data, bounds and priors: ``fit(problem,
+  n_starts=...)`` is a multistart fit (Latin hypercube starts, all starts one ensemble,
+  a batched bounded Levenberg–Marquardt in ``_lm.py``) and ``sample(problem)`` NumPyro
+  NUTS on its log-likelihood and priors (``_petab.py``).
 
 Default ODE tolerances of every function here: ``rtol = 1e-6``, ``atol = 1e-8``
 (`TOLERANCES`; why these, in ``inference/_problem.py``).

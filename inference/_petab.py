@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import gradsolve as gs
+
 from ._lm import CONVERGED, FAILED_START, LMKernel
 from ._progress import progress_bar
 from ._result import FAILED, FitResult
@@ -166,6 +168,7 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         `FitResult` with the starts sorted by final objective (the waterfall, best first).
     """
     t0 = time.perf_counter()
+    gs.ensure_compilation_cache()
     if objective not in ("map", "mle"):
         raise ValueError(f"`objective` must be 'map' or 'mle', got {objective!r}")
     if method not in ("auto", "lm", "lbfgs"):
@@ -201,8 +204,10 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
 
 def _unbounded(x, lo, hi):
     """The sampler's coordinate ``u`` of ``x`` inside ``(lo, hi)`` (``x = lo + (hi - lo)
-    sigmoid(u)``), with ``x`` pulled slightly inside so that ``u`` is finite."""
-    w = np.clip((np.asarray(x, float) - lo) / (hi - lo), 1e-6, 1 - 1e-6)
+    sigmoid(u)``), with ``x`` pulled 0.1 % of the range inside: a point on a bound (a
+    parameter the data leave flat up to it) would put NUTS far out in the sigmoid's flat
+    tail, away from the mass."""
+    w = np.clip((np.asarray(x, float) - lo) / (hi - lo), 1e-3, 1 - 1e-3)
     return np.log(w) - np.log1p(-w)
 
 
@@ -241,6 +246,7 @@ def sample_petab(problem, *, num_warmup: int = 500, num_samples: int = 1000,
     import numpyro.distributions as dist
     from numpyro.infer import MCMC, NUTS
 
+    gs.ensure_compilation_cache()
     lo, hi = _finite_bounds(problem)
     d = len(lo)
     lo_j, hi_j = jnp.asarray(lo), jnp.asarray(hi)
@@ -276,7 +282,9 @@ def sample_petab(problem, *, num_warmup: int = 500, num_samples: int = 1000,
                 num_chains=num_chains, chain_method="vectorized",
                 progress_bar=bool(progress) if progress is not None else sys.stderr.isatty())
     t0 = time.perf_counter()
-    mcmc.run(jax.random.PRNGKey(seed), init_params={"u": jnp.asarray(u0)},
+    # NumPyro takes one chain's initial point without the chain axis
+    u0 = jnp.asarray(u0[0] if num_chains == 1 else u0)
+    mcmc.run(jax.random.PRNGKey(seed), init_params={"u": u0},
              extra_fields=("diverging", "num_steps"))
     draws = mcmc.get_samples(group_by_chain=True)
     x = np.asarray(lo + (hi - lo) * jax.nn.sigmoid(draws["u"]))

@@ -300,14 +300,14 @@ def test_map_objective_adds_the_given_priors(tmp_path):
 def test_sample_petab_posterior_against_the_closed_form(decay):
     # flat priors in log10 (A0, k, sigma): the draws stay inside the bounds and centre on
     # the closed-form maximum likelihood point
-    idata = inference.sample(decay, num_warmup=150, num_samples=150, num_chains=2, seed=0,
+    idata = inference.sample(decay, num_warmup=100, num_samples=100, num_chains=2, seed=0,
                              fit_kwargs=dict(n_starts=3))
     x_ref, _ = _decay_mle()
     post = idata.posterior
     assert set(post.data_vars) == set(decay.parameter_ids)
     for p, xr in zip(decay.parameter_ids, x_ref):
         draws = np.asarray(post[p])
-        assert draws.shape == (2, 150)
+        assert draws.shape == (2, 100)
         assert np.all((draws > -3) & (draws < 3))
         assert abs(np.median(draws) - xr) < 3 * np.std(draws)
     assert int(idata.sample_stats.diverging.sum()) == 0
