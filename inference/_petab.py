@@ -82,7 +82,7 @@ def _starts(problem, init, n_starts: int, seed: int) -> np.ndarray:
 
 def _objective_parts(problem, objective: str):
     """(residual function of one start, laplace mask, penalty or None, the constant)."""
-    ref = problem.residuals(problem.nominal)
+    ref = problem.residual_layout()
     penalty = None
     if objective == "map" and bool(np.any(problem.priors.given)):
         def penalty(x):
@@ -104,7 +104,7 @@ def _fit_lm(problem, x0, objective, max_iter, progress):
     code = np.asarray(s.code)
     hist = np.stack(history) - const
     return np.asarray(s.x), losses, code == CONVERGED, code == FAILED_START, hist, \
-        int(np.max(np.asarray(s.iters)) + 1)
+        np.asarray(s.iters) + 1
 
 
 def _fit_lbfgs(problem, x0, objective, max_iter, progress):
@@ -118,7 +118,7 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
 
     vg = jax.jit(jax.value_and_grad(loss))
     lo, hi = (np.asarray(b, float) for b in problem.bounds)
-    xs, losses, conv, failed, history, n_eval = [], [], [], [], [], 0
+    xs, losses, conv, failed, history, n_eval = [], [], [], [], [], []
     bar = progress_bar(progress, total=len(x0), done=0, desc="fit PEtab (L-BFGS-B)")
     for x in x0:
         trace = []
@@ -138,13 +138,14 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
                            options=dict(maxiter=max_iter))
             xs.append(res.x), losses.append(float(res.fun)), conv.append(bool(res.success))
             failed.append(False)
-        n_eval += len(trace)
+        n_eval.append(len(trace))
         history.append(np.minimum.accumulate(np.asarray(trace)))
         bar.update(1)
     bar.close()
     width = max(len(h) for h in history)
     hist = np.stack([np.pad(h, (0, width - len(h)), mode="edge") for h in history], axis=1)
-    return np.stack(xs), np.asarray(losses), np.asarray(conv), np.asarray(failed), hist, n_eval
+    return (np.stack(xs), np.asarray(losses), np.asarray(conv), np.asarray(failed), hist,
+            np.asarray(n_eval))
 
 
 def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
@@ -177,7 +178,7 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"`{name}` must be an int >= 1, got {v!r}")
     x0 = _starts(problem, init, int(n_starts), seed)
-    lap = np.asarray(problem.residuals(problem.nominal).laplace)
+    lap = np.asarray(problem.residual_layout().laplace)
     if method == "auto":
         method = "lbfgs" if lap.any() else "lm"
     run = _fit_lm if method == "lm" else _fit_lbfgs
@@ -188,14 +189,16 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         warnings.warn("inference.fit: no start ended with a finite objective", RuntimeWarning,
                       stacklevel=3)
     order = np.argsort(losses, kind="stable")
+    # LM: every iteration is one ensemble evaluation; L-BFGS-B: one evaluation per call
+    n_records = int(n_eval.max() if method == "lm" else n_eval.sum())
     ids = problem.parameter_ids
     xs = x[order]
     n = len(order)
     return FitResult(
         params={p: float(xs[0, i]) for i, p in enumerate(ids)},
         all_params={p: xs[:, i] for i, p in enumerate(ids)}, losses=losses[order],
-        loss_history=hist[:, order], n_records=n_eval,
-        n_records_per_start=np.full(n, n_eval, np.int64), n_grad_evals=n_eval,
+        loss_history=hist[:, order], n_records=n_records,
+        n_records_per_start=n_eval[order].astype(np.int64), n_grad_evals=n_records,
         wall_time=time.perf_counter() - t0, best_index=0,
         status=np.where(failed[order], FAILED, 0).astype(np.int32), objective=objective,
         n_steps=len(hist) - 1, max_error_ratio=np.zeros(n), starts=x0[order],

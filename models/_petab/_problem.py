@@ -565,6 +565,11 @@ class PetabProblem:
         z, log_sigma = self._residuals_jit(self._as_vector(x))
         return Residuals(z, log_sigma, self._laplace, self._llh_constant)
 
+    def residual_layout(self) -> Residuals:
+        """`residuals`' parameter-independent parts without a solve: ``z`` and
+        ``log_sigma`` are ``None``, ``laplace`` and ``constant`` as `residuals` gives them."""
+        return Residuals(None, None, self._laplace, self._llh_constant)
+
     def _log_prior(self, x, jacobian: bool = True, given_only: bool = False):
         lo, hi = self.bounds
         scale = jnp.asarray(self._est_scale)
