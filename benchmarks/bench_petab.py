@@ -12,6 +12,16 @@ appended to a JSON-lines file as they finish, and ``--table`` prints the Markdow
 
     python benchmarks/bench_petab.py --out benchmarks/petab_rows.jsonl
     python benchmarks/bench_petab.py --table benchmarks/petab_rows.jsonl
+
+``--fit N`` instead runs `inference.fit` with ``N`` starts (seed 0, Latin hypercube inside
+the bounds) on each problem: the best objective against the objective at the nominal
+parameters, how many starts ended within 0.1 of the best ("converged", pyPESTO's
+convention), the wall time (compilation included) and converged starts per minute;
+``--fit-table`` prints those rows.
+
+    python benchmarks/bench_petab.py --fit 20 --out /tmp/petab_fit.jsonl \
+        --only Boehm_JProteomeRes2014 Fujita_SciSignal2010 Bachmann_MSB2011
+    python benchmarks/bench_petab.py --fit-table /tmp/petab_fit.jsonl
 """
 
 from __future__ import annotations
@@ -92,6 +102,57 @@ def one(name: str, fd_coords: int) -> dict:
     return row
 
 
+def fit_row(name: str, n_starts: int) -> dict:
+    """One multistart fit of one problem (run in a child process)."""
+    import jax
+    import numpy as np
+
+    jax.config.update("jax_enable_x64", True)
+    import inference
+    import models
+
+    problem = models.load_petab(COLLECTION / name)
+    row: dict = {"problem": name, "n_starts": n_starts, "params": len(problem.parameter_ids),
+                 "conditions": len(problem.condition_ids)}
+    nominal = -float(problem.log_likelihood())
+    if bool(np.any(problem.priors.given)):
+        nominal -= float(problem.log_prior(jacobian=False, given_only=True))
+    row["nominal_objective"] = nominal
+    t = time.perf_counter()
+    res = inference.fit(problem, n_starts=n_starts, seed=0)
+    wall = time.perf_counter() - t
+    losses = np.asarray(res.losses)
+    best = float(losses[0])
+    n_conv = int(np.sum(losses - best <= 0.1))
+    row.update(best_objective=best, method=res.method, objective=res.objective,
+               converged_within_0_1=n_conv, optimiser_converged=int(np.sum(res.converged)),
+               failed=int(np.sum(res.status != 0)), iterations=int(res.n_steps),
+               fit_wall_s=wall, converged_per_min=60.0 * n_conv / wall,
+               losses=[float(v) for v in losses])
+    return row
+
+
+def fit_table(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows.sort(key=lambda r: r["problem"])
+    out = ["| problem | params / conditions | starts | objective at nominal | best objective "
+           "| best - nominal | within 0.1 of best | failed | iterations | wall s (compile "
+           "incl.) | converged starts / min |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "best_objective" not in r:
+            out.append(f"| {r['problem']} | | {r.get('n_starts', '')} | | "
+                       f"{r.get('loads', r.get('error', '?'))} | | | | | | |")
+            continue
+        out.append(
+            f"| {r['problem']} | {r['params']} / {r['conditions']} | {r['n_starts']} | "
+            f"{r['nominal_objective']:.4f} | {r['best_objective']:.4f} | "
+            f"{r['best_objective'] - r['nominal_objective']:+.1e} | "
+            f"{r['converged_within_0_1']} | {r['failed']} | {r['iterations']} | "
+            f"{r['fit_wall_s']:.0f} | {r['converged_per_min']:.2f} |")
+    return "\n".join(out)
+
+
 def _size(name: str) -> int:
     d = COLLECTION / name
     return sum(f.stat().st_size for f in d.glob("*") if f.is_file())
@@ -131,13 +192,19 @@ def main():
     ap.add_argument("--fd-coords", type=int, default=6)
     ap.add_argument("--only", nargs="*", help="problem names (default: all)")
     ap.add_argument("--table", type=Path, help="print the Markdown table of a rows file")
+    ap.add_argument("--fit", type=int, default=0, help="multistart fits with this many starts")
+    ap.add_argument("--fit-table", type=Path, help="print the Markdown table of fit rows")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.table:
         print(table(a.table))
         return
+    if a.fit_table:
+        print(fit_table(a.fit_table))
+        return
     if a.child:
-        print("ROW " + json.dumps(one(a.child, a.fd_coords)), flush=True)
+        row = fit_row(a.child, a.fit) if a.fit else one(a.child, a.fd_coords)
+        print("ROW " + json.dumps(row), flush=True)
         return
     names = a.only or sorted((p.name for p in COLLECTION.iterdir() if p.is_dir()), key=_size)
     done = set()
@@ -150,7 +217,8 @@ def main():
         t = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, __file__, "--child", name, "--fd-coords",
-                                str(a.fd_coords)], capture_output=True, text=True,
+                                str(a.fd_coords), "--fit", str(a.fit)],
+                               capture_output=True, text=True,
                                timeout=a.timeout)
             rows = [line[4:] for line in p.stdout.splitlines() if line.startswith("ROW ")]
             row = json.loads(rows[0]) if rows else {
