@@ -18,7 +18,9 @@
   NumPyro; mesh-reusing under ``fit(program, data)`` and ``sample(program, data)``), and
   `population_program`, the program of a many-subject `models.PopulationModel`.
 - `MeshPolicy`: the one rule by which fits and samplers record, reuse and re-record
-  meshes; `InferenceModel`: what a model must provide (`models.ODEModel` does).
+  meshes; `InferenceModel`: what a model must provide (`models.ODEModel` does);
+  `AbstractProblem`: what fitters and samplers ask of a posterior (an ODE model's and a
+  program's problems implement it, each with its own sampler defaults).
 - A `models.PetabProblem` carries its data, bounds and priors: ``fit(problem,
   n_starts=...)`` is a multistart fit (Latin hypercube starts, all starts one ensemble,
   a batched bounded Levenberg–Marquardt in ``_lm.py``) and ``sample(problem)`` NumPyro
@@ -47,6 +49,7 @@ from ._baseline import diffrax_numpyro_model
 from ._chains import SampleState
 from ._density import log_density, numpyro_model
 from ._diagnostics import VPC, plot_cwres, plot_dv_pred, plot_vpc, population_table, vpc
+from ._abstract import AbstractProblem
 from ._fit import FitState, fit
 from ._least_squares import fit_least_squares
 from ._ode import ode
@@ -82,6 +85,7 @@ __all__ = [
     "SampleState",
     "MeshPolicy",
     "InferenceModel",
+    "AbstractProblem",
     "TOLERANCES",
     "diffrax_numpyro_model",
     "ode",

@@ -2,7 +2,7 @@
 vectorised over chains, and the state a sampler carries (`SampleState`).
 
 The potential of a chain at unconstrained ``u (D,)`` is ``U(u) = -(log prior + log |dx/du|
-+ log likelihood)``, from `Problem.log_density` on the chain's mesh (or an adaptive solve
++ log likelihood)``, from `AbstractProblem.log_density` on the chain's mesh (or an adaptive solve
 under ``rerecord="always"``). NumPyro's own kernel (``numpyro.infer.hmc.hmc(
 potential_fn_gen=...)``, with its dual-averaging step size and Welford mass-matrix
 adaptation) runs on it; the chains are vectorised with ``jax.vmap`` (NumPyro's
@@ -23,7 +23,7 @@ from jaxtyping import Bool, Float, Int
 import gradsolve as gs
 
 from ._policy import MeshPolicy
-from ._problem import Problem
+from ._abstract import AbstractProblem
 
 __all__ = ["SampleState", "Draws", "ChainKernel", "CHUNK", "spaced"]
 
@@ -158,7 +158,7 @@ class ChainKernel:
             step sizes and mass matrices, which it keeps.
     """
 
-    def __init__(self, problem: Problem, policy: MeshPolicy, *, num_chains: int,
+    def __init__(self, problem: AbstractProblem, policy: MeshPolicy, *, num_chains: int,
                  num_warmup: int, algo: str, target_accept: float, dense_mass: bool,
                  max_tree_depth: int, count_failures: bool, solve_max_steps: int,
                  retune: bool = False):

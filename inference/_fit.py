@@ -50,7 +50,8 @@ import gradsolve as gs
 from . import _checkpoint
 from ._policy import MeshPolicy
 from ._petab import fit_petab, is_petab
-from ._problem import TOLERANCES, Problem
+from ._abstract import AbstractProblem
+from ._problem import TOLERANCES
 from ._program import problem_for
 from ._progress import progress_bar
 from ._result import FAILED, FitResult, best_index
@@ -129,13 +130,13 @@ class FitKernel:
     """`init`, `step` and `finish` of a fit of ``problem`` under ``policy``.
 
     Args:
-        problem: the model, data and solve options (`Problem`).
+        problem: the model, data and solve options (an `AbstractProblem`).
         policy: when to re-record (`MeshPolicy`).
         optimizer: an Optax transformation of the flat unconstrained ``u (n, D)``.
         objective: ``"map"`` or ``"mle"``; jacobian: add ``log |dx/du|`` to the MAP.
     """
 
-    def __init__(self, problem: Problem, policy: MeshPolicy, optimizer, objective: str,
+    def __init__(self, problem: AbstractProblem, policy: MeshPolicy, optimizer, objective: str,
                  jacobian: bool):
         self.problem, self.policy, self.objective = problem, policy, objective
         space = problem.space

@@ -33,6 +33,7 @@ import numpyro.distributions as dist
 
 import gradsolve as gs
 
+from ._abstract import AbstractProblem
 from ._checkpoint import digest
 from ._space import ParamSpace
 
@@ -115,7 +116,7 @@ def _positive(name: str, v) -> None:
         raise ValueError(f"`{name}` must be a positive number, got {v!r}")
 
 
-class Problem:
+class Problem(AbstractProblem):
     """A model, its data and how its ODE is solved: the pieces every fitter and sampler
     evaluates.
 
@@ -130,6 +131,11 @@ class Problem:
         solver: a gradsolve solver (``None``: the model's).
         rtol, atol: ODE tolerances; max_steps: step capacity of records and solves.
     """
+
+    default_rerecord = "warmup"
+    default_target_accept = 0.8
+    dense_mass_by_default = True
+    count_failures_by_default = True
 
     def __init__(self, model, data, *, solver=None, rtol: float = TOLERANCES.rtol,
                  atol: float = TOLERANCES.atol, max_steps: int = MAX_STEPS):

@@ -31,6 +31,7 @@ from numpyro import handlers
 
 import gradsolve as gs
 
+from ._abstract import AbstractProblem
 from ._checkpoint import digest
 from ._ode import SITE, RecordSites, ReplaySites, SolveSites
 from ._space import ParamSpace
@@ -342,7 +343,7 @@ def _latent_and_observed(program, data, name: str, defaults):
     return priors, observed, sites
 
 
-class ProgramProblem:
+class ProgramProblem(AbstractProblem):
     """A NumPyro program with `inference.ode` sites, the argument it is called with, and
     the default tolerances of its sites: the pieces `fit` and `sample` evaluate.
 
@@ -355,6 +356,14 @@ class ProgramProblem:
         solver, rtol, atol, max_steps: defaults of the ode sites that do not set their
             own (``rtol = 1e-6``, ``atol = 1e-8``, 16,384 steps, ``gs.Tsit5()``).
     """
+
+    # Population programs: a subject's step count varies widely across the posterior (a
+    # frozen mesh would not hold), the funnel-shaped hierarchy wants smaller steps, and
+    # NumPyro's dense adaptation left a chain stuck on theophylline in one run of six.
+    default_rerecord = "always"
+    default_target_accept = 0.9
+    dense_mass_by_default = False
+    count_failures_by_default = False
 
     def __init__(self, program, data, *, name: str | None = None, solver=None,
                  rtol: float, atol: float, max_steps: int, source=None):

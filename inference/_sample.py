@@ -77,7 +77,7 @@ from ._idata import inference_data
 from ._policy import MeshPolicy
 from ._petab import is_petab, sample_petab
 from ._problem import TOLERANCES, InferenceModel
-from ._program import ProgramProblem, problem_for
+from ._program import problem_for
 from ._progress import progress_bar
 from ._warmup import (
     RETUNE_ITERATIONS,
@@ -298,17 +298,17 @@ def sample(
     problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol,
                           max_steps=None if isinstance(model, InferenceModel) else max_steps)
     if rerecord is None:
-        rerecord = "always" if isinstance(problem, ProgramProblem) else "warmup"
+        rerecord = problem.default_rerecord
     if target_accept is None:
-        target_accept = 0.9 if isinstance(problem, ProgramProblem) else 0.8
+        target_accept = problem.default_target_accept
     if dense_mass is None:
-        dense_mass = (not isinstance(problem, ProgramProblem)
+        dense_mass = (problem.dense_mass_by_default
                       and problem.space.dim <= max(10, int(num_warmup) // 10))
     dense_mass = bool(dense_mass)
     policy = MeshPolicy.checked("sample", rerecord, record_tol_factor=float(frozen_tol_factor))
     # the counter's callback runs at every evaluation under vectorised chains (the
     # lax.cond becomes a select): a program's default "always" policy does not pay it
-    count = (rerecord == "always" and not isinstance(problem, ProgramProblem)
+    count = (rerecord == "always" and problem.count_failures_by_default
              if count_failures is None else bool(count_failures))
     fingerprint = _checkpoint.fingerprint(
         problem, policy, num_chains=num_chains, num_warmup=num_warmup, kernel=kernel,

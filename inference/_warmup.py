@@ -37,7 +37,7 @@ import gradsolve as gs
 
 from ._chains import CHUNK, ChainKernel, SampleState, capacity, solve_capacity, spaced
 from ._fit import fit
-from ._problem import Problem
+from ._abstract import AbstractProblem
 from ._space import checked_init
 from ._starts import jittered, prior_draws
 
@@ -61,7 +61,7 @@ def windows(num_warmup: int) -> list[int]:
     return out
 
 
-def _chain_starts(problem: Problem, data, init, C: int, key, jitter: float, seed: int,
+def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: float, seed: int,
                   fit_kwargs) -> tuple[np.ndarray, str, dict]:
     """``(u0 (C, D), how they were chosen, the MAP fit's summary)``."""
     model, space = problem.model, problem.space
@@ -90,7 +90,7 @@ def _chain_starts(problem: Problem, data, init, C: int, key, jitter: float, seed
     return np.asarray(u, dtype=np.float64), "given per-chain points", {}
 
 
-def initial_state(problem: Problem, policy, data, *, init, num_chains: int, key,
+def initial_state(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
                   init_jitter: float, seed: int, fit_kwargs: Mapping | None,
                   max_steps: int | None, target_accept: float) -> SampleState:
     """The sampler's state before its first iteration (without NumPyro's chain states):
