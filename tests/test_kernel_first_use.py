@@ -133,7 +133,7 @@ def test_default_threshold_keeps_small_fields_synchronous():
     """Lotka–Volterra and Lorenz-96 with 16 states are estimated below the default
     threshold (built before the first call returns); a source of 2 MB (the size limit)
     above it."""
-    from gradsolve._adjoint import flat_field, flatten_spec
+    from gradsolve._flat import flat_field, flatten_spec
     from gradsolve.drivers.kernel.source import generate
 
     def lv(t, y, p):

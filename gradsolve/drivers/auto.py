@@ -6,7 +6,7 @@ import sys
 import warnings
 from typing import ClassVar
 
-from .._adjoint import cache_key
+from .._flat import cache_key
 from .._caches import cache
 from .base import AbstractDriver, refuse
 from .batched import Batched

@@ -25,7 +25,7 @@ faster than AD through the batched (``jax.vmap``-ed) step of `gradsolve._replay`
   cotangent of the state after each node: a jump size's cotangent is the one at its node,
   and a jump time's comes from the cotangents of the node times it sets.
 
-`gradsolve._adjoint.adjoint_replay` makes the pair differentiable in every mode: ``grad``
+`gradsolve.drivers._adjoint.adjoint_replay` makes the pair differentiable in every mode: ``grad``
 runs the adjoint here, forward mode and second derivatives the batched driver.
 Trajectories are sorted by step count into groups (`default_group_size`) and each group
 runs only as many steps as its longest member.
@@ -42,7 +42,8 @@ from typing import ClassVar, NamedTuple
 
 from jaxtyping import Array, Float
 
-from .._adjoint import adjoint_replay, cache_key, flat_field, flatten_spec
+from ._adjoint import adjoint_replay
+from .._flat import cache_key, flat_field, flatten_spec
 from .._caches import cache
 from .._jaxpr import Scalarizer, Unsupported, unsupported_primitive
 from .._misc import length_groups, shared_any, shared_max
@@ -172,7 +173,7 @@ class _LaneScalarizer(Scalarizer):
 class LaneField:
     """A vector field ``f(t, y, params)`` (one trajectory) evaluated over lanes:
     ``field(t (n,), y: LaneArray (d), p: LaneArray (P)) -> LaneArray (d)``, with ``p`` the flattened
-    per-trajectory parameters (`gradsolve._adjoint.flat_params`)."""
+    per-trajectory parameters (`gradsolve._flat.flat_params`)."""
 
     def __init__(self, closed, d: int, dtype):
         self.closed, self.d, self.dtype = closed, d, dtype
@@ -430,7 +431,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
 def lanes_replay(field: LaneField, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
                  moved: bool, layout: ReplayLayout) -> ReplayOutput:
     """The lanes replay of ``nodes`` (known-time events included), differentiable in every
-    mode (`gradsolve._adjoint.adjoint_replay`)."""
+    mode (`gradsolve.drivers._adjoint.adjoint_replay`)."""
     group_size = layout.group_size or default_group_size(layout.backend)
 
     def node_fn(times, save, tm, subst, ev):

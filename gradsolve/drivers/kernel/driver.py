@@ -5,7 +5,7 @@ JAX functions (``jax.ffi`` calls of the generated handlers).
 independent trajectories, one step attempt per lane per iteration, refilled as trajectories
 finish; the controller is `gradsolve._controller`'s, written per lane). ``kernel_replay``
 returns the same `gradsolve.drivers.base.ReplayOutput` as the batched driver. The replay's
-differentiation is `gradsolve._adjoint.adjoint_replay`'s: ``grad`` runs the compiled
+differentiation is `gradsolve.drivers._adjoint.adjoint_replay`'s: ``grad`` runs the compiled
 adjoint, forward mode and second derivatives the batched driver.
 """
 
@@ -21,13 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..._adjoint import (adjoint_replay, cache_key, flat_field, flat_params, flatten_spec,
-                        per_trajectory)
+from .._adjoint import adjoint_replay
 from ..._caches import cache
+from ..._checks import batch, check_vector_field, split_static
+from ..._flat import cache_key, flat_field, flat_params, flatten_spec, per_trajectory
 from ..._config import kernel_enabled
 from ..._events import empty_events
 from ..._mesh import Mesh
+from ..._solver import Tsit5
 from ..._solver.base import AbstractExplicitRK
+from ..._solver.diffrax_adapter import as_solver
 from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
 from . import build, lowering
 from .codegen import Unsupported
@@ -403,12 +406,13 @@ class Kernel(AbstractDriver):
             >>> info = gs.drivers.Kernel().prebuild(f, y0, params)
             >>> info.folder, info.seconds, info.compile_s
         """
-        from ..._record import _MAX_STEPS, prepare
-
         where = "gs.drivers.Kernel().prebuild"
         t = time.perf_counter()
-        f, solver, _, b = prepare(f, 0.0, 1.0, y0, params, None, solver, 1e-6, 1e-9,
-                                  _MAX_STEPS, None, where)
+        solver = as_solver(Tsit5() if solver is None else solver, where)
+        if callable(f):
+            f, params = split_static(f, params)
+        b = batch(0.0, 1.0, y0, params, None, where)
+        check_vector_field(f, 0.0, b.y0, b.params, where)
         target = kernel_target(f, solver, b.y0, b.params)
         if target.prefix is None or not build.load_part(target.prefix, "bwdt"):
             reason = target.reason or "its bwdt part could not be built (see the warning)."

@@ -42,8 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._linear import linear_apply
-from .drivers.base import ReplayLayout, ReplayNodes, ReplayOutput
+from .._flat import flat_params, flatten_spec, per_trajectory, unflatten_one
+from .._linear import linear_apply
+from .base import ReplayLayout, ReplayNodes, ReplayOutput
 
 
 def _zero_tangent(x):
@@ -52,58 +53,6 @@ def _zero_tangent(x):
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.zeros_like(x)
     return np.zeros(x.shape, jax.dtypes.float0)
-
-
-def flatten_spec(params):
-    """Leaves, treedef, per-trajectory leaf shapes and dtypes of batched ``params``."""
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    shapes = tuple(tuple(leaf.shape[1:]) for leaf in leaves)
-    dtypes = tuple(jnp.result_type(leaf) for leaf in leaves)
-    return leaves, treedef, shapes, dtypes
-
-
-def flat_params(leaves, n: int, dtype):
-    """Per-trajectory parameters as one ``(n, P)`` matrix of the state dtype."""
-    if not leaves:
-        return jnp.zeros((n, 0), dtype)
-    return jnp.concatenate([leaf.reshape(n, -1).astype(dtype) for leaf in leaves], axis=1)
-
-
-def per_trajectory(values, n: int, dtype):
-    """Scalars (or a vector) repeated as one ``(n, len(values))`` row per trajectory: every
-    kernel operand leads with the ensemble axis, so it shards and vmaps like the others."""
-    row = jnp.stack([jnp.asarray(v, dtype) for v in values])
-    return jnp.broadcast_to(row, (n,) + row.shape)
-
-
-def unflatten_one(pflat, treedef, shapes, dtypes):
-    """One trajectory's parameter pytree from its flat ``(P,)`` row."""
-    out, i = [], 0
-    for shape, dt in zip(shapes, dtypes):
-        size = int(np.prod(shape))
-        out.append(pflat[i:i + size].reshape(shape).astype(dt))
-        i += size
-    return jax.tree_util.tree_unflatten(treedef, out)
-
-
-def cache_key(*parts):
-    """``parts`` as a dict key, or ``None`` where one is unhashable (e.g. a vector field
-    that is an unhashable callable object)."""
-    try:
-        hash(parts)
-    except TypeError:
-        return None
-    return parts
-
-
-def flat_field(f, treedef, shapes, dtypes):
-    """``(f_flat, P)``: ``f`` taking one trajectory's parameters as a flat ``(P,)`` row."""
-    p_size = int(sum(int(np.prod(s)) for s in shapes))
-
-    def f_flat(t, y, pflat):
-        return f(t, y, unflatten_one(pflat, treedef, shapes, dtypes))
-
-    return f_flat, p_size
 
 
 def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
@@ -122,8 +71,8 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
     ``ct_jump_sizes (n, J, d)``; ``with_times`` is then true where save times or jump times
     carry a derivative (a jump time moves its nodes).
     """
-    from ._events import ReplayEvents
-    from .drivers.batched import replay_nodes  # the tangent rule: same steps, JAX's AD
+    from .._events import ReplayEvents
+    from .batched import replay_nodes  # the tangent rule: same steps, JAX's AD
 
     dtype = jnp.result_type(y0)
     n = y0.shape[0]
