@@ -62,9 +62,16 @@ class PopulationFit(NamedTuple):
         iwres, cwres: ``(S, K)`` individual weighted residuals ``(DV - IPRED) / sqrt(R)``
             and conditional weighted residuals (Hooker et al. 2007); NaN where no DV.
         method: ``"foce-i"`` or ``"laplace"``.
-        converged: whether the outer optimiser reported success.
+        converged: whether the outer optimiser reported success. SciPy's BFGS also stops
+            without success on "precision loss" when its line search can no longer
+            improve the objective, which near the optimum is usually a converged fit:
+            read `message` and `max_gradient`.
         n_iterations: outer iterations.
         wall_time: seconds, everything counted.
+        message: the outer optimiser's own account of why it stopped.
+        max_gradient: the largest component of the objective's gradient at the estimate
+            (unconstrained scale): near zero means a stationary point whatever
+            `converged` says.
 
     Example:
         >>> res = inference.fit_population(model, data)
@@ -88,6 +95,8 @@ class PopulationFit(NamedTuple):
     converged: bool
     n_iterations: int
     wall_time: float
+    message: str = ""
+    max_gradient: float = float("nan")
 
     def table(self, data, path=None) -> dict:
         """The fitted data in NONMEM's long form (`inference.population_table`): one row
@@ -324,7 +333,8 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
                    options=dict(maxiter=int(max_iterations), gtol=1e-6))
     u_hat = res.x
     eta_hat = modes(u_hat)
-    ofv = float(value_and_grad(jnp.asarray(u_hat), eta_hat)[0])  # no second compile
+    ofv, g_hat = value_and_grad(jnp.asarray(u_hat), eta_hat)  # no second compile
+    ofv, max_gradient = float(ofv), float(np.max(np.abs(np.asarray(g_hat))))
     # the objective's Hessian by central differences of its exact gradient
     P = u_hat.size
     Hm = np.zeros((P, P))
@@ -379,7 +389,8 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         condition_number=float(eig.max() / eig.min()) if eig.min() > 0 else float("inf"),
         pred=np.where(seen, pred0, np.nan), ipred=np.where(seen, ipred, np.nan),
         iwres=iwres, cwres=cwres, method=method, converged=bool(res.success),
-        n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start)
+        n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start,
+        message=str(res.message), max_gradient=max_gradient)
 
 
 def _cholesky_small(A):

@@ -132,7 +132,8 @@ print(data, "infusions:", data.has_infusions)
 
 # %%
 fit = inference.fit_population(model, data)
-print(f"converged {fit.converged} in {fit.n_iterations} iterations, {fit.wall_time:.0f} s")
+print(f"converged {fit.converged} in {fit.n_iterations} iterations, {fit.wall_time:.0f} s "
+      f"({fit.message}; largest gradient component {fit.max_gradient:.1e})")
 print(f"OFV {fit.ofv:.2f} (NONMEM's, without N log 2 pi: {fit.ofv_nonmem:.2f}), "
       f"AIC {fit.aic:.2f}, BIC {fit.bic:.2f}")
 print(f"{'':8}{'estimate':>10}{'SE':>9}{'truth':>9}")
@@ -146,8 +147,9 @@ print("eta shrinkage:", np.round(fit.shrinkage, 3))
 # %% [markdown]
 # `converged` is SciPy BFGS's own flag. On this data set it reads `False`: BFGS stopped
 # with "precision loss" after 19 iterations, its largest gradient component 1.4e-6 against
-# its threshold 1e-6 (measured when this tutorial was written), an optimum for every
-# practical purpose; the standard errors come from the objective's curvature there.
+# its threshold 1e-6 (measured when this tutorial was written; `fit.message` and
+# `fit.max_gradient` print them), an optimum for every practical purpose; the standard
+# errors come from the objective's curvature there.
 #
 # The IV arm pins clearance and volume directly; the absorption effect `eta[:, 0]` is seen
 # only in the oral arm, so half the subjects carry no information on it and its shrinkage
