@@ -169,7 +169,8 @@ def fit_population(
             random-effects site in a ``numpyro.plate("subjects", S)``).
         data: its `models.PopulationDataset`.
         method: ``"foce-i"`` (first-order Hessian with interaction; the noise must be a
-            ``numpyro`` ``Normal``) or ``"laplace"`` (the exact Hessian).
+            ``numpyro`` ``Normal``) or ``"laplace"`` (the exact Hessian; needed where the
+            data have censored observations, fitted by Beal's M3 likelihood).
         init: starting values of the population sites (default: their priors' medians,
             the population sites' priors serving only as starts and supports: they are not
             part of the likelihood).
@@ -214,6 +215,15 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     q = int(np.prod(np.shape(draw[eff])[1:]))
     ts, ys = data.observations()
     seen = ~np.isnan(ys)
+    cens = (np.asarray(data.censoring()) if hasattr(data, "censoring")
+            else np.zeros(ys.shape, np.int64))
+    censored = bool(np.any(cens[seen] != 0))
+    if censored and method == "foce-i":
+        raise ValueError(
+            "inference.fit_population: the data have censored observations (CENS 1/-1, "
+            "Beal's M3 likelihood), whose log-likelihood is not a Normal density: FOCE-I's "
+            "first-order Hessian does not apply to them; use method='laplace' (as NONMEM "
+            "needs LAPLACIAN for M3).")
     ys0 = np.where(seen, ys, 0.0)
     n_obs = int(seen.sum())
     t1 = float(np.max(ts))
@@ -253,7 +263,8 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         """``(S,)`` per-subject ``l_i``, the predictions and the residual variances."""
         pred, theta = predictions(phi, eta)
         noise = model.noise(theta, jnp.where(seen, pred, 1.0))
-        lp = jnp.where(seen, noise.log_prob(jnp.asarray(ys0)), 0.0)
+        lp = jnp.where(seen, _m3_log_prob(noise, jnp.asarray(ys0), cens) if censored
+                       else noise.log_prob(jnp.asarray(ys0)), 0.0)
         var = jnp.broadcast_to(noise.variance, pred.shape) if method == "foce-i" else None
         return jnp.sum(lp, axis=1) + _effect_logprob(model, data, theta, eff), pred, var
 
@@ -375,22 +386,42 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     noise = model.noise(theta_hat, jnp.where(seen, ipred, 1.0))
     var = np.broadcast_to(np.asarray(noise.variance), ys.shape)
     ipred = np.asarray(ipred)
-    iwres = np.where(seen, (ys0 - ipred) / np.sqrt(var), np.nan)
+    exact = seen & (cens == 0)  # censored rows carry a limit, not a measurement
+    iwres = np.where(exact, (ys0 - ipred) / np.sqrt(var), np.nan)
     prior_var = np.asarray(jnp.broadcast_to(
         _effect_site(model, data, theta_hat, eff)["fn"].variance, (S,) + np.shape(draw[eff])[1:])
     ).reshape(S, q)
-    cwres = _cwres(J_hat, eta_hat, ipred, var, ys0, seen, prior_var)
+    cwres = _cwres(J_hat, eta_hat, ipred, var, ys0, exact, prior_var)
     etas = np.asarray(eta_hat)
     prior_sd = np.sqrt(prior_var[0])
     shrink = 1.0 - np.std(etas, axis=0, ddof=1) / prior_sd
     return PopulationFit(
-        params=phi_hat, se=se, ofv=ofv, ofv_nonmem=ofv - n_obs * np.log(2 * np.pi),
+        # the 2 pi constant comes with densities only, not with censored entries' M3 terms
+        params=phi_hat, se=se, ofv=ofv,
+        ofv_nonmem=ofv - int(exact.sum()) * np.log(2 * np.pi),
         aic=ofv + 2 * P, bic=ofv + P * np.log(n_obs), etas=etas, shrinkage=shrink,
         condition_number=float(eig.max() / eig.min()) if eig.min() > 0 else float("inf"),
         pred=np.where(seen, pred0, np.nan), ipred=np.where(seen, ipred, np.nan),
         iwres=iwres, cwres=cwres, method=method, converged=bool(res.success),
         n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start,
         message=str(res.message), max_gradient=max_gradient)
+
+
+def _m3_log_prob(noise, ys, cens):
+    """Elementwise log-likelihood with Beal's M3 for censored entries: the density where
+    ``cens == 0``, the noise's log CDF at the limit (the entry's value) where ``cens == 1``
+    (below a limit of quantification), its log survival function where ``cens == -1``
+    (above a limit). A Normal noise uses ``log Phi`` of the standardised limit, accurate
+    far in the tail. (S. L. Beal, J. Pharmacokinet. Pharmacodyn. 28, 2001.)"""
+    from jax.scipy.stats import norm
+
+    if isinstance(noise, dist.Normal):
+        z = (ys - noise.loc) / noise.scale
+        below, above = norm.logcdf(z), norm.logcdf(-z)
+    else:
+        cdf = noise.cdf(ys)
+        below, above = jnp.log(cdf), jnp.log1p(-cdf)
+    return jnp.where(cens == 1, below, jnp.where(cens == -1, above, noise.log_prob(ys)))
 
 
 def _cholesky_small(A):

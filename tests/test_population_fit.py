@@ -164,3 +164,42 @@ def test_theophylline_foce_i_agrees_with_quadrature_and_nlme():
     np.testing.assert_allclose(got_se, se, rtol=0.20)
     # nlme's published fit of this model (Lindstrom-Bates, a different approximation)
     np.testing.assert_allclose(got[:3], [0.45, -3.21, -2.43], atol=0.05)
+
+
+def test_censored_observations_laplace_m3_against_scipy_laplace():
+    """Beal's M3 with method='laplace' on the linear model, two observations censored below
+    a limit (one early, one late): the objective at the fitted parameters equals an
+    independent Laplace approximation (SciPy's mode of each subject's joint density with
+    ``norm.logcdf`` for the censored entries, its curvature by central differences), and
+    the fit is stationary. FOCE-I refuses censored data, naming the method to use."""
+    from scipy.optimize import minimize_scalar
+    from scipy.stats import norm
+
+    data = linear_data(np.random.default_rng(1))
+    limit = 1.9
+    subjects = []
+    for s in data.subjects:
+        cens = (s.ys < limit).astype(int)
+        subjects.append(s._replace(ys=np.where(cens == 1, limit, s.ys), cens=cens))
+    data = models.PopulationDataset(subjects)
+    assert 1 <= data.censoring().sum() < 10  # some, not all, censored
+    with pytest.raises(ValueError, match="laplace"):
+        inference.fit_population(linear_model(), data)
+    fit = inference.fit_population(linear_model(), data, method="laplace",
+                                   init={"a": 1.0, "b": 0.5, "omega": 1.0, "sigma": 0.5})
+    assert fit.max_gradient < 1e-3
+    a, b, om, sg = (float(fit.params[k]) for k in ("a", "b", "omega", "sigma"))
+
+    def joint(eta, s):
+        mu = a + om * eta + b * T
+        lp = np.where(s.cens == 1, norm.logcdf((limit - mu) / sg), norm.logpdf(s.ys, mu, sg))
+        return np.sum(lp) + norm.logpdf(eta)
+
+    total = 0.0
+    for s in data.subjects:
+        e = minimize_scalar(lambda x: -joint(x, s), bracket=(-3, 3), tol=1e-12).x
+        h = 1e-4
+        H = -(joint(e + h, s) - 2 * joint(e, s) + joint(e - h, s)) / h ** 2
+        total += joint(e, s) + 0.5 * np.log(2 * np.pi) - 0.5 * np.log(H)
+    assert fit.ofv == pytest.approx(-2 * total, abs=1e-5)
+    assert np.all(np.isnan(fit.iwres[data.censoring() == 1]))

@@ -15,7 +15,7 @@ SCRIPTS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
 # Tutorials too slow for the default suite even in quick mode (run with `make test-all`).
 # 08: NUTS on a 12-subject population, ~1 min quick; 10: a 24-subject FOCE-I fit with
 # infusions, VPCs and NUTS, ~5 min quick on a loaded 2-core machine.
-SLOW: set[str] = {"08_population_pk", "10_population_fit_diagnostics"}
+SLOW: set[str] = {"08_population_pk", "09_petab_boehm", "10_population_fit_diagnostics"}
 
 
 def test_tutorials_exist():
