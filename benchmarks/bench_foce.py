@@ -4,6 +4,9 @@ and whether the estimates recover the simulated values (within 2 standard errors
 
     python benchmarks/bench_foce.py                 # theophylline, then 200 subjects
     python benchmarks/bench_foce.py --subjects 50   # a smaller study
+    python benchmarks/bench_foce.py --subjects 5 --skip-theophylline --driver diffrax
+                                                    # the same fit, every solve through
+                                                    # diffrax.diffeqsolve (vmapped)
 """
 
 from __future__ import annotations
@@ -37,21 +40,27 @@ def report(name, fit, truth=None):
           f" sd {np.nanstd(fit.cwres):.3f}")
 
 
-DRIVER = None
+DRIVERS = {"auto": None, "diffrax": "Diffrax", "lanes": "Lanes", "kernel": "Kernel"}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--subjects", type=int, default=200)
     ap.add_argument("--skip-theophylline", action="store_true")
+    ap.add_argument("--driver", choices=sorted(DRIVERS), default="auto",
+                    help="how every solve of the fit runs (gs.drivers.*; default Auto)")
     args = ap.parse_args()
+    import gradsolve as gs
+    name = DRIVERS[args.driver]
+    driver = None if name is None else getattr(gs.drivers, name)()
     if not args.skip_theophylline:
         fit = inference.fit_population(models.theophylline(), models.load_dataset("theophylline"))
         report("theophylline (12 subjects)", fit)
     data, _ = models.simulated_study(n_subjects=args.subjects, seed=0)
     t0 = time.perf_counter()
-    fit = inference.fit_population(models.two_compartment_oral(), data, driver=DRIVER)
-    report(f"simulated study ({args.subjects} subjects, two compartments, six doses each; "
+    fit = inference.fit_population(models.two_compartment_oral(), data, driver=driver)
+    report(f"simulated study ({args.subjects} subjects, two compartments, six doses each, "
+           f"driver {args.driver}; "
            f"{time.perf_counter() - t0:.1f} s)", fit, models.TWO_COMPARTMENT_TRUTH)
 
 
