@@ -35,6 +35,7 @@ from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
 import gradsolve as gs
+from models._population_model import m3_log_prob
 
 from ._problem import TOLERANCES
 
@@ -263,7 +264,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         """``(S,)`` per-subject ``l_i``, the predictions and the residual variances."""
         pred, theta = predictions(phi, eta)
         noise = model.noise(theta, jnp.where(seen, pred, 1.0))
-        lp = jnp.where(seen, _m3_log_prob(noise, jnp.asarray(ys0), cens) if censored
+        lp = jnp.where(seen, m3_log_prob(noise, jnp.asarray(ys0), cens) if censored
                        else noise.log_prob(jnp.asarray(ys0)), 0.0)
         var = jnp.broadcast_to(noise.variance, pred.shape) if method == "foce-i" else None
         return jnp.sum(lp, axis=1) + _effect_logprob(model, data, theta, eff), pred, var
@@ -405,23 +406,6 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         iwres=iwres, cwres=cwres, method=method, converged=bool(res.success),
         n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start,
         message=str(res.message), max_gradient=max_gradient)
-
-
-def _m3_log_prob(noise, ys, cens):
-    """Elementwise log-likelihood with Beal's M3 for censored entries: the density where
-    ``cens == 0``, the noise's log CDF at the limit (the entry's value) where ``cens == 1``
-    (below a limit of quantification), its log survival function where ``cens == -1``
-    (above a limit). A Normal noise uses ``log Phi`` of the standardised limit, accurate
-    far in the tail. (S. L. Beal, J. Pharmacokinet. Pharmacodyn. 28, 2001.)"""
-    from jax.scipy.stats import norm
-
-    if isinstance(noise, dist.Normal):
-        z = (ys - noise.loc) / noise.scale
-        below, above = norm.logcdf(z), norm.logcdf(-z)
-    else:
-        cdf = noise.cdf(ys)
-        below, above = jnp.log(cdf), jnp.log1p(-cdf)
-    return jnp.where(cens == 1, below, jnp.where(cens == -1, above, noise.log_prob(ys)))
 
 
 def _cholesky_small(A):

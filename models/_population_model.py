@@ -96,19 +96,27 @@ class CensoredObservations(dist.Distribution):
         return self.noise.sample(key, sample_shape)
 
     def log_prob(self, value):
-        from jax.scipy.stats import norm
-
         miss = jnp.isnan(value)
         filled = jnp.where(miss, jnp.broadcast_to(self.fill, jnp.shape(value)), value)
-        if isinstance(self.noise, dist.Normal):
-            z = (filled - self.noise.loc) / self.noise.scale
-            below, above = norm.logcdf(z), norm.logcdf(-z)
-        else:
-            cdf = self.noise.cdf(filled)
-            below, above = jnp.log(cdf), jnp.log1p(-cdf)
-        lp = jnp.where(self.censored == 1, below, jnp.where(
-            self.censored == -1, above, self.noise.log_prob(filled)))
+        lp = m3_log_prob(self.noise, filled, self.censored)
         return jnp.sum(jnp.where(miss, 0.0, lp), axis=(-2, -1))
+
+
+def m3_log_prob(noise: dist.Distribution, values, censored):
+    """Elementwise log-likelihood with Beal's M3: ``noise``'s density where ``censored ==
+    0``, its log CDF at the limit (the entry's value) where ``1``, its log survival function
+    where ``-1``. A ``Normal`` uses ``log Phi`` of the standardised limit, accurate far in
+    the tail; others ``log cdf``."""
+    from jax.scipy.stats import norm
+
+    if isinstance(noise, dist.Normal):
+        z = (values - noise.loc) / noise.scale
+        below, above = norm.logcdf(z), norm.logcdf(-z)
+    else:
+        cdf = noise.cdf(values)
+        below, above = jnp.log(cdf), jnp.log1p(-cdf)
+    return jnp.where(censored == 1, below, jnp.where(censored == -1, above,
+                                                     noise.log_prob(values)))
 
 
 class PopulationModel(eqx.Module):

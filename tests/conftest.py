@@ -105,3 +105,26 @@ def killed_then_resumed(monkeypatch, run, path, die_after):
         run(path)
     monkeypatch.setattr(ckpt, "save", real_save)
     return run(path)
+
+
+def central_differences(fn, args, eps=1e-6):
+    """Central differences of scalar ``fn(*args)`` w.r.t. every entry of each array in ``args``."""
+    out = []
+    for j, a in enumerate(args):
+        g = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            up = [x.copy() for x in args]
+            dn = [x.copy() for x in args]
+            up[j][idx] += eps
+            dn[j][idx] -= eps
+            g[idx] = (fn(*up) - fn(*dn)) / (2 * eps)
+        out.append(g)
+    return out
+
+
+def assert_grads(got, want, rtol=1e-6):
+    """Each gradient in ``got`` equals ``want`` (central differences) to ``rtol``, with an
+    absolute floor of ``rtol`` times the largest entry."""
+    for j, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=rtol * np.max(np.abs(w)),
+                                   err_msg=f"argument {j}")

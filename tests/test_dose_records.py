@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
+from conftest import assert_grads, central_differences
 
 TS = np.linspace(0.0, 24.0, 33)
 TIGHT = dict(rtol=1e-10, atol=1e-12)
@@ -36,26 +37,6 @@ def infusion_exact(t, k, start, rate, dur):
     after = np.maximum(t - start - dur, 0.0)
     return np.where(t <= start, 0.0,
                     rate / k * (1.0 - np.exp(-k * infused)) * np.exp(-k * after))
-
-
-def central_differences(fn, args, eps=1e-6):
-    out = []
-    for j, a in enumerate(args):
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            up = [x.copy() for x in args]
-            dn = [x.copy() for x in args]
-            up[j][idx] += eps
-            dn[j][idx] -= eps
-            g[idx] = (fn(*up) - fn(*dn)) / (2 * eps)
-        out.append(g)
-    return out
-
-
-def assert_grads(got, want, rtol=1e-6):
-    for j, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=rtol * np.max(np.abs(w)),
-                                   err_msg=f"argument {j}")
 
 
 # ------------------------------------------------------------ lag and bioavailability

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
+from conftest import assert_grads, central_differences
 
 DRIVERS = [gs.drivers.Kernel(), gs.drivers.Lanes(), gs.drivers.Batched()]
 IDS = ["kernel", "lanes", "batched"]
@@ -43,26 +44,6 @@ def bateman(t, ka, k, tdose, amount):
     s = np.maximum(t - tdose, 0.0)
     return np.where(t <= tdose, 0.0,
                     amount * ka / (ka - k) * (np.exp(-k * s) - np.exp(-ka * s)))
-
-
-def central_differences(fn, args, eps=1e-6):
-    out = []
-    for j, a in enumerate(args):
-        g = np.zeros_like(a)
-        for idx in np.ndindex(a.shape):
-            up = [x.copy() for x in args]
-            dn = [x.copy() for x in args]
-            up[j][idx] += eps
-            dn[j][idx] -= eps
-            g[idx] = (fn(*up) - fn(*dn)) / (2 * eps)
-        out.append(g)
-    return out
-
-
-def assert_grads(got, want, rtol=1e-6):
-    for j, (g, w) in enumerate(zip(got, want)):
-        np.testing.assert_allclose(np.asarray(g), w, rtol=rtol, atol=rtol * np.max(np.abs(w)),
-                                   err_msg=f"argument {j}")
 
 
 # Two repeated infusions per subject (starts and ends off the save times: the closed form
