@@ -15,8 +15,7 @@ from ._caches import clear_caches
 from ._compilation_cache import ensure_compilation_cache, use_compilation_cache
 from ._config import enable_x64, use_compiled_kernel
 from ._controller import PIDController
-from ._doses import (AbstractDose, Bolus, DoseChange, DosedSolve, DoseSchedule, Infusion, Reset,
-                     SteadyState)
+from ._doses import AbstractDose, Bolus, DoseChange, DosedSolve, DoseSchedule, Infusion, Reset
 from ._mesh import Mesh, Status
 from ._record import record
 from ._replay import replay
@@ -24,7 +23,7 @@ from ._reuse import MeshReuse, ReuseState
 from ._sharding import ensemble_sharding, shard_ensemble
 from ._solution import Solution
 from ._solve import solve
-from ._steady_state import steady_state
+from ._steady_state import SteadyState, steady_state
 from ._solver import (
     AbstractExplicitRK,
     AbstractRosenbrock,

@@ -46,8 +46,8 @@ import numpy as np
 
 from ._caches import cache
 
-__all__ = ["AbstractDose", "Bolus", "Infusion", "Reset", "SteadyState", "DoseChange",
-           "DoseSchedule", "DosedSolve", "as_schedule"]
+__all__ = ["AbstractDose", "Bolus", "Infusion", "Reset", "DoseChange", "DoseSchedule",
+           "DosedSolve", "as_schedule"]
 
 _FIELDS = cache("dosed vector fields")
 
@@ -257,62 +257,11 @@ class _Given(AbstractDose):
         return list(self.given)
 
 
-class SteadyState(AbstractDose):
-    """A dose given at steady state (NONMEM's ``SS`` with ``II``): ``dose`` as if it had
-    been given every ``interval`` forever before.
-
-    At each of ``dose``'s times the state is the pre-dose state of that periodic steady
-    state (`gradsolve.steady_state`: the fixed point of one dosed interval's flow, by
-    Newton's method, its gradient by the implicit function theorem), and then ``dose``
-    is given. ``add=False`` (``SS = 1``) resets the trajectory to that state, as `Reset`
-    does; ``add=True`` (``SS = 2``) adds it to the current state (superposition: right
-    for linear models only).
-
-    Attributes:
-        dose: a `Bolus` or `Infusion` (any record with a ``time`` field, e.g. with a lag
-            time or a bioavailability); an infusion ends before the next dose.
-        interval: ``II`` (> 0), broadcast to ``dose.time``'s shape.
-        add: ``SS = 2`` instead of ``SS = 1``.
-
-    Example:
-        >>> gs.SteadyState(gs.Infusion(0.0, 500.0, duration=2.0, cmt=1), interval=12.0)
-    """
-
-    dose: AbstractDose
-    interval: jax.Array
-    add: bool = eqx.field(static=True, default=False)
-
-    def changes(self, n: int) -> list[DoseChange]:
-        given = self.dose.changes(n)
-        t = _rows(self.dose.time, n, "time", "gs.SteadyState")
-        ii = jnp.broadcast_to(_rows(self.interval, n, "interval", "gs.SteadyState"), t.shape)
-        here = jnp.isfinite(t)
-
-        def values(f, params, options):
-            from ._steady_state import steady_state
-
-            out = []
-            for k in range(t.shape[1]):
-                tk = t[:, k:k + 1]
-                rel = [c._replace(
-                    times=jnp.where(here[:, k:k + 1] & jnp.isfinite(c.times[:, k:k + 1]),
-                                    c.times[:, k:k + 1] - jnp.where(here[:, k:k + 1], tk, 0.0),
-                                    jnp.inf),
-                    values=c.values[:, k:k + 1], origin=None) for c in given]
-                y = steady_state(f, jnp.where(here[:, k], ii[:, k], 1.0),
-                                 jnp.zeros((n, options["d"])), params, doses=[_Given(tuple(rel))],
-                                 **{o: options[o] for o in ("solver", "rtol", "atol", "driver")})
-                out.append(y)
-            return jnp.stack(out, axis=1)
-
-        return given + [DoseChange("state" if self.add else "restart", 0, t, values)]
-
-
 def _check_values(doses: Sequence[AbstractDose]) -> None:
     """Concrete fields: rates, durations and steady-state intervals positive (a negative
     rate is not an infusion), lag times and bioavailabilities not negative."""
     for i, dose in enumerate(doses):
-        inner = [dose.dose] if isinstance(dose, SteadyState) else []
+        inner = [dose.dose] if isinstance(getattr(dose, "dose", None), AbstractDose) else []
         for rec in [dose] + inner:
             for name, ok, what in (("rate", np.greater, "non-positive"),
                                    ("duration", np.greater, "non-positive"),

@@ -10,18 +10,23 @@ one step, the closed form of superposition. The gradient is the implicit functio
 theorem's, ``dy*/dtheta = (I - dG/dy)^-1 dG/dtheta``, from one extra Newton step taken
 with gradients at the converged state: exact to the solve's own discrete adjoint and
 independent of the iterations before it.
+
+`SteadyState`, the dose record that starts a trajectory there, lives here beside it, so the
+dose records (`_doses`) need no solve: the layers run `_doses` -> `_solve` -> here.
 """
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ._checks import is_concrete
-from ._doses import as_schedule
+from ._doses import AbstractDose, DoseChange, _Given, _rows, as_schedule
+from ._solve import solve
 
-__all__ = ["steady_state"]
+__all__ = ["steady_state", "SteadyState"]
 
 
 def _solve_small(A, b):
@@ -71,8 +76,6 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
         >>> ss = gs.steady_state(pk, 12.0, jnp.zeros(2), q, doses=[gs.Bolus(0.0, 100.0)])
         >>> sol = gs.solve(pk, 0.0, 12.0, ss, q, ts=ts, doses=[gs.Bolus(0.0, 100.0)])
     """
-    from ._solve import solve  # _solve imports the dose records too
-
     where = "gs.steady_state"
     sched = as_schedule(doses, where)
     y0 = jnp.asarray(y0)
@@ -141,3 +144,51 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
                            "steady state (elimination faster than zero).")
     return out[0] if single else out
 
+
+class SteadyState(AbstractDose):
+    """A dose given at steady state (NONMEM's ``SS`` with ``II``): ``dose`` as if it had
+    been given every ``interval`` forever before.
+
+    At each of ``dose``'s times the state is the pre-dose state of that periodic steady
+    state (`gradsolve.steady_state`: the fixed point of one dosed interval's flow, by
+    Newton's method, its gradient by the implicit function theorem), and then ``dose``
+    is given. ``add=False`` (``SS = 1``) resets the trajectory to that state, as `Reset`
+    does; ``add=True`` (``SS = 2``) adds it to the current state (superposition: right
+    for linear models only).
+
+    Attributes:
+        dose: a `Bolus` or `Infusion` (any record with a ``time`` field, e.g. with a lag
+            time or a bioavailability); an infusion ends before the next dose.
+        interval: ``II`` (> 0), broadcast to ``dose.time``'s shape.
+        add: ``SS = 2`` instead of ``SS = 1``.
+
+    Example:
+        >>> gs.SteadyState(gs.Infusion(0.0, 500.0, duration=2.0, cmt=1), interval=12.0)
+    """
+
+    dose: AbstractDose
+    interval: jax.Array
+    add: bool = eqx.field(static=True, default=False)
+
+    def changes(self, n: int) -> list[DoseChange]:
+        given = self.dose.changes(n)
+        t = _rows(self.dose.time, n, "time", "gs.SteadyState")
+        ii = jnp.broadcast_to(_rows(self.interval, n, "interval", "gs.SteadyState"), t.shape)
+        here = jnp.isfinite(t)
+
+        def values(f, params, options):
+            out = []
+            for k in range(t.shape[1]):
+                tk = t[:, k:k + 1]
+                rel = [c._replace(
+                    times=jnp.where(here[:, k:k + 1] & jnp.isfinite(c.times[:, k:k + 1]),
+                                    c.times[:, k:k + 1] - jnp.where(here[:, k:k + 1], tk, 0.0),
+                                    jnp.inf),
+                    values=c.values[:, k:k + 1], origin=None) for c in given]
+                y = steady_state(f, jnp.where(here[:, k], ii[:, k], 1.0),
+                                 jnp.zeros((n, options["d"])), params, doses=[_Given(tuple(rel))],
+                                 **{o: options[o] for o in ("solver", "rtol", "atol", "driver")})
+                out.append(y)
+            return jnp.stack(out, axis=1)
+
+        return given + [DoseChange("state" if self.add else "restart", 0, t, values)]
