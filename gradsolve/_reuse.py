@@ -163,6 +163,19 @@ class MeshReuse(eqx.Module):
         stale = jnp.zeros(mesh.n_steps.shape, bool)
         return ReuseState(mesh, stale, jnp.asarray(1, jnp.int32), jnp.asarray(rows, jnp.int32))
 
+    @staticmethod
+    def relative_drift(now, then, ensemble: bool = True) -> Array:
+        """The drift that decides a re-record: the largest relative change
+        ``|now - then| / |then|`` over the floating leaves of the pytree ``now`` against
+        ``then``, per trajectory (leading axis ``n`` when ``ensemble``). The fitters and
+        samplers of `inference` measure their parameters' drift with this same rule.
+
+        Example:
+            >>> gs.MeshReuse.relative_drift(jnp.array([[1.1, 2.0]]), jnp.array([[1.0, 2.0]]))
+            Array([0.1], dtype=float64)  # up to rounding
+        """
+        return _drift(now, then, ensemble)
+
     def drifted(self, mesh: Mesh, y0, params) -> Array:
         """``(n,)`` (``()`` for one trajectory) rows whose ``y0`` or floating parameters
         moved more than ``drift_tol`` from where ``mesh`` recorded them."""

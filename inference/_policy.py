@@ -37,6 +37,8 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
+import gradsolve as gs
+
 __all__ = ["MeshPolicy"]
 
 _MODES = {"fit": ("auto", "always", "never"), "sample": ("warmup", "always", "never")}
@@ -103,9 +105,8 @@ class MeshPolicy:
     @staticmethod
     def drift(x, x_rec):
         """Relative drift ``max |x - x_rec| / |x_rec|`` over the last axis of flat
-        constrained parameters ``(..., D)`` (NumPy or JAX)."""
-        xp = np if isinstance(x, np.ndarray) else jnp
-        return xp.max(xp.abs(x - x_rec) / xp.maximum(xp.abs(x_rec), 1e-12), axis=-1)
+        constrained parameters ``(D,)`` or ``(n, D)``: `gradsolve.MeshReuse`'s rule."""
+        return gs.MeshReuse.relative_drift(x, x_rec, ensemble=jnp.ndim(x) > 1)
 
     def urgency(self, drift: np.ndarray, err: np.ndarray) -> np.ndarray:
         """How close each trajectory is to a re-record (1 = at the bound)."""
