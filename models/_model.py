@@ -312,122 +312,17 @@ class ODEModel(eqx.Module):
             raise ValueError(f"`name` must be a non-empty string, got {name!r}")
         if not callable(vector_field):
             raise ValueError("`vector_field` must be a callable f(t, y, params) -> dy/dt")
-        if not isinstance(priors, Mapping) or not priors:
-            raise ValueError(
-                "`priors` must be a non-empty dict: parameter name -> NumPyro distribution"
-            )
-        bad = [k for k, v in priors.items() if not isinstance(k, str) or not _is_distribution(v)]
-        if bad:
-            raise ValueError(
-                f"`priors` entries {bad} are not (str -> numpyro.distributions.Distribution)"
-            )
-        priors = {k: priors[k] for k in priors}
-        if log_likelihood is not None:
-            if noise is not None and getattr(noise, "log_likelihood", None) is not log_likelihood:
-                raise ValueError("give either `noise` or `log_likelihood`, not both")
-            if not callable(log_likelihood):
-                raise ValueError(
-                    "`log_likelihood` must be a callable log_likelihood(params, y_pred, ys) "
-                    "-> scalar"
-                )
-            noise = _wrap_log_likelihood(log_likelihood)
-        elif noise is None:
-            if "sigma" not in priors:
-                raise ValueError(
-                    "`noise` not given and `priors` has no 'sigma' entry for the default "
-                    "Normal(y_pred, sigma) noise model: pass `noise=`, pass "
-                    "`log_likelihood=`, or add a 'sigma' prior"
-                )
-            noise = _default_normal_noise
-        elif not callable(noise):
-            raise ValueError("`noise` must be a callable noise(params, y_pred) -> distribution")
+        priors = _checked_priors(priors)
+        noise = _checked_noise(noise, log_likelihood, priors)
         try:
             t0 = float(t0)
         except (TypeError, ValueError):
             raise ValueError(f"`t0` must be a Python float (a scalar), got {t0!r}") from None
-
-        # Defaults: given values, the rest prior medians.
-        defaults = {} if defaults is None else dict(defaults)
-        unknown = sorted(set(defaults) - set(priors))
-        if unknown:
-            raise ValueError(
-                f"`defaults` has unknown parameter names {unknown}; priors: {sorted(priors)}"
-            )
-        full_defaults = {}
-        for k, d in priors.items():
-            shape = tuple(d.batch_shape) + tuple(d.event_shape)
-            if k in defaults:
-                v = jnp.asarray(defaults[k], dtype=jnp.result_type(float))
-                if v.shape != shape:
-                    raise ValueError(
-                        f"`defaults[{k!r}]` has shape {v.shape}, but its prior has shape {shape}"
-                    )
-            else:
-                v = jnp.asarray(prior_median(d), dtype=jnp.result_type(float))
-            full_defaults[k] = v
-
-        # Initial state and dimension.
-        if callable(y0):
-            y0_shape = jax.eval_shape(y0, full_defaults).shape
-        else:
-            y0 = jnp.asarray(y0, dtype=jnp.result_type(float))
-            y0_shape = y0.shape
-        if len(y0_shape) != 1:
-            raise ValueError(f"`y0` must have shape (d,) (one trajectory), got shape {y0_shape}")
-        d = y0_shape[0]
-        y0_struct = jax.ShapeDtypeStruct((d,), jnp.result_type(float))
-        try:
-            f_shape = jax.eval_shape(vector_field, t0, y0_struct, full_defaults).shape
-        except Exception as e:  # surface the user's error with context
-            raise ValueError(
-                f"`vector_field` failed on (t0, y0 of shape {(d,)}, defaults): {e}"
-            ) from e
-        if f_shape != (d,):
-            raise ValueError(
-                f"`vector_field` returns shape {f_shape} for y of shape {(d,)}; it must return (d,)"
-            )
-
-        if observation is not None:
-            if observed is not None and tuple(np.atleast_1d(np.asarray(observed))) != ():
-                raise ValueError(
-                    "give either `observed` (state indices) or `observation` (a function "
-                    "observation(t, y, params) -> (m,)), not both"
-                )
-            m = _observation_size(observation, t0, y0_struct, full_defaults)
-            observed = ()
-        elif observed is None:
-            observed = tuple(range(d))
-        else:
-            try:
-                observed = tuple(int(i) for i in np.atleast_1d(np.asarray(observed)))
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"`observed` must be a tuple of state indices, got {observed!r}"
-                ) from None
-            if not observed or any(i < 0 or i >= d for i in observed):
-                raise ValueError(f"`observed` must hold state indices in [0, {d}), got {observed}")
-            if len(set(observed)) != len(observed):
-                raise ValueError(
-                    f"`observed` lists a state twice: {observed}; each data column is one state "
-                    "(for repeated measurements, add rows to the Dataset)"
-                )
-        if state_names is None:
-            state_names = tuple(f"y{i}" for i in range(d))
-        else:
-            state_names = tuple(str(s) for s in state_names)
-            if len(state_names) != d:
-                raise ValueError(f"`state_names` has {len(state_names)} names for {d} states")
-        if observed_names is None:
-            observed_names = (tuple(f"obs{i}" for i in range(m)) if observation is not None
-                              else tuple(state_names[i] for i in observed))
-        else:
-            observed_names = tuple(str(s) for s in observed_names)
-            want = m if observation is not None else len(observed)
-            if len(observed_names) != want:
-                raise ValueError(
-                    f"`observed_names` has {len(observed_names)} names for {want} observed "
-                    "quantities"
-                )
+        full_defaults = _full_defaults(priors, defaults)
+        y0, y0_struct = _checked_y0(y0, vector_field, t0, full_defaults)
+        d = y0_struct.shape[0]
+        observed, m = _checked_observed(observation, observed, d, t0, y0_struct, full_defaults)
+        state_names, observed_names = _checked_names(state_names, observed_names, d, m, observed)
 
         self.name = name
         self.vector_field = vector_field
@@ -803,3 +698,134 @@ class ODEModel(eqx.Module):
             names=self.observed_names,
             source=f"simulated from model {self.name!r}",
         )
+
+
+def _checked_priors(priors) -> dict:
+    if not isinstance(priors, Mapping) or not priors:
+        raise ValueError(
+            "`priors` must be a non-empty dict: parameter name -> NumPyro distribution"
+        )
+    bad = [k for k, v in priors.items() if not isinstance(k, str) or not _is_distribution(v)]
+    if bad:
+        raise ValueError(
+            f"`priors` entries {bad} are not (str -> numpyro.distributions.Distribution)"
+        )
+    return {k: priors[k] for k in priors}
+
+
+def _checked_noise(noise, log_likelihood, priors) -> Callable:
+    """The noise model: ``noise``, a wrapped ``log_likelihood``, or Normal(y_pred, sigma)."""
+    if log_likelihood is not None:
+        if noise is not None and getattr(noise, "log_likelihood", None) is not log_likelihood:
+            raise ValueError("give either `noise` or `log_likelihood`, not both")
+        if not callable(log_likelihood):
+            raise ValueError(
+                "`log_likelihood` must be a callable log_likelihood(params, y_pred, ys) "
+                "-> scalar"
+            )
+        return _wrap_log_likelihood(log_likelihood)
+    if noise is None:
+        if "sigma" not in priors:
+            raise ValueError(
+                "`noise` not given and `priors` has no 'sigma' entry for the default "
+                "Normal(y_pred, sigma) noise model: pass `noise=`, pass "
+                "`log_likelihood=`, or add a 'sigma' prior"
+            )
+        return _default_normal_noise
+    if not callable(noise):
+        raise ValueError("`noise` must be a callable noise(params, y_pred) -> distribution")
+    return noise
+
+
+def _full_defaults(priors, defaults) -> dict:
+    """Every parameter's default: the given value, else its prior's median."""
+    defaults = {} if defaults is None else dict(defaults)
+    unknown = sorted(set(defaults) - set(priors))
+    if unknown:
+        raise ValueError(
+            f"`defaults` has unknown parameter names {unknown}; priors: {sorted(priors)}"
+        )
+    full = {}
+    for k, d in priors.items():
+        shape = tuple(d.batch_shape) + tuple(d.event_shape)
+        if k in defaults:
+            v = jnp.asarray(defaults[k], dtype=jnp.result_type(float))
+            if v.shape != shape:
+                raise ValueError(
+                    f"`defaults[{k!r}]` has shape {v.shape}, but its prior has shape {shape}"
+                )
+        else:
+            v = jnp.asarray(prior_median(d), dtype=jnp.result_type(float))
+        full[k] = v
+    return full
+
+
+def _checked_y0(y0, vector_field, t0, defaults):
+    """``(y0, its (d,) shape struct)``, the vector field checked to return ``(d,)``."""
+    if callable(y0):
+        y0_shape = jax.eval_shape(y0, defaults).shape
+    else:
+        y0 = jnp.asarray(y0, dtype=jnp.result_type(float))
+        y0_shape = y0.shape
+    if len(y0_shape) != 1:
+        raise ValueError(f"`y0` must have shape (d,) (one trajectory), got shape {y0_shape}")
+    d = y0_shape[0]
+    y0_struct = jax.ShapeDtypeStruct((d,), jnp.result_type(float))
+    try:
+        f_shape = jax.eval_shape(vector_field, t0, y0_struct, defaults).shape
+    except Exception as e:  # surface the user's error with context
+        raise ValueError(
+            f"`vector_field` failed on (t0, y0 of shape {(d,)}, defaults): {e}"
+        ) from e
+    if f_shape != (d,):
+        raise ValueError(
+            f"`vector_field` returns shape {f_shape} for y of shape {(d,)}; it must return (d,)"
+        )
+    return y0, y0_struct
+
+
+def _checked_observed(observation, observed, d, t0, y0_struct, defaults):
+    """``(observed state indices, m)``: ``m`` the size of ``observation``'s output
+    (``None`` without one, where the observed states are the data's columns)."""
+    if observation is not None:
+        if observed is not None and tuple(np.atleast_1d(np.asarray(observed))) != ():
+            raise ValueError(
+                "give either `observed` (state indices) or `observation` (a function "
+                "observation(t, y, params) -> (m,)), not both"
+            )
+        return (), _observation_size(observation, t0, y0_struct, defaults)
+    if observed is None:
+        return tuple(range(d)), None
+    try:
+        observed = tuple(int(i) for i in np.atleast_1d(np.asarray(observed)))
+    except (TypeError, ValueError):
+        raise ValueError(f"`observed` must be a tuple of state indices, got {observed!r}") from None
+    if not observed or any(i < 0 or i >= d for i in observed):
+        raise ValueError(f"`observed` must hold state indices in [0, {d}), got {observed}")
+    if len(set(observed)) != len(observed):
+        raise ValueError(
+            f"`observed` lists a state twice: {observed}; each data column is one state "
+            "(for repeated measurements, add rows to the Dataset)"
+        )
+    return observed, None
+
+
+def _checked_names(state_names, observed_names, d, m, observed):
+    """``(state names, observed names)``, defaults ``y{i}`` and ``obs{i}`` (``m``: the
+    observation function's output size, ``None`` when states are observed directly)."""
+    if state_names is None:
+        state_names = tuple(f"y{i}" for i in range(d))
+    else:
+        state_names = tuple(str(s) for s in state_names)
+        if len(state_names) != d:
+            raise ValueError(f"`state_names` has {len(state_names)} names for {d} states")
+    if observed_names is None:
+        return state_names, (tuple(f"obs{i}" for i in range(m)) if m is not None
+                             else tuple(state_names[i] for i in observed))
+    observed_names = tuple(str(s) for s in observed_names)
+    want = m if m is not None else len(observed)
+    if len(observed_names) != want:
+        raise ValueError(
+            f"`observed_names` has {len(observed_names)} names for {want} observed quantities"
+        )
+    return state_names, observed_names

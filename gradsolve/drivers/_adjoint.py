@@ -38,6 +38,9 @@ functions, on batched inputs (``n`` trajectories, ``S1`` mesh nodes, ``k`` save 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +56,134 @@ def _zero_tangent(x):
     if jnp.issubdtype(x.dtype, jnp.inexact):
         return jnp.zeros_like(x)
     return np.zeros(x.shape, jax.dtypes.float0)
+
+
+class _Inputs(NamedTuple):
+    """What the replay's differentiable inputs are unflattened and evaluated with."""
+
+    fwd: Callable
+    bwd: Callable
+    f: Callable
+    solver: Any
+    spec: tuple          # (treedef, shapes, dtypes) of the parameters
+    layout: ReplayLayout
+    moved: bool
+    has_events: bool
+    before_bwd: Callable | None
+
+    @property
+    def n_diff(self) -> int:
+        # (tsave, y0, pflat) and, with events, (jump_times, jump_sizes)
+        return 5 if self.has_events else 3
+
+
+def _events_of(c: _Inputs, diff, aux):
+    """The replay's events from the differentiable (jump times and sizes) and auxiliary
+    (jump, landing and reset indices) inputs; ``()`` without events."""
+    if not c.has_events:
+        return ()
+    from .._events import ReplayEvents
+
+    jidx, land, reset = aux[5:]
+    return (ReplayEvents(jidx, land, diff[3], diff[4], reset),)
+
+
+def _xla(c: _Inputs, diff, aux):
+    """``(ys, y1)`` by the batched driver on the same inputs: the rule for tangents."""
+    from .batched import replay_nodes  # the tangent rule: same steps, JAX's AD
+
+    tm, y, pf = diff[:3]
+    params = jax.vmap(lambda q: unflatten_one(q, *c.spec))(pf)
+    times, n_eff, save, tol, subst = aux[:5]
+    out = replay_nodes(c.f, c.solver, ReplayNodes(times, n_eff, save, tm, subst,
+                                                  *_events_of(c, diff, aux)),
+                       y, params, tol[0, 0], tol[0, 1], c.moved, c.layout)
+    return out.ys, out.y1
+
+
+def _vjp_xla(c: _Inputs, diff, ct_ys, ct_y1, aux):
+    _, back = jax.vjp(lambda d: _xla(c, d, aux), diff)
+    return back((ct_ys, ct_y1))[0]
+
+
+def _backward(c: _Inputs, with_times: bool):
+    """The hand-written adjoint as a ``custom_jvp`` function whose rule differentiates the
+    batched replay's VJP (second derivatives)."""
+
+    @jax.custom_jvp
+    def backward(diff, states, ct_ys, ct_y1, aux):
+        tm, y, pf = diff[:3]
+        times, n_eff, save, _, subst = aux[:5]
+        if c.before_bwd is not None and not c.before_bwd(with_times):
+            # The hand-written adjoint could not be built: the batched one, same values.
+            return _vjp_xla(c, diff, ct_ys, ct_y1, aux)
+        return tuple(c.bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst,
+                           with_times, *_events_of(c, diff, aux)))
+
+    def backward_jvp(primals, tangents):
+        diff, states, ct_ys, ct_y1, aux = primals
+        ddiff, _, dct_ys, dct_y1, _ = tangents
+        out = backward(*primals)
+        _, dout = jax.jvp(lambda a, b, d: _vjp_xla(c, a, b, d, aux), (diff, ct_ys, ct_y1),
+                          (ddiff, dct_ys, dct_y1))
+        return out, dout
+
+    backward.defjvp(backward_jvp)
+    return backward
+
+
+def _forward(c: _Inputs):
+    """The forward replay ``(diff, aux) -> (ys, y1, err, states, cost)`` as a
+    ``custom_jvp`` function (see the module docstring)."""
+    backwards = {True: _backward(c, True), False: _backward(c, False)}
+    n_diff = c.n_diff
+
+    @jax.custom_jvp
+    def forward(diff, aux):
+        tm, y, pf = diff[:3]
+        times, n_eff, save, tol, subst = aux[:5]
+        return c.fwd(times, n_eff, y, pf, save, tol, tm, subst, *_events_of(c, diff, aux))
+
+    def forward_jvp(primals, tangents):
+        diff, aux = primals
+        ys, y1, err, states, cost = forward(diff, aux)
+        # Only non-zero tangents are linear arguments: the transpose returns cotangents
+        # for exactly those.
+        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[0]]
+        times_live = (c.moved and live[0]) or (c.has_events and live[3])
+
+        def full(tans, like):
+            it = iter(tans)
+            return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
+
+        # linear_apply's residuals are flat: diff, the states' leaves, aux.
+        st_leaves, st_def = jax.tree_util.tree_flatten(states)
+        n_st = len(st_leaves)
+        unpack = lambda res: (res[:n_diff],
+                              jax.tree_util.tree_unflatten(st_def, res[n_diff:n_diff + n_st]),
+                              res[n_diff + n_st:])
+
+        def lin(res, tans):
+            diff, _, aux = unpack(res)
+            return jax.jvp(lambda d: _xla(c, d, aux), (diff,), (full(tans, diff),))[1]
+
+        def lin_t(res, cts):
+            diff, states, aux = unpack(res)
+            out = backwards[times_live](diff, states, *cts, aux)
+            return [o for lv, o in zip(live, out) if lv]
+
+        tans = [t for lv, t in zip(live, tangents[0]) if lv]
+        if tans:
+            dys, dy1 = linear_apply(lin, lin_t, (*diff, *st_leaves, *aux), tans,
+                                    out_shapes=(ys, y1))
+        else:
+            dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
+        return ((ys, y1, err, states, cost),
+                (dys, dy1, jnp.zeros_like(err), jax.tree_util.tree_map(_zero_tangent, states),
+                 _zero_tangent(cost)))
+
+    forward.defjvp(forward_jvp, symbolic_zeros=True)
+    return forward
 
 
 def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
@@ -71,124 +202,23 @@ def adjoint_replay(fwd, bwd, f, solver, nodes: ReplayNodes, y0, params, rtol, at
     ``ct_jump_sizes (n, J, d)``; ``with_times`` is then true where save times or jump times
     carry a derivative (a jump time moves its nodes).
     """
-    from .._events import ReplayEvents
-    from .batched import replay_nodes  # the tangent rule: same steps, JAX's AD
-
     dtype = jnp.result_type(y0)
     n = y0.shape[0]
     leaves, treedef, shapes, dtypes = flatten_spec(params)
-    pflat = flat_params(leaves, n, dtype)
-    tol = per_trajectory((rtol, atol), n, dtype)
-    subst = nodes.subst.astype(jnp.int32)
-    tsave = nodes.tsave.astype(dtype)
-    n_eff = nodes.n_eff.astype(jnp.int32)
-    save_index = nodes.save_index.astype(jnp.int32)
-    times = nodes.times
     ev = nodes.events
-    has_events = ev is not None
+    c = _Inputs(fwd, bwd, f, solver, (treedef, shapes, dtypes), layout, moved, ev is not None,
+                before_bwd)
     # Differentiable inputs: (tsave, y0, pflat) and, with events, (jump_times, jump_sizes).
     # ``aux``: (times, n_eff, save_index, tol, subst) and, with events, the event indices
     # (jump_index, land_index, reset_index).
-    n_diff = 5 if has_events else 3
-
-    def events_of(diff, aux):
-        if not has_events:
-            return ()
-        jidx, land, reset = aux[5:]
-        return (ReplayEvents(jidx, land, diff[3], diff[4], reset),)
-
-    def xla(diff, aux):
-        tm, y, pf = diff[:3]
-        params = jax.vmap(lambda q: unflatten_one(q, treedef, shapes, dtypes))(pf)
-        times, n_eff, save, tol, subst = aux[:5]
-        evs = events_of(diff, aux)
-        out = replay_nodes(f, solver, ReplayNodes(times, n_eff, save, tm, subst, *evs), y,
-                           params, tol[0, 0], tol[0, 1], moved, layout)
-        return out.ys, out.y1
-
-    @jax.custom_jvp
-    def forward(diff, aux):
-        tm, y, pf = diff[:3]
-        times, n_eff, save, tol, subst = aux[:5]
-        return fwd(times, n_eff, y, pf, save, tol, tm, subst, *events_of(diff, aux))
-
-    def vjp_xla(diff, ct_ys, ct_y1, aux):
-        _, back = jax.vjp(lambda d: xla(d, aux), diff)
-        return back((ct_ys, ct_y1))[0]
-
-    def make_backward(with_times: bool):
-        @jax.custom_jvp
-        def backward(diff, states, ct_ys, ct_y1, aux):
-            tm, y, pf = diff[:3]
-            times, n_eff, save, _, subst = aux[:5]
-            if before_bwd is not None and not before_bwd(with_times):
-                # The hand-written adjoint could not be built: the batched one, same values.
-                return vjp_xla(diff, ct_ys, ct_y1, aux)
-            return tuple(bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst,
-                             with_times, *events_of(diff, aux)))
-
-        def backward_jvp(primals, tangents):
-            diff, states, ct_ys, ct_y1, aux = primals
-            ddiff, _, dct_ys, dct_y1, _ = tangents
-            out = backward(*primals)
-            _, dout = jax.jvp(lambda a, b, c: vjp_xla(a, b, c, aux), (diff, ct_ys, ct_y1),
-                              (ddiff, dct_ys, dct_y1))
-            return out, dout
-
-        backward.defjvp(backward_jvp)
-        return backward
-
-    backwards = {True: make_backward(True), False: make_backward(False)}
-
-    def forward_jvp(primals, tangents):
-        diff, aux = primals
-        ys, y1, err, states, cost = forward(diff, aux)
-        # Only non-zero tangents are linear arguments: the transpose returns cotangents
-        # for exactly those.
-        live = [not isinstance(t, jax.custom_derivatives.SymbolicZero) for t in tangents[0]]
-        times_live = (moved and live[0]) or (has_events and live[3])
-
-        def full(tans, like):
-            it = iter(tans)
-            return tuple(next(it) if lv else jnp.zeros_like(x) for lv, x in zip(live, like))
-
-        # linear_apply's residuals are flat: diff, the states' leaves, aux.
-        st_leaves, st_def = jax.tree_util.tree_flatten(states)
-        n_st = len(st_leaves)
-        unpack = lambda res: (res[:n_diff],
-                              jax.tree_util.tree_unflatten(st_def, res[n_diff:n_diff + n_st]),
-                              res[n_diff + n_st:])
-
-        def lin(res, tans):
-            diff, _, aux = unpack(res)
-            return jax.jvp(lambda d: xla(d, aux), (diff,), (full(tans, diff),))[1]
-
-        def lin_t(res, cts):
-            diff, states, aux = unpack(res)
-            ct_ys, ct_y1 = cts
-            out = backwards[times_live](diff, states, ct_ys, ct_y1, aux)
-            return [o for lv, o in zip(live, out) if lv]
-
-        tans = [t for lv, t in zip(live, tangents[0]) if lv]
-        if tans:
-            dys, dy1 = linear_apply(lin, lin_t, (*diff, *st_leaves, *aux), tans,
-                                    out_shapes=(ys, y1))
-        else:
-            dys, dy1 = jnp.zeros_like(ys), jnp.zeros_like(y1)
-        return ((ys, y1, err, states, cost),
-                (dys, dy1, jnp.zeros_like(err), jax.tree_util.tree_map(_zero_tangent, states),
-                 _zero_tangent(cost)))
-
-    forward.defjvp(forward_jvp, symbolic_zeros=True)
-
-    diff = (tsave, y0, pflat)
-    aux = (times, n_eff, save_index, tol, subst)
-    if has_events:
+    diff = (nodes.tsave.astype(dtype), y0, flat_params(leaves, n, dtype))
+    aux = (nodes.times, nodes.n_eff.astype(jnp.int32), nodes.save_index.astype(jnp.int32),
+           per_trajectory((rtol, atol), n, dtype), nodes.subst.astype(jnp.int32))
+    if c.has_events:
         diff += (ev.jump_times.astype(dtype), ev.jump_sizes.astype(dtype))
         aux += (ev.jump_index.astype(jnp.int32), ev.land_index.astype(jnp.int32),
                 ev.reset_index.astype(jnp.int32))
-    assert len(diff) == n_diff
-    ys, y1, err, _, cost = forward(diff, aux)
+    ys, y1, err, _, cost = _forward(c)(diff, aux)
     # Lane-steps computed, idle lanes included.
     work = jnp.sum(cost).astype(dtype)
     return ReplayOutput(ys, y1, jax.lax.stop_gradient(err), work)

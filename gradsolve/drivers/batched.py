@@ -213,155 +213,177 @@ def _folded_record(f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt
     return folded(*jax.tree_util.tree_map(sg, args))
 
 
-def _record_arrays(f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params,
-                   ts, rtol, atol, dt0, max_steps: int, fill: bool, ev: Events,
-                   has_events: bool) -> _RecordOut:
-    """The record loop itself (`record_loop`), on one ensemble."""
-    n, d = y0.shape
-    J, L = ev.jump_times.shape[1], ev.tstops.shape[1]
-    k = ts.shape[1]
-    dtype = y0.dtype
-    rows = jnp.arange(n)
-    order = solver.error_order
-    eps = jnp.finfo(dtype).eps
-    attempts_cap = 4 * max_steps + 64
+class _Record(NamedTuple):
+    """What every iteration of the record loop reads (one ensemble of ``n`` trajectories,
+    ``k`` save times, ``J`` jumps, ``L`` tstops)."""
 
-    vstep = jax.vmap(lambda t, h, y, p, s: solver.step(f, t, h, y, p, s))
+    f: object
+    solver: AbstractSolver
+    controller: PIDController
+    params: PyTree
+    ts: Array
+    t1: Array
+    rtol: Array
+    atol: Array
+    ev: Events
+    has_events: bool
+    max_steps: int
+    attempts_cap: int
+    dtype: object
+
+    @property
+    def n(self) -> int:
+        return self.ts.shape[0]
+
+    def next_of(self, x, ptr):
+        """``x[row, ptr]``, ``+inf`` past the end of the row."""
+        if x.shape[1] == 0:
+            return jnp.full((self.n,), jnp.inf, self.dtype)
+        return jnp.where(ptr < x.shape[1], x[jnp.arange(self.n), jnp.minimum(ptr, x.shape[1] - 1)],
+                         jnp.inf)
+
+
+def _record_init(c: _Record, t0, y0, dt0) -> _RecordState:
+    """The loop's first state: the initial step size, empty buffers."""
+    f, solver, params, ev = c.f, c.solver, c.params, c.ev
+    n, dtype = y0.shape[0], y0.dtype
+    J, L, k = ev.jump_times.shape[1], ev.tstops.shape[1], c.ts.shape[1]
     state0 = jax.vmap(lambda y, p: solver.init(f, t0, y, p))(y0, params)
     # With jumps at t0 the first step is taken from the jumped state: pick h0 there.
     y_start = y0 if not J else y0 + jnp.sum(
         jnp.where((ev.jump_times <= t0)[..., None], ev.jump_sizes, 0.0), axis=1)
     if dt0 is None:
-        h0 = jax.vmap(lambda y, p: initial_step(f, t0, y, p, order, rtol, atol))(y_start, params)
+        h0 = jax.vmap(lambda y, p: initial_step(f, t0, y, p, solver.error_order, c.rtol,
+                                                c.atol))(y_start, params)
     else:
         h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
-    h0 = jnp.minimum(h0, t1 - t0)
-
+    h0 = jnp.minimum(h0, c.t1 - t0)
     # The barrier keeps XLA from constant-folding the buffer when t0 is a constant: it would
     # embed an (n, max_steps + 1) literal in the program (seconds of compile, its size in RAM).
-    times = jnp.zeros((n, max_steps + 1), dtype).at[:, 0].set(jax.lax.optimization_barrier(t0))
-    ptr0 = jnp.sum(ts <= t0, axis=1).astype(jnp.int32)
-    init = _RecordState(
-        t=jnp.full((n,), t0),
-        y=y0,
-        h=h0,
-        solver_state=state0,
-        err_prev=jnp.ones((n,), dtype),
-        n_accepted=jnp.zeros((n,), jnp.int32),
-        n_rejected=jnp.zeros((n,), jnp.int32),
-        save_ptr=ptr0,
-        status=jnp.zeros((n,), jnp.int32),
-        done=jnp.zeros((n,), bool),
-        times=times,
-        save_index=jnp.zeros((n, k), jnp.int32),
-        iters=jnp.zeros((), jnp.int32),
-        jump_ptr=jnp.zeros((n,), jnp.int32),
-        jump_index=jnp.zeros((n, J), jnp.int32),
+    times = jnp.zeros((n, c.max_steps + 1), dtype).at[:, 0].set(
+        jax.lax.optimization_barrier(t0))
+    zeros = lambda *shape: jnp.zeros(shape, jnp.int32)
+    return _RecordState(
+        t=jnp.full((n,), t0), y=y0, h=h0, solver_state=state0,
+        err_prev=jnp.ones((n,), dtype), n_accepted=zeros(n), n_rejected=zeros(n),
+        save_ptr=jnp.sum(c.ts <= t0, axis=1).astype(jnp.int32),
+        status=zeros(n), done=jnp.zeros((n,), bool), times=times, save_index=zeros(n, k),
+        iters=jnp.zeros((), jnp.int32), jump_ptr=zeros(n), jump_index=zeros(n, J),
         stop_ptr=jnp.sum(ev.tstops <= t0, axis=1).astype(jnp.int32),
-        tstop_index=jnp.zeros((n, L), jnp.int32),
+        tstop_index=zeros(n, L),
     )
 
-    def next_of(x, ptr):
-        """``x[row, ptr]``, ``+inf`` past the end of the row."""
-        if x.shape[1] == 0:
-            return jnp.full((n,), jnp.inf, dtype)
-        return jnp.where(ptr < x.shape[1], x[rows, jnp.minimum(ptr, x.shape[1] - 1)], jnp.inf)
 
-    def cond(s: _RecordState):
-        return (~jnp.all(s.done)) & (s.iters < attempts_cap)
+def _record_events(c: _Record, s: _RecordState, t_new, y_new, st_new, h_next, node, accept,
+                   is_jump, n_acc):
+    """A loop iteration's known-time events: the jump applied at its node, the tstops
+    passed, the carried stage reset after either; and whether the trajectory is done."""
+    ev, rows = c.ev, jnp.arange(c.n)
+    J, L = ev.jump_times.shape[1], ev.tstops.shape[1]
+    jump_ptr, jump_index = s.jump_ptr, s.jump_index
+    stop_ptr, tstop_index = s.stop_ptr, s.tstop_index
+    if J:
+        jslot = jnp.minimum(s.jump_ptr, J - 1)
+        y_new = jnp.where(is_jump[:, None], s.y + ev.jump_sizes[rows, jslot], y_new)
+        jump_index = s.jump_index.at[rows, jnp.where(is_jump, s.jump_ptr, J)].set(
+            n_acc, mode="drop")
+        jump_ptr = s.jump_ptr + is_jump
+    if L:
+        stop_reached = jnp.sum(ev.tstops <= t_new[:, None], axis=1).astype(jnp.int32)
+        stop_ptr = jnp.where(accept, stop_reached, s.stop_ptr)
+        ll = jnp.arange(L)[None]
+        hit = (ll >= s.stop_ptr[:, None]) & (ll < stop_ptr[:, None])
+        tstop_index = jnp.where(hit, n_acc[:, None], s.tstop_index)
+        reset = is_jump | (stop_ptr > s.stop_ptr)
+    else:
+        reset = is_jump
+    # After a jump or a tstop: the carried stage at the new state and exact time.
+    st_new = reset_state(c.solver, c.f, t_new, y_new, c.params, st_new, reset)
+    h_next = jnp.where(is_jump, s.h, h_next)
+    pending = c.next_of(ev.jump_times, jump_ptr) <= t_new
+    finished = node & (t_new >= c.t1) & ~pending
+    return y_new, st_new, h_next, finished, (jump_ptr, jump_index, stop_ptr, tstop_index)
 
-    def body(s: _RecordState) -> _RecordState:
-        nxt = jnp.minimum(s.save_ptr, k - 1)
-        target = jnp.where(s.save_ptr < k, ts[rows, nxt], t1)
-        if has_events:
-            # A jump pending at the current time: this iteration is its node, not a step.
-            jump_next = next_of(ev.jump_times, s.jump_ptr)
-            is_jump = ~s.done & (jump_next <= s.t)
-            target = jnp.minimum(target, jnp.minimum(jump_next, next_of(ev.tstops, s.stop_ptr)))
-            idle = s.done | is_jump
-        else:
-            idle = s.done
-        t_try = s.t + s.h
-        clipped = t_try >= target
-        t_new = jnp.where(idle, s.t, jnp.where(clipped, target, t_try))
-        h_eff = t_new - s.t  # the replay recomputes h this way: bitwise the same step
-        y1, y_err, st1 = vstep(s.t, h_eff, s.y, params, s.solver_state)
-        err = error_norm(y_err, s.y, y1, rtol, atol)
-        err = jnp.where(idle, 0.0, err)
-        accept = (err <= 1.0) & ~idle
-        fac = controller.factor(err, s.err_prev, accept, order)
-        h_next = h_eff * fac
-        h_next = jnp.where(accept & clipped, jnp.maximum(h_next, s.h), h_next)
 
-        node = (accept | is_jump) if has_events else accept  # a new mesh node
-        n_acc = s.n_accepted + node
-        n_rej = s.n_rejected + (~accept & ~idle)
-        col = jnp.where(node, n_acc, max_steps + 1)  # out of bounds: dropped
-        times = s.times.at[rows, col].set(t_new, mode="drop")
-        reached = jnp.sum(ts <= t_new[:, None], axis=1).astype(jnp.int32)
-        new_ptr = jnp.where(accept, reached, s.save_ptr)
-        jj = jnp.arange(k)[None]
-        newly = (jj >= s.save_ptr[:, None]) & (jj < new_ptr[:, None])
-        save_index = jnp.where(newly, n_acc[:, None], s.save_index)
+def _record_step(c: _Record, s: _RecordState) -> _RecordState:
+    """One iteration of the record loop: every trajectory tries a step (or takes the node
+    of a pending jump), the controller accepts or rejects it, the buffers grow."""
+    ts, t1, ev = c.ts, c.t1, c.ev
+    n, k = ts.shape
+    rows = jnp.arange(n)
+    order = c.solver.error_order
+    nxt = jnp.minimum(s.save_ptr, k - 1)
+    target = jnp.where(s.save_ptr < k, ts[rows, nxt], t1)
+    is_jump = None
+    if c.has_events:
+        # A jump pending at the current time: this iteration is its node, not a step.
+        jump_next = c.next_of(ev.jump_times, s.jump_ptr)
+        is_jump = ~s.done & (jump_next <= s.t)
+        target = jnp.minimum(target, jnp.minimum(jump_next, c.next_of(ev.tstops, s.stop_ptr)))
+        idle = s.done | is_jump
+    else:
+        idle = s.done
+    t_try = s.t + s.h
+    clipped = t_try >= target
+    t_new = jnp.where(idle, s.t, jnp.where(clipped, target, t_try))
+    h_eff = t_new - s.t  # the replay recomputes h this way: bitwise the same step
+    y1, y_err, st1 = jax.vmap(lambda t, h, y, p, st: c.solver.step(c.f, t, h, y, p, st))(
+        s.t, h_eff, s.y, c.params, s.solver_state)
+    err = error_norm(y_err, s.y, y1, c.rtol, c.atol)
+    err = jnp.where(idle, 0.0, err)
+    accept = (err <= 1.0) & ~idle
+    h_next = h_eff * c.controller.factor(err, s.err_prev, accept, order)
+    h_next = jnp.where(accept & clipped, jnp.maximum(h_next, s.h), h_next)
 
-        y_new = jnp.where(accept[:, None], y1, s.y)
-        st_new = tree_where(accept, st1, s.solver_state)
-        jump_ptr, jump_index = s.jump_ptr, s.jump_index
-        stop_ptr, tstop_index = s.stop_ptr, s.tstop_index
-        if has_events:
-            if J:
-                jslot = jnp.minimum(s.jump_ptr, J - 1)
-                y_new = jnp.where(is_jump[:, None], s.y + ev.jump_sizes[rows, jslot], y_new)
-                jump_index = s.jump_index.at[rows, jnp.where(is_jump, s.jump_ptr, J)].set(
-                    n_acc, mode="drop")
-                jump_ptr = s.jump_ptr + is_jump
-            if L:
-                stop_reached = jnp.sum(ev.tstops <= t_new[:, None], axis=1).astype(jnp.int32)
-                stop_ptr = jnp.where(accept, stop_reached, s.stop_ptr)
-                ll = jnp.arange(L)[None]
-                hit = (ll >= s.stop_ptr[:, None]) & (ll < stop_ptr[:, None])
-                tstop_index = jnp.where(hit, n_acc[:, None], s.tstop_index)
-                reset = is_jump | (stop_ptr > s.stop_ptr)
-            else:
-                reset = is_jump
-            # After a jump or a tstop: the carried stage at the new state and exact time.
-            st_new = reset_state(solver, f, t_new, y_new, params, st_new, reset)
-            h_next = jnp.where(is_jump, s.h, h_next)
-            pending = next_of(ev.jump_times, jump_ptr) <= t_new
-            finished = node & (t_new >= t1) & ~pending
-        else:
-            finished = accept & (t_new >= t1)
-        active = ~s.done & ~finished
-        # underflow: the next step would no longer move the time (relative to the time
-        # where it starts, not to t1: a long horizon must not forbid small early steps)
-        tiny = 10 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(s.t))
-        underflow = active & (h_next <= tiny)
-        over = active & ((n_acc >= max_steps) | (n_acc + n_rej >= attempts_cap))
-        finite = jnp.isfinite(err)
-        status = jnp.where(
-            underflow, jnp.where(finite, Status.STEP_UNDERFLOW, Status.NONFINITE), s.status
-        )
-        status = jnp.where(over & ~underflow, Status.MAX_STEPS, status)
-        return _RecordState(
-            t=jnp.where(accept, t_new, s.t),
-            y=y_new,
-            h=jnp.where(s.done, s.h, h_next),
-            solver_state=st_new,
-            err_prev=jnp.where(accept, jnp.maximum(err, 1e-4), s.err_prev),
-            n_accepted=n_acc,
-            n_rejected=n_rej,
-            save_ptr=new_ptr,
-            status=status.astype(jnp.int32),
-            done=s.done | finished | underflow | over,
-            times=times,
-            save_index=save_index,
-            iters=s.iters + 1,
-            jump_ptr=jump_ptr,
-            jump_index=jump_index,
-            stop_ptr=stop_ptr,
-            tstop_index=tstop_index,
-        )
+    node = (accept | is_jump) if c.has_events else accept  # a new mesh node
+    n_acc = s.n_accepted + node
+    n_rej = s.n_rejected + (~accept & ~idle)
+    col = jnp.where(node, n_acc, c.max_steps + 1)  # out of bounds: dropped
+    times = s.times.at[rows, col].set(t_new, mode="drop")
+    reached = jnp.sum(ts <= t_new[:, None], axis=1).astype(jnp.int32)
+    new_ptr = jnp.where(accept, reached, s.save_ptr)
+    jj = jnp.arange(k)[None]
+    newly = (jj >= s.save_ptr[:, None]) & (jj < new_ptr[:, None])
+    save_index = jnp.where(newly, n_acc[:, None], s.save_index)
 
+    y_new = jnp.where(accept[:, None], y1, s.y)
+    st_new = tree_where(accept, st1, s.solver_state)
+    pointers = (s.jump_ptr, s.jump_index, s.stop_ptr, s.tstop_index)
+    if c.has_events:
+        y_new, st_new, h_next, finished, pointers = _record_events(
+            c, s, t_new, y_new, st_new, h_next, node, accept, is_jump, n_acc)
+    else:
+        finished = accept & (t_new >= t1)
+    active = ~s.done & ~finished
+    # underflow: the next step would no longer move the time (relative to the time
+    # where it starts, not to t1: a long horizon must not forbid small early steps)
+    tiny = 10 * jnp.finfo(c.dtype).eps * jnp.maximum(jnp.abs(t_new), jnp.abs(s.t))
+    underflow = active & (h_next <= tiny)
+    over = active & ((n_acc >= c.max_steps) | (n_acc + n_rej >= c.attempts_cap))
+    status = jnp.where(
+        underflow, jnp.where(jnp.isfinite(err), Status.STEP_UNDERFLOW, Status.NONFINITE),
+        s.status)
+    status = jnp.where(over & ~underflow, Status.MAX_STEPS, status)
+    jump_ptr, jump_index, stop_ptr, tstop_index = pointers
+    return _RecordState(
+        t=jnp.where(accept, t_new, s.t), y=y_new, h=jnp.where(s.done, s.h, h_next),
+        solver_state=st_new, err_prev=jnp.where(accept, jnp.maximum(err, 1e-4), s.err_prev),
+        n_accepted=n_acc, n_rejected=n_rej, save_ptr=new_ptr,
+        status=status.astype(jnp.int32), done=s.done | finished | underflow | over,
+        times=times, save_index=save_index, iters=s.iters + 1, jump_ptr=jump_ptr,
+        jump_index=jump_index, stop_ptr=stop_ptr, tstop_index=tstop_index,
+    )
+
+
+def _record_arrays(f, solver: AbstractSolver, controller: PIDController, t0, t1, y0, params,
+                   ts, rtol, atol, dt0, max_steps: int, fill: bool, ev: Events,
+                   has_events: bool) -> _RecordOut:
+    """The record loop itself (`record_loop`), on one ensemble."""
+    c = _Record(f, solver, controller, params, ts, t1, rtol, atol, ev, has_events, max_steps,
+                4 * max_steps + 64, y0.dtype)
+    cond = lambda s: (~jnp.all(s.done)) & (s.iters < c.attempts_cap)
+    body = lambda s: _record_step(c, s)
+    init = _record_init(c, t0, y0, dt0)
     chunk = record_chunk()
     if chunk == 1:
         s = jax.lax.while_loop(cond, body, init)

@@ -95,19 +95,9 @@ def _math(element, what: str, eid: str) -> sp.Expr:
     return expr.xreplace(repl)
 
 
-def read_sbml(source) -> SbmlOdes:
-    """Read an SBML model into `SbmlOdes`.
-
-    Args:
-        source: a path to an SBML file, or a ``libsbml.SBMLDocument`` (which is modified:
-            its function definitions are expanded in place).
-
-    Raises:
-        NotImplementedError: naming the construct and the element id for what this reader
-            does not support (events, algebraic rules, delays, fast reactions, variable
-            compartments that hold species, stoichiometry math, ...).
-        ValueError: when libSBML reports errors reading the file.
-    """
+def _document(source):
+    """``(model, path)``: the SBML model of a file or document, function definitions
+    expanded."""
     if isinstance(source, libsbml.SBMLDocument):
         doc, path = source, "SBML document"
     else:
@@ -122,14 +112,11 @@ def read_sbml(source) -> SbmlOdes:
     m = doc.getModel()
     if m is None:
         raise ValueError(f"{path} holds no SBML model")
-    mid = m.getId()
+    return m, path
 
-    for ev in m.getListOfEvents():
-        raise NotImplementedError(f"SBML events are not supported (event '{ev.getId()}')")
-    for c in m.getListOfConstraints():
-        warnings.warn(f"SBML constraint in model '{mid}' is not checked", stacklevel=3)
-        break
 
+def _rules(m):
+    """``(rate rules, assignment rules, initial assignments)``: id -> SymPy expression."""
     rate_rules: dict[str, sp.Expr] = {}
     assign_rules: dict[str, sp.Expr] = {}
     for r in m.getListOfRules():
@@ -141,15 +128,16 @@ def read_sbml(source) -> SbmlOdes:
             rate_rules[var] = _math(r, "rate rule", var)
         else:
             assign_rules[var] = _math(r, "assignment rule", var)
-
     init_assign = {ia.getSymbol(): _math(ia, "initial assignment", ia.getSymbol())
                    for ia in m.getListOfInitialAssignments()}
+    return rate_rules, assign_rules, init_assign
 
+
+def _compartment_sizes(m, species, rate_rules, assign_rules, init_assign) -> dict:
+    """Each compartment's size; one that holds species must be constant."""
     comp_size = {}
     for c in m.getListOfCompartments():
-        cid = c.getId()
-        comp_size[cid] = c.getSize() if c.isSetSize() else 1.0
-    species = list(m.getListOfSpecies())
+        comp_size[c.getId()] = c.getSize() if c.isSetSize() else 1.0
     comps_with_species = {s.getCompartment() for s in species}
     for cid in comp_size:
         if cid in comps_with_species and (cid in rate_rules or cid in assign_rules):
@@ -160,15 +148,17 @@ def read_sbml(source) -> SbmlOdes:
             raise NotImplementedError(
                 f"SBML initial assignments to compartments that hold species are not "
                 f"supported (compartment '{cid}')")
+    return comp_size
 
-    state_ids: list[str] = []
-    rhs: dict[str, sp.Expr] = {}
+
+def _species_states(m, species, assign_rules, init_assign):
+    """``(species ids, initial values)`` of the species that are states (those set by an
+    assignment rule are not): initial amounts or concentrations converted by their
+    compartment's size."""
     init: dict[str, sp.Expr] = {}
     species_ids = []
-    species_by_id = {}
     for s in species:
         sid = s.getId()
-        species_by_id[sid] = s
         if sid in assign_rules:
             continue  # a function of other symbols, substituted where used
         if s.isSetConversionFactor() or m.isSetConversionFactor():
@@ -184,13 +174,15 @@ def read_sbml(source) -> SbmlOdes:
         else:
             v0 = sp.Float(0.0)
             if sid not in init_assign:
-                warnings.warn(f"species '{sid}' has no initial value: taken as 0", stacklevel=3)
+                warnings.warn(f"species '{sid}' has no initial value: taken as 0", stacklevel=4)
         init[sid] = init_assign.get(sid, v0)
-        state_ids.append(sid)
         species_ids.append(sid)
-        rhs[sid] = sp.Float(0.0)
+    return species_ids, init
 
-    # Reactions: amounts per time; a concentration species changes by rate / compartment size.
+
+def _add_reactions(m, rhs, species_by_id, rate_rules, assign_rules, init_assign) -> None:
+    """Add every reaction's rate to its species' ``rhs``: amounts per time; a
+    concentration species changes by rate / compartment size."""
     for rx in m.getListOfReactions():
         rid = rx.getId()
         if rx.isSetFast() and rx.getFast():
@@ -198,12 +190,8 @@ def read_sbml(source) -> SbmlOdes:
         kl = rx.getKineticLaw()
         if kl is None or kl.getMath() is None:
             raise ValueError(f"SBML reaction '{rid}' has no kinetic law")
-        if kl.getNumLocalParameters() or kl.getNumParameters():
-            local = {}
-            for lp in (list(kl.getListOfLocalParameters()) + list(kl.getListOfParameters())):
-                local[sp.Symbol(lp.getId())] = sp.Float(lp.getValue())
-        else:
-            local = {}
+        local = {sp.Symbol(lp.getId()): sp.Float(lp.getValue())
+                 for lp in (list(kl.getListOfLocalParameters()) + list(kl.getListOfParameters()))}
         rate = _math(kl, "kinetic law of reaction", rid).xreplace(local)
         for refs, sign in ((rx.getListOfReactants(), -1), (rx.getListOfProducts(), 1)):
             for ref in refs:
@@ -227,34 +215,62 @@ def read_sbml(source) -> SbmlOdes:
                     term = term / sp.Symbol(sp_.getCompartment())
                 rhs[sid] = rhs[sid] + term
 
+
+def _constants(m, comp_size, state_ids, init, rate_rules, assign_rules, init_assign):
+    """``(parameter ids, their values, rules)``: constant parameters and compartment sizes;
+    those under a rate rule join ``state_ids``/``init``; those set by an initial assignment
+    join the rules (their initial value holds throughout)."""
     param_ids: list[str] = []
     param_values: list[float] = []
     rules = dict(assign_rules)
-    for p in m.getListOfParameters():
-        pid = p.getId()
+    entries = [(p.getId(), p.getValue() if p.isSetValue() else None)
+               for p in m.getListOfParameters()] + list(comp_size.items())
+    n_params = m.getNumParameters()
+    for i, (pid, value) in enumerate(entries):
         if pid in assign_rules:
             continue
         if pid in rate_rules:
             state_ids.append(pid)
-            init[pid] = init_assign.get(pid, sp.Float(p.getValue() if p.isSetValue() else 0.0))
+            init[pid] = init_assign.get(pid, sp.Float(0.0 if value is None else value))
             continue
         if pid in init_assign:
             rules[pid] = init_assign[pid]  # constant: its initial value holds throughout
             continue
         param_ids.append(pid)
-        param_values.append(p.getValue() if p.isSetValue() else float("nan"))
-    for cid, size in comp_size.items():
-        if cid in assign_rules:
-            continue
-        if cid in rate_rules:
-            state_ids.append(cid)
-            init[cid] = init_assign.get(cid, sp.Float(size))
-            continue
-        if cid in init_assign:
-            rules[cid] = init_assign[cid]
-            continue
-        param_ids.append(cid)
-        param_values.append(size)
+        param_values.append(float("nan") if value is None and i < n_params else value)
+    return param_ids, param_values, rules
+
+
+def read_sbml(source) -> SbmlOdes:
+    """Read an SBML model into `SbmlOdes`.
+
+    Args:
+        source: a path to an SBML file, or a ``libsbml.SBMLDocument`` (which is modified:
+            its function definitions are expanded in place).
+
+    Raises:
+        NotImplementedError: naming the construct and the element id for what this reader
+            does not support (events, algebraic rules, delays, fast reactions, variable
+            compartments that hold species, stoichiometry math, ...).
+        ValueError: when libSBML reports errors reading the file.
+    """
+    m, path = _document(source)
+    mid = m.getId()
+    for ev in m.getListOfEvents():
+        raise NotImplementedError(f"SBML events are not supported (event '{ev.getId()}')")
+    for c in m.getListOfConstraints():
+        warnings.warn(f"SBML constraint in model '{mid}' is not checked", stacklevel=3)
+        break
+    rate_rules, assign_rules, init_assign = _rules(m)
+    species = list(m.getListOfSpecies())
+    comp_size = _compartment_sizes(m, species, rate_rules, assign_rules, init_assign)
+    species_ids, init = _species_states(m, species, assign_rules, init_assign)
+    state_ids = list(species_ids)
+    rhs: dict[str, sp.Expr] = {sid: sp.Float(0.0) for sid in species_ids}
+    _add_reactions(m, rhs, {s.getId(): s for s in species}, rate_rules, assign_rules,
+                   init_assign)
+    param_ids, param_values, rules = _constants(m, comp_size, state_ids, init, rate_rules,
+                                                assign_rules, init_assign)
     for var, expr in rate_rules.items():
         if var not in state_ids:
             raise NotImplementedError(

@@ -160,165 +160,182 @@ def _comb(coeffs, terms) -> str | None:
     return acc
 
 
-def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
-    """Full C++ source. ``f_flat(t, y (d,), p (p_size,))`` is the flattened vector field."""
-    import jax
-    import jax.numpy as jnp
+class _Source:
+    """The C++ statements of one explicit Runge–Kutta step of one lane, forward and
+    reverse, for the flattened vector field ``f_flat(t, y (d,), p (p_size,))`` and the
+    solver's tableau (the stages' names: ``k{i}_{r}``, ``Y{i}_{r}``, ``T{i}``)."""
 
-    real = "double" if np.dtype(dtype) == np.float64 else "float"
-    t_ex = jax.ShapeDtypeStruct((), dtype)
-    y_ex = jax.ShapeDtypeStruct((d,), dtype)
-    p_ex = jax.ShapeDtypeStruct((p_size,), dtype)
-    pn = [f"p_{r}" for r in range(p_size)]
+    def __init__(self, f_flat, d: int, p_size: int, dtype, solver):
+        import jax
+        import jax.numpy as jnp
 
-    def fvec(t, y, p):
-        return (jnp.asarray(f_flat(t, y, p), dtype),)
+        self.d, self.p_size, self.dtype = d, p_size, dtype
+        self.ex = (jax.ShapeDtypeStruct((), dtype), jax.ShapeDtypeStruct((d,), dtype),
+                   jax.ShapeDtypeStruct((p_size,), dtype))
+        self.pn = [f"p_{r}" for r in range(p_size)]
+        self.fvec = lambda t, y, p: (jnp.asarray(f_flat(t, y, p), dtype),)
 
-    def vjp(t, y, p, ct):
-        _, back = jax.vjp(lambda t, y, p: jnp.asarray(f_flat(t, y, p), dtype), t, y, p)
-        return back(ct)
+        def vjp(t, y, p, ct):
+            _, back = jax.vjp(lambda t, y, p: jnp.asarray(f_flat(t, y, p), dtype), t, y, p)
+            return back(ct)
 
-    def obj(names):
-        return np.array(names, dtype=object)
+        self.vjp = vjp
+        self.a, self.b, self.e, self.c = (np.asarray(x, dtype=np.float64) for x in (
+            solver.a, solver.b, solver.b_error, solver.c))
+        self.s = len(self.b)
+        self.fsal = bool(solver.fsal)
+        # Stages the new state depends on; with FSAL y1 is the last stage's argument.
+        self.b_eff = self.a[self.s - 1] if self.fsal else self.b
+        self.s_used = self.s - 1 if self.fsal else self.s
+        self.R = range(d)
+        self.common = [
+            "const real h = H[j], ta = TA[j];",
+            *[f"const real y_{r} = YB[{r} * LANES + j];" for r in self.R],
+            *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(p_size)],
+        ]
 
-    def rhs(t: str, ys: list[str], outs: list[str]) -> str:
-        lines, (out,) = translate(fvec, [t_ex, y_ex, p_ex],
-                                  [obj(t), obj(ys), obj(pn).reshape(p_size)])
+    def rhs(self, t: str, ys: list[str], outs: list[str]) -> str:
+        t_ex, y_ex, p_ex = self.ex
+        lines, (out,) = translate(self.fvec, [t_ex, y_ex, p_ex],
+                                  [_obj(t), _obj(ys), _obj(self.pn).reshape(self.p_size)])
         return _block(lines, [(outs, out)])
 
-    def rhs_vjp(t, ys, ct, out_t, out_y, out_p) -> str:
+    def rhs_vjp(self, t, ys, ct, out_t, out_y, out_p) -> str:
+        t_ex, y_ex, p_ex = self.ex
         lines, (ct_t, ct_y, ct_p) = translate(
-            vjp, [t_ex, y_ex, p_ex, y_ex],
-            [obj(t), obj(ys), obj(pn).reshape(p_size), obj(ct)])
+            self.vjp, [t_ex, y_ex, p_ex, y_ex],
+            [_obj(t), _obj(ys), _obj(self.pn).reshape(self.p_size), _obj(ct)])
         return _block(lines, [([out_t], ct_t), (out_y, ct_y), (out_p, ct_p)])
 
-    a, b, e, c = (np.asarray(x, dtype=np.float64) for x in (solver.a, solver.b, solver.b_error, solver.c))
-    s = len(b)
-    fsal = bool(solver.fsal)
-    # Stages the new state depends on; with FSAL y1 is the last stage's argument.
-    b_eff = a[s - 1] if fsal else b
-    s_used = s - 1 if fsal else s
-    R = range(d)
+    def kn(self, i):
+        return [f"k{i}_{r}" for r in self.R]
 
-    def decl(names):
-        return "real " + ", ".join(names) + ";"
+    def yn(self, i):
+        return [f"Y{i}_{r}" for r in self.R]
 
-    def kn(i):
-        return [f"k{i}_{r}" for r in R]
-
-    def yn(i):
-        return [f"Y{i}_{r}" for r in R]
-
-    def stages(upto):
+    def stages(self, upto):
         """Stages 1..upto-1 from ``k0``: ``cb{i}`` (their combination), ``Y{i}``, ``T{i}``, ``k{i}``."""
         out = []
         for i in range(1, upto):
-            for r in R:
-                comb = _comb(a[i], [f"k{m}_{r}" for m in range(i)]) or "(real)0"
+            for r in self.R:
+                comb = _comb(self.a[i], [f"k{m}_{r}" for m in range(i)]) or "(real)0"
                 out.append(f"const real cb{i}_{r} = {comb};")
                 out.append(f"const real Y{i}_{r} = y_{r} + h * cb{i}_{r};")
-            out.append(f"const real T{i} = ta + (real){float(c[i])!r} * h;")
-            out.append(rhs(f"T{i}", yn(i), kn(i)))
+            out.append(f"const real T{i} = ta + (real){float(self.c[i])!r} * h;")
+            out.append(self.rhs(f"T{i}", self.yn(i), self.kn(i)))
         return out
 
-    common = [
-        "const real h = H[j], ta = TA[j];",
-        *[f"const real y_{r} = YB[{r} * LANES + j];" for r in R],
-        *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(p_size)],
-    ]
-
-    # -- forward: one whole step of one lane -----------------------------------------------
-    fw = list(common) + ["const real rtol = RT[j], atol = AT[j];"]
-    fw += [decl(kn(i)) for i in range(s)]
-    if fsal:
-        fw += [f"k0_{r} = K0[{r} * LANES + j];" for r in R]
-    else:
-        fw.append(rhs("ta", [f"y_{r}" for r in R], kn(0)))
-    fw += stages(s)
-    for r in R:
+    def forward(self) -> tuple[str, str, str]:
+        """``(forward_step, record_step, rhs_eval)``: a replay step (``YB`` advanced where
+        ``ACT``), a record step (``Y1``, ``ERR`` for the controller) and ``f`` at
+        ``(TQ, YQ)`` for the lanes flagged in ``FRESH``."""
+        R, s, d, b, e, fsal = self.R, self.s, self.d, self.b, self.e, self.fsal
+        fw = list(self.common) + ["const real rtol = RT[j], atol = AT[j];"]
+        fw += [_decl(self.kn(i)) for i in range(s)]
         if fsal:
-            fw.append(f"const real y1_{r} = Y{s - 1}_{r};")
+            fw += [f"k0_{r} = K0[{r} * LANES + j];" for r in R]
         else:
-            fw.append(f"const real y1_{r} = y_{r} + h * {_comb(b, [f'k{m}_{r}' for m in range(s)])};")
-        ec = _comb(e, [f"k{m}_{r}" for m in range(s)]) or "(real)0"
-        fw.append(f"const real e_{r} = h * {ec};")
-    fw.append("real acc = 0, bad = 0;")
-    for r in R:
-        fw.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
-                  f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
-    fw.append(f"real err = std::sqrt(acc / (real){d});")
-    fw.append("bad += err - err;")
-    fw.append("err = (bad == 0) ? err : (real)INFINITY;")
-    # The record keeps y1, err and the last stage for its controller.
-    rec = fw + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
-    if fsal:
-        rec += [f"KL[{r} * LANES + j] = k{s - 1}_{r};" for r in R]
-    record_step = "\n      ".join(rec)
-    fw.append("const bool act = ACT[j] != 0;")
-    fw.append("EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];")
-    fw += [f"YB[{r} * LANES + j] = act ? y1_{r} : y_{r};" for r in R]
-    if fsal:
-        fw += [f"K0[{r} * LANES + j] = act ? k{s - 1}_{r} : k0_{r};" for r in R]
-    forward_step = "\n      ".join(fw)
-    # f at (TQ, YQ) for the lanes flagged in FRESH, into FQ (first stages, initial steps).
-    ev = [*[f"const real y_{r} = YQ[{r} * LANES + j];" for r in R],
-          *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(p_size)],
-          "const real ta = TQ[j];",
-          decl(kn(0)), rhs("ta", [f"y_{r}" for r in R], kn(0)),
-          *[f"FQ[{r} * LANES + j] = FRESH[j] ? k0_{r} : FQ[{r} * LANES + j];" for r in R]]
-    rhs_eval = "\n      ".join(ev)
-
-    # -- reverse: recompute the stages, then the adjoint recursion ------------------------
-    bw = list(common)
-    bw += [f"const real l_{r} = LAM[{r} * LANES + j];" for r in R]
-    bw += [decl(kn(i)) for i in range(s_used)]
-    bw.append(rhs("ta", [f"y_{r}" for r in R], kn(0)))
-    bw += [f"const real Y0_{r} = y_{r};" for r in R]
-    bw.append("const real T0 = ta;")
-    bw += stages(s_used)
-    for i in range(s_used - 1, -1, -1):
+            fw.append(self.rhs("ta", [f"y_{r}" for r in R], self.kn(0)))
+        fw += self.stages(s)
         for r in R:
-            terms = []
-            if b_eff[i] != 0.0:
-                terms.append(f"(real){float(b_eff[i])!r} * l_{r}")
-            for m in range(i + 1, s_used):
-                if a[m, i] != 0.0:
-                    terms.append(f"(real){float(a[m, i])!r} * mu{m}_{r}")
-            bw.append(f"const real kap{i}_{r} = h * ({' + '.join(terms) if terms else '(real)0'});")
-        bw.append(decl([f"mu{i}_{r}" for r in R] + [f"ctt{i}"]
-                       + [f"pi{i}_{r}" for r in range(p_size)]))
-        bw.append(rhs_vjp(f"T{i}", yn(i), [f"kap{i}_{r}" for r in R], f"ctt{i}",
-                          [f"mu{i}_{r}" for r in R], [f"pi{i}_{r}" for r in range(p_size)]))
-    # No `ACT` selects here: an idle lane's accumulators are never read again (its last
-    # trajectory was finished before it went idle), and selects let the compiler sink the
-    # stage VJPs into branches, which stops vectorisation once they call libm.
-    for r in range(p_size):
-        tot = " + ".join(f"pi{i}_{r}" for i in range(s_used))
-        bw.append(f"CTP[{r} * LANES + j] += {tot};")
-    # Node-time cotangents: needed only where a save time moved a node (``subst``); the
-    # kernel instantiates the sweep with and without them (``TIMES``).
-    bw.append("if constexpr (TIMES) {")
-    ch = []
-    for r in R:
-        bs = _comb(b_eff, [f"k{m}_{r}" for m in range(s_used)]) or "(real)0"
-        ch.append(f"({bs}) * l_{r}")
-        ch += [f"cb{i}_{r} * mu{i}_{r}" for i in range(1, s_used)]
-    ch += [f"(real){float(c[i])!r} * ctt{i}" for i in range(1, s_used) if c[i] != 0.0]
-    bw.append(f"const real ch = {' + '.join(ch)};")
-    bw.append(f"const real ctt = {' + '.join(f'ctt{i}' for i in range(s_used))};")
-    bw.append("CH[j] = ch;")
-    bw.append("CT[j] = ctt - ch;")
-    bw.append("}")
-    for r in R:
-        dl = " + ".join(f"mu{i}_{r}" for i in range(s_used))
-        bw.append(f"LAM[{r} * LANES + j] = l_{r} + ({dl});")
-    backward_step = "\n      ".join(bw)
+            if fsal:
+                fw.append(f"const real y1_{r} = Y{s - 1}_{r};")
+            else:
+                fw.append(f"const real y1_{r} = y_{r} + h * {_comb(b, [f'k{m}_{r}' for m in range(s)])};")
+            ec = _comb(e, [f"k{m}_{r}" for m in range(s)]) or "(real)0"
+            fw.append(f"const real e_{r} = h * {ec};")
+        fw.append("real acc = 0, bad = 0;")
+        for r in R:
+            fw.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
+                      f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
+        fw.append(f"real err = std::sqrt(acc / (real){d});")
+        fw.append("bad += err - err;")
+        fw.append("err = (bad == 0) ? err : (real)INFINITY;")
+        # The record keeps y1, err and the last stage for its controller.
+        rec = fw + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
+        if fsal:
+            rec += [f"KL[{r} * LANES + j] = k{s - 1}_{r};" for r in R]
+        fw.append("const bool act = ACT[j] != 0;")
+        fw.append("EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];")
+        fw += [f"YB[{r} * LANES + j] = act ? y1_{r} : y_{r};" for r in R]
+        if fsal:
+            fw += [f"K0[{r} * LANES + j] = act ? k{s - 1}_{r} : k0_{r};" for r in R]
+        ev = [*[f"const real y_{r} = YQ[{r} * LANES + j];" for r in R],
+              *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(self.p_size)],
+              "const real ta = TQ[j];",
+              _decl(self.kn(0)), self.rhs("ta", [f"y_{r}" for r in R], self.kn(0)),
+              *[f"FQ[{r} * LANES + j] = FRESH[j] ? k0_{r} : FQ[{r} * LANES + j];" for r in R]]
+        return "\n      ".join(fw), "\n      ".join(rec), "\n      ".join(ev)
 
+    def backward(self) -> str:
+        """The reverse step: recompute the stages, then the adjoint recursion (``LAM``,
+        ``CTP`` and, under ``TIMES``, the node-time cotangents ``CH``, ``CT``)."""
+        R, p_size, s_used, a, b_eff, c = (self.R, self.p_size, self.s_used, self.a,
+                                          self.b_eff, self.c)
+        bw = list(self.common)
+        bw += [f"const real l_{r} = LAM[{r} * LANES + j];" for r in R]
+        bw += [_decl(self.kn(i)) for i in range(s_used)]
+        bw.append(self.rhs("ta", [f"y_{r}" for r in R], self.kn(0)))
+        bw += [f"const real Y0_{r} = y_{r};" for r in R]
+        bw.append("const real T0 = ta;")
+        bw += self.stages(s_used)
+        for i in range(s_used - 1, -1, -1):
+            for r in R:
+                terms = []
+                if b_eff[i] != 0.0:
+                    terms.append(f"(real){float(b_eff[i])!r} * l_{r}")
+                for m in range(i + 1, s_used):
+                    if a[m, i] != 0.0:
+                        terms.append(f"(real){float(a[m, i])!r} * mu{m}_{r}")
+                bw.append(f"const real kap{i}_{r} = h * ({' + '.join(terms) if terms else '(real)0'});")
+            bw.append(_decl([f"mu{i}_{r}" for r in R] + [f"ctt{i}"]
+                            + [f"pi{i}_{r}" for r in range(p_size)]))
+            bw.append(self.rhs_vjp(f"T{i}", self.yn(i), [f"kap{i}_{r}" for r in R], f"ctt{i}",
+                                   [f"mu{i}_{r}" for r in R], [f"pi{i}_{r}" for r in range(p_size)]))
+        # No `ACT` selects here: an idle lane's accumulators are never read again (its last
+        # trajectory was finished before it went idle), and selects let the compiler sink the
+        # stage VJPs into branches, which stops vectorisation once they call libm.
+        for r in range(p_size):
+            tot = " + ".join(f"pi{i}_{r}" for i in range(s_used))
+            bw.append(f"CTP[{r} * LANES + j] += {tot};")
+        # Node-time cotangents: needed only where a save time moved a node (``subst``); the
+        # kernel instantiates the sweep with and without them (``TIMES``).
+        bw.append("if constexpr (TIMES) {")
+        ch = []
+        for r in R:
+            bs = _comb(b_eff, [f"k{m}_{r}" for m in range(s_used)]) or "(real)0"
+            ch.append(f"({bs}) * l_{r}")
+            ch += [f"cb{i}_{r} * mu{i}_{r}" for i in range(1, s_used)]
+        ch += [f"(real){float(c[i])!r} * ctt{i}" for i in range(1, s_used) if c[i] != 0.0]
+        bw.append(f"const real ch = {' + '.join(ch)};")
+        bw.append(f"const real ctt = {' + '.join(f'ctt{i}' for i in range(s_used))};")
+        bw.append("CH[j] = ch;")
+        bw.append("CT[j] = ctt - ch;")
+        bw.append("}")
+        for r in R:
+            dl = " + ".join(f"mu{i}_{r}" for i in range(s_used))
+            bw.append(f"LAM[{r} * LANES + j] = l_{r} + ({dl});")
+        return "\n      ".join(bw)
+
+
+def _obj(names):
+    return np.array(names, dtype=object)
+
+
+def _decl(names):
+    return "real " + ", ".join(names) + ";"
+
+
+def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
+    """Full C++ source. ``f_flat(t, y (d,), p (p_size,))`` is the flattened vector field."""
+    real = "double" if np.dtype(dtype) == np.float64 else "float"
+    src = _Source(f_flat, d, p_size, dtype, solver)
+    forward_step, record_step, rhs_eval = src.forward()
     return _TEMPLATE.format(
         real=real, ffi_type="F64" if real == "double" else "F32", D=d, P=max(p_size, 1),
-        S=s, LANES=LANES, FSAL=int(fsal), forward_step=forward_step, rhs_eval=rhs_eval,
-        record_step=record_step, ERROR_ORDER=int(solver.error_order),
-        backward_step=backward_step, P_REAL=p_size, vector_math=_VECTOR_MATH_DECLS,
+        S=src.s, LANES=LANES, FSAL=int(src.fsal), forward_step=forward_step,
+        rhs_eval=rhs_eval, record_step=record_step, ERROR_ORDER=int(solver.error_order),
+        backward_step=src.backward(), P_REAL=p_size, vector_math=_VECTOR_MATH_DECLS,
         special_functions=SPECIAL_FUNCTIONS,
     )
 
