@@ -157,6 +157,7 @@ class Problem(AbstractProblem):
         self.ys_obs = jnp.asarray(ys, dtype=jnp.result_type(float))
         self.space = ParamSpace(model.priors)
         self._constrained = jax.jit(self.space.from_unconstrained)  # one program per shape
+        self._replay_driver = None
 
     def fingerprint(self) -> dict:
         """What a checkpoint must share with this problem to be resumed by it: the model's
@@ -190,19 +191,30 @@ class Problem(AbstractProblem):
 
     def states(self, x: Mapping[str, jax.Array], mesh: gs.Mesh | None = None,
                max_steps: int | None = None) -> gs.Solution:
-        """The solution at a constrained dict ``x``: ``gs.replay`` of ``mesh`` or, with
-        ``mesh=None``, `solve`."""
+        """The solution at a constrained dict ``x``: ``gs.replay`` of ``mesh`` (on
+        `replay_driver`) or, with ``mesh=None``, `solve`."""
         if mesh is None:
             return self.solve(x, max_steps)
-        return gs.replay(self.model.vector_field, mesh, self.model.initial_state(x), x)
+        return gs.replay(self.model.vector_field, mesh, self.model.initial_state(x), x,
+                         driver=self.replay_driver)
+
+    @property
+    def replay_driver(self) -> gs.drivers.AbstractDriver:
+        """The driver every replay of this problem runs on, chosen once (by
+        `gs.drivers.Auto` from the model's vector field, solver and shapes) the first time
+        it is needed, so fitters and samplers know which one runs without asking a replay."""
+        if self._replay_driver is None:
+            x = jax.eval_shape(self.space.from_unconstrained,
+                               jax.ShapeDtypeStruct((1, self.space.dim), jnp.result_type(float)))
+            y0 = jax.eval_shape(self.model.initial_state, x)
+            self._replay_driver = gs.drivers.Auto().choose(
+                "replay", self.model.vector_field, self.solver, y0, x)
+        return self._replay_driver
 
     def ragged_replay(self, u: jax.Array, mesh: gs.Mesh) -> bool:
-        """Whether replaying ``mesh`` (one point) at unconstrained ``u (D,)`` runs on a
-        driver whose cost follows each trajectory's own steps (`gs.drivers.AbstractDriver`
-        ``ragged``: the compiled kernel). Traced only: nothing is compiled or run."""
-        sol = jax.eval_shape(lambda uu: self.states(self.space.from_unconstrained(uu),
-                                                    mesh.to_device()), jnp.asarray(u))
-        return gs.drivers.by_route(sol.route).ragged
+        """Whether replaying ``mesh`` runs on a driver whose cost follows each trajectory's
+        own steps (`gs.drivers.AbstractDriver` ``ragged``: the compiled kernel)."""
+        return self.replay_driver.ragged
 
     # --------------------------------------------------------------------- densities
     def observe(self, x: Mapping[str, jax.Array], ys: jax.Array) -> jax.Array:

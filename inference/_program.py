@@ -316,11 +316,16 @@ class ProgramModel:
 
 
 def _latent_and_observed(program, data, name: str, defaults):
-    """``(priors, observed, ode_sites)`` of one seeded trace of ``program(data)``."""
+    """``(priors, observed, ode_sites, plates)`` of one seeded trace of ``program(data)``;
+    ``plates``: every latent, observed and ode site's enclosing plates, ``(plate name,
+    size)`` outermost first."""
     with SolveSites(defaults=defaults):
         tr = handlers.trace(handlers.seed(program, 0)).get_trace(data)
-    priors, observed, sites = {}, {}, []
+    priors, observed, sites, plates = {}, {}, [], {}
     for site in tr.values():
+        if site["type"] in (SITE, "sample"):
+            plates[site["name"]] = tuple((f.name, int(f.size))
+                                         for f in site.get("cond_indep_stack", ()))
         if site["type"] == SITE:
             sites.append(site["name"])
         if site["type"] != "sample":
@@ -340,7 +345,7 @@ def _latent_and_observed(program, data, name: str, defaults):
                          "NumPyro directly (there is no mesh to reuse)")
     if not priors:
         raise ValueError(f"{name}: the program has no latent sample site to infer")
-    return priors, observed, sites
+    return priors, observed, sites, plates
 
 
 class ProgramProblem(AbstractProblem):
@@ -377,8 +382,8 @@ class ProgramProblem(AbstractProblem):
         self.max_steps = int(max_steps)
         self.defaults = dict(solver=solver, rtol=self.rtol, atol=self.atol,
                              max_steps=self.max_steps)
-        priors, self.observed, self.sites = _latent_and_observed(program, data, self.name,
-                                                                  self.defaults)
+        priors, self.observed, self.sites, self.plates = _latent_and_observed(
+            program, data, self.name, self.defaults)
         self.space = ParamSpace(priors)
         self.model = ProgramModel(self.name, program, data, priors, self.defaults)
         # the sizes of each site's ensemble at one point, from the record's shapes
@@ -389,6 +394,29 @@ class ProgramProblem(AbstractProblem):
         self._record_many = jax.jit(jax.vmap(self._record_point, in_axes=(0, None)),
                                     static_argnums=1)
         self._constrained = jax.jit(self.space.from_unconstrained)
+
+    def members(self, site: str) -> dict[str, str]:
+        """The latent sites that belong, element by element, to the trajectories of the ode
+        ``site``'s ensemble: latent site -> the plate that indexes both (a plate around the
+        ode site, or a plate as large as its ensemble, e.g. the subjects of a population
+        program). A per-subject method (conditional modes, a subject's mesh) reads this
+        instead of guessing from shapes.
+
+        Example:
+            >>> problem.members("theophylline")   # models.theophylline()'s program
+            {'eta': 'subjects'}
+        """
+        if site not in self.sites:
+            raise ValueError(f"{self.name}: no ode site {site!r}; its ode sites: {self.sites}")
+        n = self.sizes.get(site)
+        own = {p for p, _ in self.plates.get(site, ())}
+        out = {}
+        for latent in self.space.names:
+            for plate, size in self.plates.get(latent, ()):
+                if plate in own or (n is not None and size == n):
+                    out[latent] = plate
+                    break
+        return out
 
     def fingerprint(self) -> dict:
         """What a checkpoint must share with this problem to resume it."""

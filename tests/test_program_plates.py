@@ -1,0 +1,54 @@
+"""A program's plates are kept: which latent sites index the trajectories of an ode site's
+ensemble (checked against programs whose structure is written out here)."""
+
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import gradsolve as gs
+import inference
+import models
+from inference._program import problem_for
+
+
+def decay(t, y, p):
+    return -p["k"] * y
+
+
+def program(data):
+    ts, obs = data
+    k_pop = numpyro.sample("k_pop", dist.LogNormal(0.0, 0.5))
+    with numpyro.plate("arms", 2):
+        shift = numpyro.sample("shift", dist.Normal(0.0, 0.1))  # not per trajectory
+    with numpyro.plate("units", 3):
+        eta = numpyro.sample("eta", dist.Normal(0.0, 0.3))
+    k = k_pop * jnp.exp(eta) * (1.0 + 0.0 * jnp.sum(shift))
+    sol = inference.ode("decay", decay, 0.0, 4.0, jnp.ones((3, 1)), {"k": k}, ts=ts,
+                        solver=gs.Tsit5())
+    numpyro.sample("obs", dist.Normal(sol.ys[..., 0], 0.05), obs=obs)
+
+
+def test_plates_of_a_users_program():
+    ts = jnp.linspace(0.5, 4.0, 5)
+    obs = jnp.exp(-jnp.outer(jnp.array([0.5, 0.8, 1.1]), ts))
+    pb = problem_for(program, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
+    assert pb.plates["eta"] == (("units", 3),)
+    assert pb.plates["shift"] == (("arms", 2),)
+    assert pb.plates["k_pop"] == ()
+    assert pb.sizes["decay"] == 3
+    assert pb.members("decay") == {"eta": "units"}
+    with pytest.raises(ValueError, match="no ode site 'nope'"):
+        pb.members("nope")
+
+
+def test_a_population_programs_subjects():
+    model = models.theophylline()
+    data = models.load_dataset("theophylline")
+    pb = problem_for(model, data, rtol=1e-6, atol=1e-8, max_steps=None)
+    (site,) = pb.sites
+    assert pb.sizes[site] == data.n_subjects
+    members = pb.members(site)
+    # the random effects are the only per-subject latent sites of this model
+    assert set(members) == {"eta"} and members["eta"] == "subjects"
+    assert dict(pb.plates["eta"])["subjects"] == data.n_subjects
