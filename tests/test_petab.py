@@ -155,3 +155,26 @@ def test_inconsistent_problem_gets_the_linters_message(tmp_path):
     meas.write_text("\n".join(text) + "\n")
     with pytest.raises(ValueError, match="no_such_observable"):
         models.load_petab(dst)
+
+
+def test_unused_columns_are_named_in_a_warning(tmp_path):
+    dst = tmp_path / "problem"
+    shutil.copytree(DATA / "Boehm_JProteomeRes2014", dst)
+    meas = dst / "measurementData_Boehm_JProteomeRes2014.tsv"
+    rows = meas.read_text().splitlines()
+    meas.write_text("\n".join([rows[0] + "\tuseData"] + [r + "\t1" for r in rows[1:]]) + "\n")
+    par = next(dst.glob("parameters_*.tsv"))
+    rows = par.read_text().splitlines()
+    rows = [rows[0] + "\tinitializationPriorType\tinitializationPriorParameters"] + [
+        r + "\tparameterScaleUniform\t-5;3" for r in rows[1:]]
+    par.write_text("\n".join(rows) + "\n")
+    with pytest.warns(UserWarning) as record:
+        models.load_petab(dst)
+    messages = [str(w.message) for w in record]
+    assert any("measurement table column(s) ['useData']" in m for m in messages), messages
+    assert any("'initializationPriorType' is not used" in m for m in messages), messages
+
+
+def test_a_problem_with_only_petab_columns_loads_without_column_warnings(recwarn):
+    models.load_petab(DATA / "Boehm_JProteomeRes2014")
+    assert not [w for w in recwarn if "column" in str(w.message)]

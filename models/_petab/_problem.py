@@ -654,6 +654,36 @@ def _lint(problem, path):
         raise ValueError(f"{path}: the PEtab linter found errors:\n  {msgs}")
 
 
+_TABLES = (("measurement", "measurement_df", petab.MEASUREMENT_DF_COLS),
+           ("observable", "observable_df", petab.OBSERVABLE_DF_COLS),
+           ("parameter", "parameter_df", petab.PARAMETER_DF_COLS))
+
+
+def _warn_unused_columns(problem, path) -> None:
+    """A warning for every table column this importer does not read, so nothing is dropped
+    unseen: columns outside PEtab v1 (e.g. ``useData``, or ``noiseDistribution`` in the
+    measurement table, an older convention: both would change the likelihood where read)
+    and initialization priors (multistart fits draw their starts by Latin hypercube within
+    the bounds)."""
+    for table, attr, known in _TABLES:
+        df = getattr(problem, attr, None)
+        if df is None:
+            continue
+        cols = [c for c in list(df.columns) + list(df.index.names or [])
+                if c is not None and c not in known]
+        if cols:
+            warnings.warn(f"{path}: {table} table column(s) {cols} are not PEtab v1 columns: "
+                          "ignored (they do not enter the likelihood)", stacklevel=3)
+    df = problem.parameter_df
+    for col in ("initializationPriorType", "initializationPriorParameters"):
+        if df is not None and col in df.columns and df[col].notna().any() and \
+                (df[col].astype(str).str.strip() != "").any():
+            warnings.warn(f"{path}: parameter table column {col!r} is not used: multistart "
+                          "fits draw their starts by Latin hypercube within the bounds "
+                          "(inference.fit(problem, n_starts=...))", stacklevel=3)
+            break
+
+
 def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     """Load a PEtab v1 problem.
 
@@ -696,6 +726,7 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     problem = petab.Problem.from_yaml(config, base_path=str(path.parent))
     if lint:
         _lint(problem, path)
+    _warn_unused_columns(problem, path)
     if problem.model is None or not hasattr(problem.model, "sbml_document"):
         raise NotImplementedError(f"{path}: only SBML models are supported")
     odes = read_sbml(problem.model.sbml_document)
