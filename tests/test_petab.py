@@ -178,3 +178,23 @@ def test_unused_columns_are_named_in_a_warning(tmp_path):
 def test_a_problem_with_only_petab_columns_loads_without_column_warnings(recwarn):
     models.load_petab(DATA / "Boehm_JProteomeRes2014")
     assert not [w for w in recwarn if "column" in str(w.message)]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not COLLECTION.is_dir(), reason="the benchmark collection is not here")
+def test_steady_state_measurements_match_the_collections_simulation():
+    # Blasi_CellSystems2016: every measurement at time 'inf'; the collection ships its
+    # simulation at the nominal parameters (simulatedData_*.tsv), an independent solve
+    import pandas as pd
+
+    path = COLLECTION / "Blasi_CellSystems2016"
+    problem = models.load_petab(path)
+    ours = problem.simulate().groupby(["observableId", "simulationConditionId"])["simulation"]
+    ref = pd.read_csv(path / "simulatedData_Blasi_CellSystems2016.tsv", sep="\t").groupby(
+        ["observableId", "simulationConditionId"])["simulation"]
+    ours, ref = ours.first(), ref.first()
+    common = ours.index.intersection(ref.index)
+    assert len(common) == len(ours) == 15
+    np.testing.assert_allclose(ours[common].values, ref[common].values, rtol=1e-6)
+    g = jax.grad(problem.log_likelihood)(np.asarray(problem.nominal, float))
+    assert np.all(np.isfinite(np.asarray(g)))

@@ -114,7 +114,8 @@ class PetabProblem:
 
     All conditions are one ensemble of one `gradsolve.solve` (default `gradsolve.Rodas5P`,
     rtol 1e-8, atol 1e-12: most of these models are stiff), saved at the union of the
-    measurement times; switch times of piecewise functions of time are solver stops. A
+    measurement times (a steady-state measurement, time ``inf``, at ``t = 1e5``, checked by
+    `simulate`); switch times of piecewise functions of time are solver stops. A
     pre-equilibration condition is integrated to ``t = 1e5`` and the state reached starts
     the simulation condition (species the simulation condition sets are reset); its gradient
     is that long solve's discrete adjoint, and `preequilibration_residual` says how close to
@@ -338,9 +339,13 @@ class PetabProblem:
         mdf = problem.measurement_df
         odf = problem.observable_df
         times = np.asarray(mdf[petab.TIME], dtype=float)
-        if np.isinf(times).any():
-            raise NotImplementedError("steady-state measurements (time 'inf') are not "
-                                      "supported")
+        if np.any(times < 0) or np.any(np.isnan(times)):
+            raise ValueError("measurement table: times must be >= 0 or 'inf' (rows "
+                             f"{np.flatnonzero(~(times >= 0))[:10]})")
+        # A steady-state measurement (time 'inf') reads the condition's state at
+        # t = 1e5, as pre-equilibration does (`preequilibration_residual` tells how settled).
+        self._at_steady_state = np.isinf(times)
+        times = np.where(self._at_steady_state, _STEADY_STATE_T, times)
         meas = np.asarray(mdf[petab.MEASUREMENT], dtype=float)
         if not np.isfinite(meas).all():
             raise ValueError(f"measurement table rows {np.flatnonzero(~np.isfinite(meas))[:10]}"
@@ -614,6 +619,16 @@ class PetabProblem:
             warnings.warn(f"pre-equilibration did not reach a steady state by t = 1e5 for "
                           f"{bad} (residuals {np.asarray(res).max():.3g} > 1, see "
                           "preequilibration_residual)", stacklevel=2)
+        if self._at_steady_state.any():
+            ys, p, _ = self._solve(self._as_vector(x))
+            y = ys[:, int(np.searchsorted(self.ts, _STEADY_STATE_T))]
+            dy = jax.vmap(self.vector_field, in_axes=(None, 0, 0))(_STEADY_STATE_T, y, p)
+            r = np.sqrt(np.mean(np.asarray(dy / (self.atol + self.rtol * jnp.abs(y))) ** 2, -1))
+            if not np.all(r <= 1.0):
+                bad = [self.condition_ids[i] for i in np.flatnonzero(~(r <= 1.0))]
+                warnings.warn(f"steady-state measurements (time 'inf') read the state at "
+                              f"t = 1e5, which is not a steady state for {bad} (residuals "
+                              f"{r.max():.3g} > 1)", stacklevel=2)
         df = self.petab_problem.measurement_df.copy()
         sim = np.full(len(df), np.nan)
         sig = np.full(len(df), np.nan)
