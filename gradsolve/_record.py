@@ -111,7 +111,12 @@ def record(
             pre-dose trough, as NONMEM orders an observation and a dose at one time); a
             jump at ``t0`` applies to ``y0`` after a save time at ``t0`` has read it.
             After each jump the solver's first-same-as-last stage is recomputed. Every
-            driver records events (the compiled kernel and the XLA loop alike).
+            driver records events (the compiled kernel and the XLA loop alike). Where
+            ``f`` itself switches at a jump time (``jnp.where(t >= tau, ...)``), the last
+            stage of the step landing there (``c = 1``) already sees the new branch, and a
+            differentiated ``tau`` is wrong: carry the switch in a state that jumps there
+            (an indicator, as `gradsolve.DoseSchedule` carries an input rate), so every
+            stage of a step sees one side.
         tstops: ``None`` or times ``(L,)`` / ``(n, L)`` (sorted, in ``[t0, t1]``,
             ``+inf`` padding) where ``f`` is discontinuous (an infusion starts or stops):
             forced mesh nodes, never stepped across, with the carried stage recomputed

@@ -350,3 +350,26 @@ def test_replay_needs_the_recorded_jumps(grad_mesh, obs_mesh):
     later = gs.replay(pk, obs_mesh, Y0, P,
                       jumps=(DOSE_T.at[1].set(12.0 + 1e-9), gut_sizes(DOSE)))
     assert bool(jnp.all(jnp.isfinite(later.ys)))
+
+
+def test_a_switch_carried_by_an_indicator_state_has_the_exact_gradient_of_its_time():
+    # dx/dt = k [t >= tau] - d x, x(0) = 0: the switch as a state s that jumps 0 -> 1 at tau
+    # (what gs.DoseSchedule does for input rates and the PEtab importer for lag times)
+    k, d = 2.0, 0.5
+    ts = jnp.array([0.5, 1.0, 2.0, 3.0, 4.5, 6.0])
+
+    def f(t, y, p):
+        return jnp.stack([k * y[1] - d * y[0], 0.0 * y[1]])
+
+    def loss(tau):
+        sol = gs.solve(f, 0.0, 6.0, jnp.zeros(2), {}, ts=ts, rtol=1e-10, atol=1e-12,
+                       jumps=(jnp.reshape(tau, (1,)), jnp.array([[0.0, 1.0]])))
+        return jnp.sum(sol.ys[:, 0])
+
+    def exact(tau):
+        t = np.asarray(ts)
+        return float(np.sum(np.where(t >= tau, k / d * (1 - np.exp(-d * (t - tau))), 0.0)))
+
+    assert float(loss(1.2)) == pytest.approx(exact(1.2), rel=1e-9)
+    fd = (exact(1.2 + 1e-6) - exact(1.2 - 1e-6)) / 2e-6
+    assert float(jax.grad(loss)(1.2)) == pytest.approx(fd, rel=1e-6)

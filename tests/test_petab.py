@@ -198,3 +198,75 @@ def test_steady_state_measurements_match_the_collections_simulation():
     np.testing.assert_allclose(ours[common].values, ref[common].values, rtol=1e-6)
     g = jax.grad(problem.log_likelihood)(np.asarray(problem.nominal, float))
     assert np.all(np.isfinite(np.asarray(g)))
+
+
+def _lag_problem(tmp_path, per_condition: bool):
+    """A PEtab problem written here: ``dx/dt = piecewise(k, t >= tau, 0) - d x``, x(0) = 0,
+    observed as x with noise sigma = 0.1; ``tau`` estimated (per condition, through the
+    condition table, where ``per_condition``)."""
+    doc = libsbml.SBMLDocument(3, 1)
+    m = doc.createModel()
+    m.setId("lag")
+    c = m.createCompartment()
+    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
+    x = m.createSpecies()
+    x.setId("x"), x.setCompartment("cell"), x.setInitialConcentration(0.0)
+    x.setHasOnlySubstanceUnits(False), x.setBoundaryCondition(False), x.setConstant(False)
+    for pid, v in (("k", 2.0), ("d", 0.5), ("tau", 1.5)):
+        p = m.createParameter()
+        p.setId(pid), p.setValue(v), p.setConstant(True)
+    r = m.createRateRule()
+    r.setVariable("x")
+    r.setMath(libsbml.parseL3Formula("piecewise(k, time >= tau, 0) - d * x"))
+    libsbml.writeSBMLToFile(doc, str(tmp_path / "model.xml"))
+    conds = ["c1", "c2"] if per_condition else ["c1"]
+    cond_rows = ["conditionId\ttau" if per_condition else "conditionId"]
+    cond_rows += [f"{cid}\ttau_{cid}" if per_condition else cid for cid in conds]
+    (tmp_path / "conditions.tsv").write_text("\n".join(cond_rows) + "\n")
+    (tmp_path / "observables.tsv").write_text(
+        "observableId\tobservableFormula\tnoiseFormula\nobs_x\tx\t0.1\n")
+    times = [0.5, 1.0, 2.0, 3.0, 4.5, 6.0]
+    meas = ["observableId\tsimulationConditionId\tmeasurement\ttime"]
+    for i, cid in enumerate(conds):
+        for j, t in enumerate(times):
+            meas.append(f"obs_x\t{cid}\t{0.3 * j + 0.1 * i}\t{t}")
+    (tmp_path / "measurements.tsv").write_text("\n".join(meas) + "\n")
+    taus = [f"tau_{cid}" for cid in conds] if per_condition else ["tau"]
+    pars = ["parameterId\tparameterScale\tlowerBound\tupperBound\tnominalValue\testimate",
+            "k\tlin\t0.1\t10\t2.0\t1", "d\tlin\t0.01\t5\t0.5\t1"]
+    pars += [f"{t}\tlin\t0.1\t3\t{1.2 + 0.6 * i}\t1" for i, t in enumerate(taus)]
+    (tmp_path / "parameters.tsv").write_text("\n".join(pars) + "\n")
+    (tmp_path / "lag.yaml").write_text(
+        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n- condition_files:\n"
+        "  - conditions.tsv\n  measurement_files:\n  - measurements.tsv\n"
+        "  observable_files:\n  - observables.tsv\n  sbml_files:\n  - model.xml\n")
+    return tmp_path / "lag.yaml", times, conds
+
+
+def _lag_llh(k, d, taus, times, n_conds):
+    """The closed form: x(t) = k/d (1 - exp(-d (t - tau))) after the lag, 0 before."""
+    llh = 0.0
+    for i in range(n_conds):
+        for j, t in enumerate(times):
+            x = k / d * (1 - np.exp(-d * (t - taus[i]))) if t >= taus[i] else 0.0
+            z = (0.3 * j + 0.1 * i - x) / 0.1
+            llh += -0.5 * z * z - np.log(0.1) - 0.5 * np.log(2 * np.pi)
+    return llh
+
+
+@pytest.mark.parametrize("per_condition", [False, True], ids=["tau", "tau per condition"])
+def test_an_estimated_switch_time_has_its_exact_gradient(tmp_path, per_condition):
+    path, times, conds = _lag_problem(tmp_path, per_condition)
+    problem = models.load_petab(path, rtol=1e-10, atol=1e-12)
+    x0 = np.asarray(problem.nominal, float)
+    ids = list(problem.parameter_ids)
+    taus = [x0[ids.index(f"tau_{c}" if per_condition else "tau")] for c in conds]
+    exact = lambda v: _lag_llh(v[ids.index("k")], v[ids.index("d")],
+                               [v[ids.index(f"tau_{c}" if per_condition else "tau")]
+                                for c in conds], times, len(conds))
+    assert float(problem.log_likelihood(x0)) == pytest.approx(exact(x0), rel=1e-8)
+    g = np.asarray(jax.grad(problem.log_likelihood)(x0))
+    fd = np.array([(exact(x0 + 1e-6 * e) - exact(x0 - 1e-6 * e)) / 2e-6
+                   for e in np.eye(len(x0))])
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-6)
+    assert all(abs(fd[ids.index(f"tau_{c}" if per_condition else "tau")]) > 1.0 for c in conds)

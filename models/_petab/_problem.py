@@ -115,7 +115,9 @@ class PetabProblem:
     All conditions are one ensemble of one `gradsolve.solve` (default `gradsolve.Rodas5P`,
     rtol 1e-8, atol 1e-12: most of these models are stiff), saved at the union of the
     measurement times (a steady-state measurement, time ``inf``, at ``t = 1e5``, checked by
-    `simulate`); switch times of piecewise functions of time are solver stops. A
+    `simulate`); switch times of piecewise functions of time are solver stops, or, where
+    they depend on estimated parameters (a lag time), nodes that move with them (zero-size
+    jumps), so their gradient is exact. A
     pre-equilibration condition is integrated to ``t = 1e5`` and the state reached starts
     the simulation condition (species the simulation condition sets are reset); its gradient
     is that long solve's discrete adjoint, and `preequilibration_residual` says how close to
@@ -297,13 +299,39 @@ class PetabProblem:
         ysyms = [sp.Symbol(s) for s in odes.state_ids]
         psyms = [sp.Symbol(p) for p in odes.param_ids]
         self._n_p = len(psyms)
-        rhs_fn = sp.lambdify([TIME, ysyms, psyms], odes.rhs, modules="jax", cse=True)
+        self._d = len(ysyms)
+        switch, relations = self._switch_times(odes)
+        self._switch_exprs = switch
+        self._switch_fn = (sp.lambdify([psyms], switch, modules="numpy") if switch else None)
+        self._switch_jax = (sp.lambdify([psyms], switch, modules="jax") if switch else None)
+        rhs = list(odes.rhs)
+        self._n_switch_states = 0
+        if self._switches_move():
+            # Each moving switch is a state s_j (0 before, 1 after, ds_j/dt = 0) that jumps
+            # at its time: a solver's stages never see the switch inside a step (the step
+            # landing on it sees s_j = 0, the next one s_j = 1), and the jump's node moves
+            # with the time, so the gradient w.r.t. a lag is the exact discrete adjoint.
+            # (A solver stop would leave the stage at the landing node on the new branch and
+            # carry no gradient.)
+            if self._has_preeq:
+                raise NotImplementedError(
+                    f"switch times {switch} that depend on estimated parameters, in a "
+                    "problem with pre-equilibration")
+            ssyms = [sp.Symbol(f"__switch_{j}") for j in range(len(switch))]
+            repl = {}
+            for rel, (j, after) in relations.items():
+                repl[rel] = (ssyms[j] > 0.5) if after else (ssyms[j] < 0.5)
+            rhs = [e.xreplace(repl) for e in rhs]
+            ysyms = ysyms + ssyms
+            self._n_switch_states = len(switch)
+        rhs_fn = sp.lambdify([TIME, ysyms, psyms], rhs, modules="jax", cse=True)
         init_fn = sp.lambdify([psyms], odes.init, modules="jax", cse=True)
+        L = self._n_switch_states
 
         def f(t, y, p):
             out = rhs_fn(t, y, p)
             return jnp.stack([jnp.asarray(v, dtype=y.dtype) * jnp.ones((), y.dtype)
-                              for v in out])
+                              for v in out] + [jnp.zeros((), y.dtype)] * L)
 
         def y0(p):
             out = init_fn(p)
@@ -312,8 +340,12 @@ class PetabProblem:
 
         self.vector_field = f
         self._y0 = y0
-        # Switch times of piecewise functions of time: the solver stops there.
-        switch = []
+
+    def _switch_times(self, odes: SbmlOdes):
+        """``(switch times, relations)``: the times where a piecewise function of time
+        switches (expressions in the parameters), and each time relation mapped to
+        ``(its switch's index, whether it holds after the switch)``."""
+        switch, relations = [], {}
         for e in odes.rhs:
             for pw in e.atoms(sp.Piecewise):
                 for _, cond in pw.args:
@@ -324,15 +356,18 @@ class PetabProblem:
                         d = sp.expand(rel.lhs - rel.rhs)
                         a = d.diff(TIME)
                         rest = sp.simplify(d - a * TIME)
-                        if a != 0 and not a.free_symbols and TIME not in rest.free_symbols:
-                            switch.append(-rest / a)
+                        if a != 0 and not a.free_symbols and TIME not in rest.free_symbols \
+                                and not isinstance(rel, (sp.Eq, sp.Ne)):
+                            tau = -rest / a
+                            if tau not in switch:
+                                switch.append(tau)
+                            greater = isinstance(rel, (sp.GreaterThan, sp.StrictGreaterThan))
+                            relations[rel] = (switch.index(tau), greater == bool(a > 0))
                         else:
                             warnings.warn(f"piecewise condition '{rel}' is not a comparison "
                                           "linear in time: the solver does not stop "
-                                          "at its switch", stacklevel=4)
-        switch = list(dict.fromkeys(switch))
-        self._switch_exprs = switch
-        self._switch_fn = (sp.lambdify([psyms], switch, modules="numpy") if switch else None)
+                                          "at its switch", stacklevel=5)
+        return switch, relations
 
     # ----------------------------------------------------------------- measurements
     def _build_measurements(self, problem, odes: SbmlOdes):
@@ -429,26 +464,47 @@ class PetabProblem:
                 noise_fn=noise_fn, oph=cells[0], nph=cells[1]))
 
     # ----------------------------------------------------------------- simulation
+    def _switches_move(self) -> bool:
+        """Whether a switch time depends on an estimated parameter in some condition (a
+        lag time estimated per experiment, Beer_MolBioSystems2014's ``tau``)."""
+        if self._switch_fn is None:
+            return False
+        used = set()
+        for e in self._switch_exprs:
+            used |= {s.name for s in e.free_symbols}
+        cols = [j for j, pid in enumerate(self.odes.param_ids) if pid in used]
+        is_ref, idx, _, _ = self._sim_slots
+        est = np.zeros(len(self._theta_ids), bool)
+        est[list(self._est_pos)] = True
+        return bool(np.any(is_ref[:, cols] & est[idx[:, cols]]))
+
     def _build_tstops(self):
         """Switch times of piecewise functions of time, per trajectory ``(n, L)``, from the
-        nominal parameters (they may depend on condition values, not on estimated ones)."""
-        if self._switch_fn is None:
+        nominal parameters: the solver stops there. ``None`` where there are none, or
+        where they move with the estimated parameters (`_switch_jumps` then)."""
+        if self._switch_fn is None or self._switches_move():
             return None
         theta = np.asarray(self._theta_lin(jnp.asarray(self.nominal)))
         is_ref, idx, const, _ = self._sim_slots
         p = np.where(is_ref, theta[idx], const)[:, :self._n_p]
-        est_syms = {self._theta_ids[i] for i in self._est_pos}
-        if est_syms & set(self.odes.param_ids):
-            used = set()
-            for e in self._switch_exprs:
-                used |= {s.name for s in e.free_symbols}
-            if used & est_syms:
-                warnings.warn(f"switch times {self._switch_exprs} depend on estimated "
-                              "parameters: the solver stops at their nominal values",
-                              stacklevel=4)
         vals = np.stack([np.asarray([float(v) for v in self._switch_fn(pi)]) for pi in p])
         vals = np.clip(vals, 0.0, self._t1)
         return jnp.asarray(np.sort(vals, axis=1))
+
+    def _switch_jumps(self, p):
+        """``(initial switch states (n, L), jumps)``: each moving switch state starts at 1
+        where its time is <= 0 (already switched), else at 0 and jumps by 1 at its time
+        (``(n, L)`` times, ``+inf`` past ``t1``; sizes ``(n, L, d + L)``)."""
+        times = jax.vmap(lambda pi: jnp.stack([jnp.asarray(v, p.dtype) * jnp.ones((), p.dtype)
+                                               for v in self._switch_jax(pi)]))(p)
+        n, L = times.shape
+        s0 = (times <= 0.0).astype(p.dtype)
+        at = jnp.where((times > 0.0) & (times <= self._t1), times, jnp.inf)
+        order = jnp.argsort(at, axis=1)
+        at = jnp.take_along_axis(at, order, axis=1)
+        sizes = jax.nn.one_hot(self._d + order, self._d + L, dtype=p.dtype)
+        sizes = jnp.where(jnp.isfinite(at)[..., None], sizes, 0.0)
+        return s0, (at, sizes)
 
     def _preequilibrate(self, theta):
         """Each trajectory's pre-equilibration condition solved from its initial state to
@@ -487,10 +543,14 @@ class PetabProblem:
         y_model = jax.vmap(self._y0)(p)
         y_start = self._preequilibrate(theta)[0] if self._has_preeq else y_model
         y0 = jnp.where(ovr, full[:, self._n_p:], y_start)
+        jumps = None
+        if self._n_switch_states:
+            s0, jumps = self._switch_jumps(p)
+            y0 = jnp.concatenate([y0, s0], axis=1)
         sol = gs.solve(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                        solver=self.solver, rtol=self.rtol, atol=self.atol,
-                       max_steps=self.max_steps, tstops=self._tstops_static)
-        return sol.ys, p, theta
+                       max_steps=self.max_steps, tstops=self._tstops_static, jumps=jumps)
+        return sol.ys[..., :self._d], p, theta
 
     def _observe(self, x):
         ys, p, theta = self._solve(x)
@@ -619,7 +679,7 @@ class PetabProblem:
             warnings.warn(f"pre-equilibration did not reach a steady state by t = 1e5 for "
                           f"{bad} (residuals {np.asarray(res).max():.3g} > 1, see "
                           "preequilibration_residual)", stacklevel=2)
-        if self._at_steady_state.any():
+        if self._at_steady_state.any() and not self._n_switch_states:
             ys, p, _ = self._solve(self._as_vector(x))
             y = ys[:, int(np.searchsorted(self.ts, _STEADY_STATE_T))]
             dy = jax.vmap(self.vector_field, in_axes=(None, 0, 0))(_STEADY_STATE_T, y, p)
