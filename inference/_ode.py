@@ -82,11 +82,24 @@ class OdeCall(NamedTuple):
                          atol=self.atol * tol_factor, max_steps=self.max_steps,
                          jumps=self.jumps, tstops=self.tstops, throw=False)
 
-    def replay(self, mesh: gs.Mesh) -> gs.Solution:
+    def replay(self, mesh: gs.Mesh, driver=None) -> gs.Solution:
         """``gs.replay`` of ``mesh`` at this call's ``y0``, ``params``, jumps and save
-        times (concrete save times are the recorded ones; traced ones move their nodes)."""
+        times (concrete save times are the recorded ones; traced ones move their nodes),
+        on ``driver`` (``None``: ``gs.drivers.Auto()``)."""
         ts = self.ts if isinstance(self.ts, jax.core.Tracer) else None
-        return gs.replay(self.f, mesh, self.y0, self.params, ts=ts, jumps=self.jumps)
+        return gs.replay(self.f, mesh, self.y0, self.params, ts=ts, jumps=self.jumps,
+                         driver=driver)
+
+    def replay_driver(self) -> gs.drivers.AbstractDriver:
+        """The driver `gs.drivers.Auto` picks to replay this call's meshes (from its
+        vector field, solver and shapes: a single trajectory counts as an ensemble of
+        one)."""
+        y0, params = jnp.asarray(self.y0), self.params
+        if y0.ndim == 1:
+            y0 = y0[None]
+            params = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[None], params)
+        return gs.drivers.Auto().choose("replay", self.f, self.solver, y0, params,
+                                        events=self.jumps is not None or self.tstops is not None)
 
 
 def _positive(name: str, v, where: str) -> float:
@@ -226,11 +239,14 @@ class ReplaySites(_Sites):
 
     Args:
         meshes: site name -> the ``gs.Mesh`` recorded for it (`RecordSites`).
+        drivers: site name -> the driver its replays run on, decided once by the caller
+            (a missing site: ``gs.drivers.Auto()`` at each replay).
     """
 
-    def __init__(self, meshes: Mapping[str, gs.Mesh], defaults=None, fn=None):
+    def __init__(self, meshes: Mapping[str, gs.Mesh], defaults=None, fn=None, drivers=None):
         super().__init__(defaults, fn)
         self.meshes = meshes
+        self.drivers = dict(drivers or {})
 
     def run(self, name, call):
         if name not in self.meshes:
@@ -238,7 +254,7 @@ class ReplaySites(_Sites):
                 f"inference.ode: site {name!r} has no recorded mesh (recorded sites: "
                 f"{sorted(self.meshes)}); a program must run the same ode sites at every "
                 "call (no site behind Python control flow that depends on parameters)")
-        sol = call.replay(self.meshes[name])
+        sol = call.replay(self.meshes[name], self.drivers.get(name))
         self.error_ratios[name] = jnp.max(sol.error_ratio)
         return sol
 

@@ -317,17 +317,18 @@ class ProgramModel:
 
 def _latent_and_observed(program, data, name: str, defaults):
     """``(priors, observed, ode_sites, plates)`` of one seeded trace of ``program(data)``;
-    ``plates``: every latent, observed and ode site's enclosing plates, ``(plate name,
-    size)`` outermost first."""
+    ``ode_sites``: name -> its `OdeCall` (the run's defaults filled in); ``plates``: every
+    latent, observed and ode site's enclosing plates, ``(plate name, size)`` outermost
+    first."""
     with SolveSites(defaults=defaults):
         tr = handlers.trace(handlers.seed(program, 0)).get_trace(data)
-    priors, observed, sites, plates = {}, {}, [], {}
+    priors, observed, sites, plates = {}, {}, {}, {}
     for site in tr.values():
         if site["type"] in (SITE, "sample"):
             plates[site["name"]] = tuple((f.name, int(f.size))
                                          for f in site.get("cond_indep_stack", ()))
         if site["type"] == SITE:
-            sites.append(site["name"])
+            sites[site["name"]] = site["args"][0].resolved(defaults)
         if site["type"] != "sample":
             continue
         if site["is_observed"]:
@@ -382,8 +383,11 @@ class ProgramProblem(AbstractProblem):
         self.max_steps = int(max_steps)
         self.defaults = dict(solver=solver, rtol=self.rtol, atol=self.atol,
                              max_steps=self.max_steps)
-        priors, self.observed, self.sites, self.plates = _latent_and_observed(
+        priors, self.observed, calls, self.plates = _latent_and_observed(
             program, data, self.name, self.defaults)
+        self.sites = list(calls)
+        # each site's replay driver, decided once (every replay of the run uses it)
+        self.replay_drivers = {k: c.replay_driver() for k, c in calls.items()}
         self.space = ParamSpace(priors)
         self.model = ProgramModel(self.name, program, data, priors, self.defaults)
         # the sizes of each site's ensemble at one point, from the record's shapes
@@ -450,7 +454,7 @@ class ProgramProblem(AbstractProblem):
         # each site solves at its own capacity (a population's subjects need more steps
         # in parts of the posterior than at the starting points)
         h = (SolveSites(None, self.defaults) if mesh is None
-             else ReplaySites(mesh.meshes, self.defaults))
+             else ReplaySites(mesh.meshes, self.defaults, drivers=self.replay_drivers))
         tr = self._run(u, h)
         lp_prior, lp_like = 0.0, 0.0
         for site in tr.values():
@@ -487,10 +491,9 @@ class ProgramProblem(AbstractProblem):
         return lp, _Errors(err)
 
     def ragged_replay(self, u, mesh: ProgramMesh) -> bool:
-        """Whether a replay's cost follows each trajectory's own steps: not determined for
-        a program's sites (``False``; under the default ``rerecord="always"`` the
-        sampler's mesh capacity is unused)."""
-        return False
+        """Whether every site's replay costs each trajectory's own steps (its decided
+        driver is ``ragged``: the compiled kernel)."""
+        return all(d.ragged for d in self.replay_drivers.values())
 
     def error_ratio(self, u, mesh: ProgramMesh) -> jax.Array:
         """The replay error ratio of ``mesh`` (one point) at ``u (D,)``."""
