@@ -38,15 +38,16 @@ recorded mesh; `MeshPolicy` (``_policy.py``) decides the re-records, which call
 latent sites are the parameters, its ode sites' meshes are recorded and replayed by the
 handlers of ``_ode.py``, and one start or chain is a whole ensemble of subjects. Sampling
 has the same shape: ``_sample.py`` (the
-front and the sampling phase), ``_warmup.py``, ``_chains.py`` (the NumPyro kernel and the
-`SampleState`), ``_idata.py``.
+front and the sampling phase), ``_warmup.py`` (the named warmup phases, each advancing
+``(SampleState, SampleInfo)``), ``_chains.py`` (the NumPyro kernel, the `SampleState` its
+next step needs and the `SampleInfo` the run reports), ``_idata.py``.
 
 Importing this package changes no JAX configuration (use float64 for accuracy work:
 ``jax.config.update("jax_enable_x64", True)`` or ``gradsolve.enable_x64()``).
 """
 
 from ._baseline import diffrax_numpyro_model
-from ._chains import SampleState
+from ._chains import SampleInfo, SampleState
 from ._density import log_density, numpyro_model
 from ._diagnostics import VPC, plot_cwres, plot_dv_pred, plot_vpc, population_table, vpc
 from ._abstract import AbstractProblem
@@ -82,6 +83,7 @@ __all__ = [
     "FitState",
     "fit_least_squares",
     "sample",
+    "SampleInfo",
     "SampleState",
     "MeshPolicy",
     "InferenceModel",

@@ -1,5 +1,6 @@
 """The chains of `inference.sample`: NumPyro's NUTS/HMC kernel on the replay potential,
-vectorised over chains, and the state a sampler carries (`SampleState`).
+vectorised over chains, and what a sampler carries: its `SampleState` (what the next
+step needs) and `SampleInfo` (what the run reports).
 
 The potential of a chain at unconstrained ``u (D,)`` is ``U(u) = -(log prior + log |dx/du|
 + log likelihood)``, from `AbstractProblem.log_density` on the chain's mesh (or an adaptive solve
@@ -25,7 +26,7 @@ import gradsolve as gs
 from ._policy import MeshPolicy
 from ._abstract import AbstractProblem
 
-__all__ = ["SampleState", "Draws", "ChainKernel", "CHUNK", "spaced"]
+__all__ = ["SampleState", "SampleInfo", "Draws", "ChainKernel", "CHUNK", "spaced"]
 
 CHUNK = 100  # iterations per compiled loop call (the length of its draw buffers)
 
@@ -44,36 +45,29 @@ class Draws(NamedTuple):
 
 
 class SampleState(NamedTuple):
-    """Everything `inference.sample` carries between loop calls; a checkpoint is this
-    state.
+    """What the sampler's next step needs, and nothing else: the chains, their mesh, where
+    the run is, and what warmup has adapted. Its companion `SampleInfo` holds what the
+    run reports; a checkpoint holds both.
 
     Attributes:
-        chains: NumPyro's ``HMCState`` of the ``C`` chains (leaves with a leading axis).
+        chains: NumPyro's ``HMCState`` of the ``C`` chains (leaves with a leading axis;
+            its ``adapt_state`` holds the adapted step sizes and mass matrices).
         mesh: the host mesh: one row per chain while warmup re-records, or one mesh shared
             by all chains (under ``rerecord="always"`` the potential solves and ignores it).
         capacity: the step capacity of the meshes inside the compiled loop.
         solve_max_steps: step capacity of ``gs.solve`` under ``rerecord="always"``.
+        ragged: the potential's replay costs each trajectory's own steps (the compiled
+            kernel), so `capacity` leaves the meshes room to grow.
         iteration: iterations done, warmup and sampling; window: warmup windows done.
-        draws: the sampling phase's `Draws`, one per loop call.
-        u0: ``(C, D)`` the chains' starting points; init: how they were chosen;
-            init_fit: the MAP fit's summary (``init="map"``).
-        n_records, record_failures, failures_warmup, failures_sampling: counters.
-        warmup_time, sampling_time: seconds.
-        sampling_mesh: which mesh the sampling phase uses (words).
+        target_accept: the NUTS/HMC target acceptance probability in use (raised by the
+            warmup's response to divergences); retunes: re-adaptations of the step size
+            made (the chains then run the re-adapting kernel, diagonal metric, at
+            ``target_accept``).
         sampling_tol_factor: the sampling mesh was recorded at this times
             ``rtol``/``atol`` (the policy's ``record_tol_factor``, or tighter where that
             mesh did not hold at warmup's last draws).
-        target_accept: the NUTS/HMC target acceptance probability in use (raised by
-            the warmup's response to divergences); late_divergences: divergent
-            transitions in the late iterations of warmup so far; late_steps: ``(chain,
-            step size used)`` of each of them (only those near the final step size
-            count, see the warmup's ``counted_late``);
-            adaptations: one ``(target_accept, late divergences)`` pair per finished
-            step-size adaptation: the warmup's, then each re-adaptation in response.
         mesh_probes: how many times the first draws sent the sampling mesh back to be
             re-recorded where it did not hold.
-        ragged: the potential's replay costs each trajectory's own steps (the compiled
-            kernel), so `capacity` leaves the meshes room to grow.
 
     Example:
         >>> inference.sample(model, data, checkpoint="run.pkl")
@@ -86,26 +80,51 @@ class SampleState(NamedTuple):
     mesh: gs.Mesh
     capacity: int
     solve_max_steps: int
+    ragged: bool
     iteration: int
     window: int
+    target_accept: float
+    retunes: int
+    sampling_tol_factor: float
+    mesh_probes: int
+
+
+class SampleInfo(NamedTuple):
+    """What a sampler run accumulates and reports (``idata``'s attributes), beside its
+    `SampleState`.
+
+    Attributes:
+        draws: the sampling phase's `Draws`, one per loop call.
+        init: how the chains' starting points were chosen (words); init_fit: the MAP
+            fit's summary (``init="map"``).
+        n_records, record_failures, failures_warmup, failures_sampling: counters.
+        warmup_time, sampling_time: seconds.
+        sampling_mesh: which mesh the sampling phase uses (words).
+        late_steps: ``(chain, step size used)`` of each divergent transition in the late
+            iterations of warmup (only those near the final step size count, see the
+            warmup's ``counted_late``).
+        adaptations: one ``(target_accept, late divergences)`` pair per finished
+            step-size adaptation: the warmup's, then each re-adaptation in response.
+
+    Example:
+        >>> inference.sample(model, data, checkpoint="run.pkl")
+        >>> with open("run.pkl", "rb") as fh:
+        ...     info = pickle.load(fh).info           # a SampleInfo
+        >>> info.adaptations                           # ((0.8, 0),): no re-adaptation
+    """
+
     draws: tuple
-    u0: Float[np.ndarray, "C D"]
     init: str
     init_fit: dict
-    n_records: int
-    record_failures: int
-    failures_warmup: int
-    failures_sampling: int
-    warmup_time: float
-    sampling_time: float
     sampling_mesh: str
-    target_accept: float
-    sampling_tol_factor: float
-    late_divergences: int = 0
-    adaptations: tuple = ()
-    mesh_probes: int = 0
+    n_records: int = 1
+    record_failures: int = 0
+    failures_warmup: int = 0
+    failures_sampling: int = 0
+    warmup_time: float = 0.0
+    sampling_time: float = 0.0
     late_steps: tuple = ()
-    ragged: bool = False
+    adaptations: tuple = ()
 
 
 def spaced(n: int, per: int) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Checkpoints: a driver's whole state, saved atomically, refused by a run it does not fit.
 
 A checkpoint file holds one `Checkpoint`: the state pytree of `inference.fit` or
-`inference.sample` (a NamedTuple of arrays and counters) and a fingerprint of the settings
-that produced it (data digest, solver, tolerances, seed, ...). Arrays are stored as NumPy
-and restored as they were, so a resumed run continues bit for bit.
+`inference.sample` (a NamedTuple of arrays and counters), the sampler's `SampleInfo` (what
+its run reports so far) and a fingerprint of the settings that produced it (data digest,
+solver, tolerances, seed, ...). Arrays are stored as NumPy and restored as they were, so a
+resumed run continues bit for bit.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ class Checkpoint(NamedTuple):
     Attributes:
         fingerprint: the settings a resuming run must share (a dict of plain values).
         state: the driver's state (`FitState`, `SampleState`) with NumPy leaves.
+        info: what the run reports so far (the sampler's `SampleInfo`; ``None`` for a fit).
     """
 
     fingerprint: dict
     state: Any
+    info: Any = None
 
 
 def to_host(tree):
@@ -85,27 +88,33 @@ def fingerprint(problem, policy, **settings) -> dict:
                 **{k: _plain(v) for k, v in settings.items()})
 
 
-def save(path, fingerprint: dict, state) -> None:
-    """Write ``Checkpoint(fingerprint, state)`` to ``path`` atomically (a temporary file,
-    then a rename: an interrupted write never leaves a broken checkpoint)."""
+def save(path, fingerprint: dict, state, info=None) -> None:
+    """Write ``Checkpoint(fingerprint, state, info)`` to ``path`` atomically (a temporary
+    file, then a rename: an interrupted write never leaves a broken checkpoint)."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as fh:
-        pickle.dump(Checkpoint(dict(fingerprint, version=VERSION), to_host(state)), fh,
-                    protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.dump(Checkpoint(dict(fingerprint, version=VERSION), to_host(state),
+                               to_host(info)), fh, protocol=pickle.HIGHEST_PROTOCOL)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 
-def load(path, fingerprint: dict, what: str):
-    """The state saved at ``path`` (``None`` if there is none); a ``ValueError`` if it was
-    saved with other settings (naming them), ``what`` naming the kind of run."""
+def load(path, fingerprint: dict, what: str, with_info: bool = False):
+    """The state saved at ``path`` (``with_info``: ``(state, info)``; ``None`` if there is
+    none); a ``ValueError`` if it was saved with other settings (naming them), ``what``
+    naming the kind of run, or in a format this version does not read."""
     if path is None or not os.path.exists(path):
         return None
-    with open(path, "rb") as fh:
-        ckpt = pickle.load(fh)
+    try:
+        with open(path, "rb") as fh:
+            ckpt = pickle.load(fh)
+    except (TypeError, AttributeError, ImportError, pickle.UnpicklingError, EOFError) as e:
+        raise _old_format(path, what) from e
+    if with_info and isinstance(ckpt, Checkpoint) and ckpt.info is None:
+        raise _old_format(path, what)
     want = dict(fingerprint, version=VERSION)
     got = ckpt.fingerprint if isinstance(ckpt, Checkpoint) else {}
     diff = {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v}
@@ -114,4 +123,13 @@ def load(path, fingerprint: dict, what: str):
             f"checkpoint {os.fspath(path)!r} belongs to a different {what} "
             f"(saved vs requested: {diff}); remove it or pass another path."
         )
-    return ckpt.state
+    return (ckpt.state, ckpt.info) if with_info else ckpt.state
+
+
+def _old_format(path, what: str) -> ValueError:
+    """The error for a checkpoint this version cannot read (e.g. a sampler's from before
+    its state and report were separated)."""
+    return ValueError(
+        f"checkpoint {os.fspath(path)!r} was written in an older format that this version "
+        f"cannot resume (a {what} of an earlier gradsolve); remove it (or pass another "
+        "path) to start afresh.")

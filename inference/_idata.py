@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._chains import ChainKernel, Draws, SampleState
+from ._chains import ChainKernel, Draws, SampleInfo, SampleState
 
 __all__ = ["inference_data", "describe_response"]
 
 
 def describe_response(adaptations: tuple, dense: bool = False) -> str:
-    """Words for the warmup's response to divergences, from `SampleState.adaptations`
+    """Words for the warmup's response to divergences, from `SampleInfo.adaptations`
     (``(target_accept, divergences late in it or in the first draws after it)`` per
     adaptation); ``dense``: the first adaptation's metric was dense (a re-adaptation
     replaces it by its diagonal)."""
@@ -35,14 +35,14 @@ def describe_response(adaptations: tuple, dense: bool = False) -> str:
     return out
 
 
-def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
-    """``arviz.InferenceData`` of the sampling phase of ``s``; ``attrs`` (the run's
-    settings and timings) are added to every group's attributes with the mesh policy's,
-    the error ratios' and the counters'."""
+def inference_data(kernel: ChainKernel, s: SampleState, info: SampleInfo, attrs: dict):
+    """``arviz.InferenceData`` of the sampling phase (``info.draws``) that ended at ``s``;
+    ``attrs`` (the run's settings and timings) are added to every group's attributes with
+    the mesh policy's, the error ratios', the counters' and the words of ``info``."""
     import arviz as az
 
     problem, policy, model = kernel.problem, kernel.policy, kernel.problem.model
-    d = Draws(*(np.concatenate(parts, axis=1) for parts in zip(*s.draws)))
+    d = Draws(*(np.concatenate(parts, axis=1) for parts in zip(*info.draws)))
     shared = s.mesh.row(0)
     if policy.solves_each_evaluation:
         # every evaluation solved adaptively: the error ratio of each checked draw's own
@@ -77,19 +77,19 @@ def inference_data(kernel: ChainKernel, s: SampleState, attrs: dict):
         inference_library="gradsolve.inference", model=model.name, **attrs,
         mesh_policy=policy.rerecord, mesh_policy_description=policy.describe_sampling(),
         sampling_mesh_steps=-1 if policy.solves_each_evaluation else int(np.max(shared.n_steps)),
-        sampling_mesh=s.sampling_mesh, n_records=s.n_records,
+        sampling_mesh=info.sampling_mesh, n_records=info.n_records,
         solve_max_steps=s.solve_max_steps if policy.solves_each_evaluation else -1,
-        init=s.init, frozen_tol_factor=policy.record_tol_factor,
-        solver=type(problem.solver).__name__, warmup_time_s=s.warmup_time,
-        sampling_time_s=s.sampling_time, max_error_ratio=max_err,
-        solver_failures_warmup=s.failures_warmup if counted else -1,
-        solver_failures_sampling=s.failures_sampling if counted else -1,
-        record_failures=s.record_failures, divergences=int(np.sum(d.diverging)),
-        target_accept=float(s.target_accept), retunes=max(0, len(s.adaptations) - 1),
-        warmup_late_divergences=int(s.adaptations[0][1]) if s.adaptations else 0,
-        divergence_response=describe_response(s.adaptations,
+        init=info.init, frozen_tol_factor=policy.record_tol_factor,
+        solver=type(problem.solver).__name__, warmup_time_s=info.warmup_time,
+        sampling_time_s=info.sampling_time, max_error_ratio=max_err,
+        solver_failures_warmup=info.failures_warmup if counted else -1,
+        solver_failures_sampling=info.failures_sampling if counted else -1,
+        record_failures=info.record_failures, divergences=int(np.sum(d.diverging)),
+        target_accept=float(s.target_accept), retunes=max(0, len(info.adaptations) - 1),
+        warmup_late_divergences=int(info.adaptations[0][1]) if info.adaptations else 0,
+        divergence_response=describe_response(info.adaptations,
                                               attrs.get("mass_matrix_requested") == "dense"),
-        **{f"init_fit_{k}": v for k, v in s.init_fit.items()})
+        **{f"init_fit_{k}": v for k, v in info.init_fit.items()})
     del attrs["count_failures"]
     if attrs["divergences"]:
         warnings.warn(

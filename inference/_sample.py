@@ -2,8 +2,9 @@
 ArviZ data.
 
 The sampler works on the flat unconstrained vector ``u`` of `inference.ParamSpace`; its
-chains are a `ChainKernel` (``_chains.py``), its warmup ``_warmup.py``, its whole state one
-`SampleState` (a checkpoint is that state).
+chains are a `ChainKernel` (``_chains.py``), its warmup ``_warmup.py``; it carries a
+`SampleState` (what its next step needs) and a `SampleInfo` (what it reports); a
+checkpoint holds both.
 
 Mesh policy (``rerecord``; `MeshPolicy`), and why each is exact:
 
@@ -56,6 +57,43 @@ fail between warmup windows keep the chain's previous mesh and are counted in
 Default initialisation (``init="map"``): a multi-start MAP fit (`inference.fit`,
 16 starts, 300 Adam steps); each chain starts at its best point plus ``N(0, init_jitter^2)``
 jitter in unconstrained space. The InferenceData's attributes say so.
+
+Defaults that depend on the problem. ``target_accept``: 0.8 (NumPyro's and Stan's) for an
+`ODEModel`, 0.9 for a population model or program: a random-effects hierarchy's curvature
+grows with its variances, and at 0.8 NUTS diverges there now and then on an exact
+potential (theophylline, hand-written program, seed 0: one divergence in 4,000 draws,
+every evaluation on its trajectory equal to the closed form's to 1e-4), which a smaller
+step prevents at less cost than re-adapting after warmup. ``dense_mass``: dense for an
+`ODEModel` (any `InferenceModel`) with at most ``max(10, num_warmup // 10)``
+unconstrained parameters (50 at the default warmup), diagonal otherwise. An ODE's
+parameters are correlated (rates that the data identify only through their ratio or
+product), and a diagonal metric makes NUTS take many short steps along those ridges:
+lynx–hare (8 parameters, 2 chains x (500 + 1,000), 2-core CPU) takes 30-33 leapfrog steps
+a draw for a min ESS of ~490 with a diagonal metric (seeds 0, 1), 7 for 1,500-2,350 with a
+dense one (seeds 0-5). The bound keeps the covariance estimable: the last warmup window, a
+little under half of ``num_warmup``, then holds at least four draws per parameter; at
+four, sampling noise alone spreads the estimate's eigenvalues over a factor of about 9
+(Marchenko–Pastur). Random-effects hierarchies stay diagonal: NumPyro's dense adaptation,
+which estimates the metric from its first 25-draw window on, left a chain stuck (min ESS
+7) in one of six runs on theophylline's closed-form posterior (30 parameters, 4 chains,
+seeds 0-5) and in one of two `sample` runs (step size 1.8e-65), where it otherwise gave 3x
+the ESS at 2.5x fewer steps a draw.
+
+Divergences: a step size too large for part of the posterior shows as divergent
+transitions late in warmup or in the first draws. When warmup's terminal step-size
+window (but its first 10 iterations) diverges at step sizes at most 1.5 times the final
+one (dual averaging's larger trial steps predict nothing of the sampling phase), or the
+first 100 draws diverge, those draws are dropped and the step size is re-adapted (a
+diagonal mass matrix kept, a dense one replaced by its diagonal) at ``target_accept``
+raised to ``1 - (1 - target_accept) / 2`` over 150 more warmup iterations, up to
+``max_retunes`` times, and the attributes say so. Divergences left in the sampling phase
+are reported with a warning naming what to try next.
+
+How it runs (``_warmup.py``'s phases, each advancing ``(SampleState, SampleInfo)``):
+`sample` validates, settles the defaults, builds the first state (`start`, or a
+checkpoint's), warms up (`warm_up`: the windows, `freeze_mesh`,
+`respond_to_divergences`), draws (`draw`, whose first loop call is a probe,
+`respond_to_probe`) and returns `inference_data` of the final state and info.
 """
 
 from __future__ import annotations
@@ -72,78 +110,66 @@ import numpy as np
 import gradsolve as gs
 
 from . import _checkpoint
-from ._chains import CHUNK, ChainKernel, SampleState
+from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState
 from ._idata import inference_data
 from ._policy import MeshPolicy
 from ._petab import is_petab, sample_petab
 from ._problem import TOLERANCES, InferenceModel
 from ._program import problem_for
 from ._progress import progress_bar
-from ._warmup import (
-    RETUNE_ITERATIONS,
-    initial_state,
-    install_sampling_mesh,
-    respond_to_divergences,
-    respond_to_probe,
-    warmup_window,
-    windows,
-)
+from ._warmup import RETUNE_ITERATIONS, Run, respond_to_probe, start, warm_up
 
 __all__ = ["sample"]
 
 
-def sampling_chunk(kernel: ChainKernel, s: SampleState, left: int) -> SampleState:
-    """Up to `CHUNK` draws (``left`` remain) on the frozen mesh, kept in ``s.draws``."""
+def sampling_chunk(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, SampleInfo]:
+    """Up to `CHUNK` draws (up to ``run.total`` iterations) on the frozen mesh, kept in
+    ``info.draws``."""
     t = time.perf_counter()
-    s, draws, failed = kernel.run(s, min(CHUNK, left))
-    return s._replace(draws=s.draws + (draws,), failures_sampling=s.failures_sampling + failed,
-                      sampling_time=s.sampling_time + time.perf_counter() - t)
+    s, draws, failed = run.kernel(s).run(s, min(CHUNK, run.total - s.iteration))
+    return s, info._replace(draws=info.draws + (draws,),
+                            failures_sampling=info.failures_sampling + failed,
+                            sampling_time=info.sampling_time + time.perf_counter() - t)
 
 
-def _run(chains: ChainKernel, s: SampleState, num_warmup: int, total: int,
-         checkpoint_every: int, save, bar, max_retunes: int) -> tuple[ChainKernel, SampleState]:
-    """The remaining warmup windows (``save`` after each), the response to divergences at
-    warmup's end (`respond_to_divergences`), then draws in chunks up to ``total``
-    iterations (``save`` about every ``checkpoint_every`` draws and at the end). Returns
-    the kernel that drew and the final state."""
-    lengths = windows(num_warmup)
-    while s.window < len(lengths):
-        s = warmup_window(chains, s, lengths)
-        bar.update(lengths[s.window - 1])
-        save(s)
-    if not lengths and chains.policy.warmup_rerecords and s.mesh.is_ensemble:
-        s = install_sampling_mesh(chains, s, np.asarray(s.chains.z))
-    if num_warmup:
-        chains, s = respond_to_divergences(chains, s, max_retunes, save)
-    next_save = (s.iteration - num_warmup) // checkpoint_every * checkpoint_every
-    while s.iteration < total:
-        s = sampling_chunk(chains, s, total - s.iteration)
-        if num_warmup and len(s.draws) == 1:
-            chains, s, again = respond_to_probe(chains, s, num_warmup, max_retunes, save)
+def draw(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, SampleInfo]:
+    """The sampling phase: draws in chunks up to ``run.total`` iterations, the first
+    chunk after warmup a probe (`respond_to_probe`), a checkpoint about every
+    ``run.checkpoint_every`` draws and at the end."""
+    every = run.checkpoint_every
+    next_save = (s.iteration - run.num_warmup) // every * every
+    while s.iteration < run.total:
+        s, info = sampling_chunk(run, s, info)
+        if run.num_warmup and len(info.draws) == 1:
+            s, info, again = respond_to_probe(run, s, info)
             if again:
                 continue
-        bar.update(s.draws[-1].z.shape[1])
-        done = s.iteration - num_warmup
-        if done >= next_save + checkpoint_every or s.iteration == total:
-            save(s)
-            next_save = done // checkpoint_every * checkpoint_every
-    return chains, s
+        run.advance(info.draws[-1].z.shape[1])
+        done = s.iteration - run.num_warmup
+        if done >= next_save + every or s.iteration == run.total:
+            run.save(s, info)
+            next_save = done // every * every
+    return s, info
 
 
-def _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
-                         frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
-                         max_steps, init, max_retunes) -> None:
-    """``ValueError`` naming the first bad argument of `sample`."""
+def _checked_sample_args(o: dict) -> None:
+    """``ValueError`` naming the first bad argument of `sample` (its arguments ``o``)."""
+    kernel, num_warmup, target_accept, init_jitter, init, max_steps = (
+        o[k] for k in ("kernel", "num_warmup", "target_accept", "init_jitter", "init",
+                       "max_steps"))
     if kernel not in ("nuts", "hmc"):
         raise ValueError(f"`kernel` must be 'nuts' or 'hmc', got {kernel!r}")
-    for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", num_samples, 1),
-                        ("num_chains", num_chains, 1), ("checkpoint_every", checkpoint_every, 1),
-                        ("max_tree_depth", max_tree_depth, 1), ("max_retunes", max_retunes, 0),
+    for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", o["num_samples"], 1),
+                        ("num_chains", o["num_chains"], 1),
+                        ("checkpoint_every", o["checkpoint_every"], 1),
+                        ("max_tree_depth", o["max_tree_depth"], 1),
+                        ("max_retunes", o["max_retunes"], 0),
                         ("max_steps", 1 if max_steps is None else max_steps, 1)):
         if not isinstance(v, (int, np.integer)) or v < lo:
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
-    if not 0 < frozen_tol_factor <= 1:
-        raise ValueError(f"`frozen_tol_factor` must lie in (0, 1], got {frozen_tol_factor}")
+    if not 0 < o["frozen_tol_factor"] <= 1:
+        raise ValueError(
+            f"`frozen_tol_factor` must lie in (0, 1], got {o['frozen_tol_factor']}")
     if target_accept is not None and not (
             isinstance(target_accept, (int, float, np.number)) and 0 < target_accept < 1):
         raise ValueError(f"`target_accept` must lie in (0, 1), got {target_accept!r}")
@@ -159,9 +185,12 @@ def _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint
             "the posterior is already standardised", stacklevel=3)
 
 
-def _sample_petab(problem, data, *, kernel, checkpoint, init, target_accept, dense_mass,
-                  **options):
-    """`sample` of a `models.PetabProblem`: the options that apply, checked."""
+def _sample_petab(problem, data, o: dict):
+    """`sample` of a `models.PetabProblem` with the arguments ``o`` that apply, checked."""
+    kernel, checkpoint, init, target_accept, dense_mass = (
+        o[k] for k in ("kernel", "checkpoint", "init", "target_accept", "dense_mass"))
+    options = {k: o[k] for k in ("num_warmup", "num_samples", "num_chains", "seed",
+                                 "progress", "max_tree_depth", "init_jitter", "fit_kwargs")}
     for name, v in (("data", data), ("checkpoint", checkpoint)):
         if v is not None:
             raise ValueError(f"`{name}` does not apply to a PEtab problem (it carries its "
@@ -171,6 +200,86 @@ def _sample_petab(problem, data, *, kernel, checkpoint, init, target_accept, den
     return sample_petab(problem, init="fit" if isinstance(init, str) and init == "map" else init,
                         target_accept=0.8 if target_accept is None else target_accept,
                         dense_mass=True if dense_mass is None else dense_mass, **options)
+
+
+def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
+    """The problem, the mesh policy and the options ``o`` of `sample` with their
+    problem-dependent defaults (``None``) settled and ``count`` (whether failed potential
+    evaluations are counted) added."""
+    # an ODEModel records at the default capacity (max_steps is its in-potential solve's);
+    # a program's ode sites solve at max_steps themselves
+    problem = problem_for(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
+                          max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
+    o = dict(o)
+    if o["rerecord"] is None:
+        o["rerecord"] = problem.default_rerecord
+    if o["target_accept"] is None:
+        o["target_accept"] = problem.default_target_accept
+    if o["dense_mass"] is None:
+        o["dense_mass"] = (problem.dense_mass_by_default
+                           and problem.space.dim <= max(10, int(o["num_warmup"]) // 10))
+    o["dense_mass"] = bool(o["dense_mass"])
+    policy = MeshPolicy.checked("sample", o["rerecord"],
+                                record_tol_factor=float(o["frozen_tol_factor"]))
+    # the counter's callback runs at every evaluation under vectorised chains (the
+    # lax.cond becomes a select): a program's default "always" policy does not pay it
+    o["count"] = (o["rerecord"] == "always" and problem.count_failures_by_default
+                  if o["count_failures"] is None else bool(o["count_failures"]))
+    return problem, policy, o
+
+
+def _fingerprint(problem, policy, o: dict) -> dict:
+    """What a checkpoint of this run must share with the run that resumes it."""
+    init = o["init"]
+    return _checkpoint.fingerprint(
+        problem, policy, num_chains=o["num_chains"], num_warmup=o["num_warmup"],
+        kernel=o["kernel"], num_samples=o["num_samples"], seed=o["seed"],
+        target_accept=o["target_accept"], dense_mass=o["dense_mass"],
+        max_tree_depth=o["max_tree_depth"], init_jitter=o["init_jitter"],
+        max_steps_solve=o["max_steps"], max_retunes=int(o["max_retunes"]),
+        init=init if isinstance(init, str) else _checkpoint.digest(dict(init)),
+        fit_kwargs=sorted((k, v) for k, v in (o["fit_kwargs"] or {}).items()
+                          if isinstance(v, (bool, int, float, str))))
+
+
+def _saver(path, fingerprint: dict):
+    """``save(state, info)``: a checkpoint at ``path`` (nothing if ``path`` is ``None``)."""
+    def save(s: SampleState, info: SampleInfo) -> None:
+        if path is not None:
+            _checkpoint.save(path, fingerprint, s, info)
+    return save
+
+
+def _first_state(problem, policy, data, o: dict, fingerprint: dict
+                 ) -> tuple[ChainKernel, dict, SampleState, SampleInfo]:
+    """The run's first kernel, its re-adapting kernels (`Run.retuned`) and its first
+    ``(state, info)``: a fresh start (`start`, then NumPyro's chain states) or the
+    checkpoint's, whose kernel is built as the interrupted run had it (NumPyro's init
+    also builds the kernel's potential and adaptation)."""
+    k_init, k_mcmc = jax.random.split(jax.random.PRNGKey(o["seed"]))
+    saved = _checkpoint.load(o["checkpoint"], fingerprint, "run", with_info=True)
+    if saved is None:
+        u0, state, info = start(problem, policy, data, init=o["init"],
+                                num_chains=int(o["num_chains"]), key=k_init,
+                                init_jitter=o["init_jitter"], seed=o["seed"],
+                                fit_kwargs=o["fit_kwargs"], max_steps=o["max_steps"],
+                                target_accept=o["target_accept"])
+    else:
+        state, info = saved
+        state = state._replace(chains=_checkpoint.to_device(state.chains))
+    base = ChainKernel(problem, policy, num_chains=int(o["num_chains"]),
+                       num_warmup=o["num_warmup"], algo=o["kernel"].upper(),
+                       target_accept=o["target_accept"], dense_mass=o["dense_mass"],
+                       max_tree_depth=o["max_tree_depth"], count_failures=o["count"],
+                       solve_max_steps=state.solve_max_steps)
+    if saved is None:
+        return base, {}, state._replace(chains=base.init(u0, k_mcmc, state)), info
+    if not state.retunes:
+        base.init(np.asarray(state.chains.z), k_mcmc, state)
+        return base, {}, state, info
+    retuned = base.retuned(state.target_accept, RETUNE_ITERATIONS)
+    retuned.init(np.asarray(state.chains.z), k_mcmc, state, tuned=state.chains.adapt_state)
+    return base, {state.target_accept: retuned}, state, info
 
 
 def sample(
@@ -186,12 +295,11 @@ def sample(
 ):
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
-    A `models.PetabProblem` (which carries its data: ``data=None``) is sampled by NumPyro
-    NUTS on its own log-likelihood and priors (uniform inside the bounds where none is
-    given), through ``inference._petab.sample_petab``: ``num_warmup``, ``num_samples``,
-    ``num_chains``, ``seed``, ``init`` (``"map"``: the best of a multistart fit),
-    ``target_accept``, ``dense_mass``, ``max_tree_depth``, ``init_jitter``, ``fit_kwargs``
-    and ``progress`` apply; the others do not.
+    A `models.PetabProblem` (``data=None``: it carries its data) is sampled by NumPyro NUTS
+    on its log-likelihood and priors (uniform in the bounds where none is given;
+    ``inference._petab.sample_petab``) with only ``num_warmup``, ``num_samples``,
+    ``num_chains``, ``seed``, ``init`` (``"map"``: a multistart fit's best), ``target_accept``,
+    ``dense_mass``, ``max_tree_depth``, ``init_jitter``, ``fit_kwargs``, ``progress``.
 
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
@@ -211,36 +319,18 @@ def sample(
             path resumes and gives the same draws as an uninterrupted run.
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept: NUTS/HMC's target acceptance probability; ``None``: 0.8 (NumPyro's
-            and Stan's default) for an `ODEModel`, 0.9 for a population model or program.
-            A random-effects hierarchy's curvature grows with its variances, and at 0.8
-            NUTS diverges there now and then on an exact potential (theophylline,
-            hand-written program, seed 0: one divergence in 4,000 draws, every evaluation
-            on its trajectory equal to the closed form's to 1e-4), which a smaller step
-            prevents at less cost than re-adapting after warmup.
+            and Stan's default) for an `ODEModel`, 0.9 for a population model or program
+            (why: the module docstring).
         dense_mass: a dense (``True``) or diagonal (``False``) mass matrix, adapted in warmup
-            as NumPyro's; ``None``: dense for an `ODEModel` (any `InferenceModel`) with at most
-            ``max(10, num_warmup // 10)`` unconstrained parameters (50 at the default
-            warmup), diagonal otherwise. An ODE's parameters are correlated (rates that the
-            data identify only through their ratio or product), and a diagonal metric makes
-            NUTS take many short steps along those ridges: lynx–hare (8 parameters, 2 chains
-            x (500 + 1,000), 2-core CPU) takes 30-33 leapfrog steps a draw for a min ESS of
-            ~490 with a diagonal metric (seeds 0, 1), 7 for 1,500-2,350 with a dense one
-            (seeds 0-5). The bound keeps the covariance estimable: the last warmup window, a
-            little under half of ``num_warmup``, then holds at least four draws per
-            parameter; at four, sampling noise alone spreads the estimate's eigenvalues over
-            a factor of about 9 (Marchenko–Pastur). Random-effects hierarchies stay diagonal:
-            NumPyro's dense adaptation, which estimates the metric from its first 25-draw
-            window on, left a chain stuck (min ESS 7) in one of six runs on theophylline's
-            closed-form posterior (30 parameters, 4 chains, seeds 0-5) and in one of two
-            `sample` runs (step size 1.8e-65), where it otherwise gave 3x the ESS at 2.5x
-            fewer steps a draw. A dense metric whose late warmup diverges is replaced by its
-            diagonal when the step size is re-adapted (see "Divergences"); the attribute
-            ``mass_matrix`` (``"dense"`` or ``"diagonal"``) is the metric the draws were
-            made with.
+            as NumPyro's; ``None``: dense for an `ODEModel` with at most
+            ``max(10, num_warmup // 10)`` unconstrained parameters, diagonal otherwise
+            (why: the module docstring). A dense metric whose late warmup diverges is
+            replaced by its diagonal when the step size is re-adapted; the attribute
+            ``mass_matrix`` is the metric the draws were made with.
         max_tree_depth: NumPyro NUTS/HMC's.
         max_retunes: how many times the step size may be re-adapted at a higher
             ``target_accept`` when the end of warmup or the first draws diverge (``0``:
-            never; see "Divergences" below).
+            never; "Divergences" in the module docstring).
         rtol, atol, solver: the ODE solve (``solver=None``: the model's).
         max_steps: step capacity of ``gs.solve`` inside the potential when
             ``rerecord="always"`` (``None``: automatic for an `ODEModel`, 16,384 for the
@@ -266,97 +356,33 @@ def sample(
         ``divergence_response``) and timings (``warmup_time_s``, ``sampling_time_s``,
         ``wall_time_s``).
 
-    Divergences: a step size too large for part of the posterior shows as divergent
-    transitions late in warmup or in the first draws. When warmup's terminal step-size
-    window (but its first 10 iterations) diverges at step sizes at most 1.5 times the
-    final one (dual averaging's larger trial steps predict nothing of the sampling
-    phase), or the first 100 draws diverge, those draws are
-    dropped and the step size is re-adapted (a diagonal mass matrix kept, a dense one
-    replaced by its diagonal) at ``target_accept`` raised
-    to ``1 - (1 - target_accept) / 2`` over 150 more warmup iterations, up to
-    ``max_retunes`` times, and the attributes say so. Divergences left in the sampling
-    phase are reported with a warning naming what to try next.
-
     Example:
         >>> idata = inference.sample(models.lynx_hare(), models.load_dataset("lynx_hare"))
         >>> arviz.summary(idata)
     """
+    o = dict(locals())
+    del o["model"], o["data"]
     if is_petab(model):
-        return _sample_petab(model, data, kernel=kernel, num_warmup=num_warmup,
-                             num_samples=num_samples, num_chains=num_chains, seed=seed,
-                             init=init, checkpoint=checkpoint, progress=progress,
-                             target_accept=target_accept, dense_mass=dense_mass,
-                             max_tree_depth=max_tree_depth, init_jitter=init_jitter,
-                             fit_kwargs=fit_kwargs)
-    _checked_sample_args(kernel, num_warmup, num_samples, num_chains, checkpoint_every,
-                         frozen_tol_factor, target_accept, init_jitter, max_tree_depth,
-                         max_steps, init, max_retunes)
+        return _sample_petab(model, data, o)
+    _checked_sample_args(o)
     t_start = time.perf_counter()
     gs.ensure_compilation_cache()
-    # an ODEModel records at the default capacity (max_steps is its in-potential solve's);
-    # a program's ode sites solve at max_steps themselves
-    problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol,
-                          max_steps=None if isinstance(model, InferenceModel) else max_steps)
-    if rerecord is None:
-        rerecord = problem.default_rerecord
-    if target_accept is None:
-        target_accept = problem.default_target_accept
-    if dense_mass is None:
-        dense_mass = (problem.dense_mass_by_default
-                      and problem.space.dim <= max(10, int(num_warmup) // 10))
-    dense_mass = bool(dense_mass)
-    policy = MeshPolicy.checked("sample", rerecord, record_tol_factor=float(frozen_tol_factor))
-    # the counter's callback runs at every evaluation under vectorised chains (the
-    # lax.cond becomes a select): a program's default "always" policy does not pay it
-    count = (rerecord == "always" and problem.count_failures_by_default
-             if count_failures is None else bool(count_failures))
-    fingerprint = _checkpoint.fingerprint(
-        problem, policy, num_chains=num_chains, num_warmup=num_warmup, kernel=kernel,
-        num_samples=num_samples, seed=seed, target_accept=target_accept, dense_mass=dense_mass,
-        max_tree_depth=max_tree_depth, init_jitter=init_jitter, max_steps_solve=max_steps,
-        max_retunes=int(max_retunes),
-        init=init if isinstance(init, str) else _checkpoint.digest(dict(init)),
-        fit_kwargs=sorted((k, v) for k, v in (fit_kwargs or {}).items()
-                          if isinstance(v, (bool, int, float, str))))
-    k_init, k_mcmc = jax.random.split(jax.random.PRNGKey(seed))
-    state = _checkpoint.load(checkpoint, fingerprint, "run")
-    fresh = state is None
-    if fresh:
-        state = initial_state(problem, policy, data, init=init, num_chains=int(num_chains),
-                              key=k_init, init_jitter=init_jitter, seed=seed,
-                              fit_kwargs=fit_kwargs, max_steps=max_steps,
-                              target_accept=target_accept)
-    chains = ChainKernel(problem, policy, num_chains=int(num_chains), num_warmup=num_warmup,
-                         algo=kernel.upper(), target_accept=target_accept,
-                         dense_mass=dense_mass, max_tree_depth=max_tree_depth,
-                         count_failures=count, solve_max_steps=state.solve_max_steps)
-    if fresh:
-        state = state._replace(chains=chains.init(state.u0, k_mcmc, state))
-    else:
-        # init also builds NumPyro's potential and adaptation for the loop: a resumed run
-        # calls it on the kernel its state was made by (re-adapted or not)
-        state = state._replace(chains=_checkpoint.to_device(state.chains))
-        if len(state.adaptations) > 1:
-            chains = chains.retuned(state.target_accept, RETUNE_ITERATIONS)
-            chains.init(np.asarray(state.chains.z), k_mcmc, state, tuned=state.chains.adapt_state)
-        else:
-            chains.init(state.u0, k_mcmc, state)
-
-    def save(s):
-        if checkpoint is not None:
-            _checkpoint.save(checkpoint, fingerprint, s)
-
+    problem, policy, o = _settled(model, data, o)
+    fingerprint = _fingerprint(problem, policy, o)
+    base, retuned, state, info = _first_state(problem, policy, data, o, fingerprint)
     total = int(num_warmup) + int(num_samples)
-    bar = progress_bar(progress, total=total, done=state.iteration, desc=f"sample {problem.model.name}")
+    bar = progress_bar(progress, total=total, done=state.iteration,
+                       desc=f"sample {problem.model.name}")
+    run = Run(base, int(num_warmup), total, int(max_retunes), checkpoint_every,
+              _saver(checkpoint, fingerprint), bar.update, retuned)
     try:
-        chains, state = _run(chains, state, int(num_warmup), total, checkpoint_every, save,
-                             bar, int(max_retunes))
+        state, info = draw(run, *warm_up(run, state, info))
     finally:
         bar.close()
-    return inference_data(chains, state, dict(
+    return inference_data(run.base, state, info, dict(
         kernel=kernel, rtol=rtol, atol=atol, num_warmup=int(num_warmup),
-        target_accept_requested=float(target_accept), max_retunes=int(max_retunes),
-        mass_matrix="dense" if chains.settings["dense_mass"] else "diagonal",
-        mass_matrix_requested="dense" if dense_mass else "diagonal",
-        num_samples=int(num_samples), num_chains=int(num_chains), count_failures=count,
+        target_accept_requested=float(o["target_accept"]), max_retunes=int(max_retunes),
+        mass_matrix="dense" if run.kernel(state).settings["dense_mass"] else "diagonal",
+        mass_matrix_requested="dense" if o["dense_mass"] else "diagonal",
+        num_samples=int(num_samples), num_chains=int(num_chains), count_failures=o["count"],
         wall_time_s=time.perf_counter() - t_start))

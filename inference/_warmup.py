@@ -1,5 +1,9 @@
-"""Warmup of `inference.sample`: where the chains start, and the warmup windows between
-which each chain's mesh follows it; at the end, the one mesh the sampling phase freezes.
+"""Warmup of `inference.sample` as named phases, each advancing the sampler's
+``(SampleState, SampleInfo)`` within a `Run`: `start` (the MAP fit, prior draws or given
+points, and the first meshes), `warmup_window` (NumPyro's step-size and mass-matrix
+adaptation windows, each followed by `rerecord_chains`), `freeze_mesh` (the sampling
+mesh, tightened where it does not hold), `respond_to_divergences` (`retune`) and
+`respond_to_probe` (the first draws); `warm_up` runs them in order.
 
 Under ``rerecord="warmup"`` each chain has its own mesh, re-recorded at the chain's
 position between windows of 10, 20, 40, 80, 100, 100, ... iterations (warmup draws are
@@ -28,27 +32,63 @@ Stan and PyMC print ("increase target_accept"), taken.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
 import gradsolve as gs
 
-from ._chains import CHUNK, ChainKernel, SampleState, capacity, solve_capacity, spaced
+from ._chains import (CHUNK, ChainKernel, SampleInfo, SampleState, capacity, solve_capacity,
+                      spaced)
 from ._fit import fit
 from ._abstract import AbstractProblem
 from ._space import checked_init
 from ._starts import jittered, prior_draws
 
-__all__ = ["windows", "initial_state", "warmup_window", "sampling_mesh", "late_iterations",
-           "late_steps", "counted_late", "respond_to_divergences", "respond_to_probe",
-           "RETUNE_ITERATIONS"]
+__all__ = ["Run", "windows", "start", "warm_up", "warmup_window", "rerecord_chains",
+           "freeze_mesh", "sampling_mesh", "late_iterations", "late_steps", "counted_late",
+           "respond_to_divergences", "retune", "respond_to_probe", "RETUNE_ITERATIONS"]
 
 RETUNE_ITERATIONS = 150
 """Iterations of one re-adaptation of the step size. NumPyro's schedule for 150 warmup
 iterations ends in a 50-iteration dual-averaging window, as its default warmup does, so
 the re-adapted step size is averaged over as many iterations as the original."""
+
+
+class Run(NamedTuple):
+    """What one sampler run holds fixed while its phases advance ``(state, info)``.
+
+    Attributes:
+        base: the `ChainKernel` the run starts with; the re-adapting kernels derive from
+            it (`kernel`).
+        num_warmup, total: warmup iterations, and warmup plus sampling iterations.
+        max_retunes: how many re-adaptations the response to divergences may make.
+        checkpoint_every: draws between checkpoints of the sampling phase.
+        save: ``save(state, info)`` writes a checkpoint (or nothing).
+        advance: ``advance(n)`` reports ``n`` more iterations done (the progress bar).
+        retuned: the re-adapting kernels built so far, by ``target_accept``.
+    """
+
+    base: ChainKernel
+    num_warmup: int
+    total: int
+    max_retunes: int
+    checkpoint_every: int
+    save: Callable
+    advance: Callable
+    retuned: dict
+
+    def kernel(self, s: SampleState) -> ChainKernel:
+        """The kernel that advances ``s``: `base` until the step size is re-adapted, then
+        its re-adapting kernel at ``s.target_accept`` (built once)."""
+        if not s.retunes:
+            return self.base
+        if s.target_accept not in self.retuned:
+            self.retuned[s.target_accept] = self.base.retuned(s.target_accept,
+                                                              RETUNE_ITERATIONS)
+        return self.retuned[s.target_accept]
 
 
 def windows(num_warmup: int) -> list[int]:
@@ -90,14 +130,15 @@ def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: flo
     return np.asarray(u, dtype=np.float64), "given per-chain points", {}
 
 
-def initial_state(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
-                  init_jitter: float, seed: int, fit_kwargs: Mapping | None,
-                  max_steps: int | None, target_accept: float) -> SampleState:
-    """The sampler's state before its first iteration (without NumPyro's chain states):
-    the starting points, every chain's first mesh (prior starts whose solve fails are
-    re-drawn, up to 20 rounds) and the step capacities."""
+def start(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
+          init_jitter: float, seed: int, fit_kwargs: Mapping | None, max_steps: int | None,
+          target_accept: float) -> tuple[np.ndarray, SampleState, SampleInfo]:
+    """Where the chains start (the MAP fit, prior draws or given points), every chain's
+    first mesh (prior starts whose solve fails are re-drawn, up to 20 rounds) and the step
+    capacities: ``(u0 (C, D), the state without NumPyro's chain states, its info)``."""
     C, tf = num_chains, policy.record_tol_factor
-    u0, desc, info = _chain_starts(problem, data, init, C, key, init_jitter, seed, fit_kwargs)
+    u0, desc, fit_info = _chain_starts(problem, data, init, C, key, init_jitter, seed,
+                                       fit_kwargs)
     m0 = problem.record(u0, tf).to_host()
     for _ in range(20 if isinstance(init, str) and init == "prior" else 0):
         if m0.ok.all():
@@ -118,13 +159,13 @@ def initial_state(problem: AbstractProblem, policy, data, *, init, num_chains: i
         mesh = problem.record(np.mean(u0, axis=0), tf).to_host()
         cap = max(cap, mesh.capacity)
     kind = {"warmup": "", "always": "none (gs.solve)", "never": "initial points' mean"}
-    return SampleState(
+    state = SampleState(
         chains=None, mesh=mesh, capacity=cap,
         solve_max_steps=int(max_steps) if max_steps is not None else solve_capacity(need),
-        iteration=0, window=0, draws=(), u0=u0, init=desc, init_fit=info, n_records=1,
-        record_failures=0, failures_warmup=0, failures_sampling=0, warmup_time=0.0,
-        sampling_time=0.0, sampling_mesh=kind[policy.rerecord],
-        target_accept=float(target_accept), sampling_tol_factor=tf, ragged=ragged)
+        ragged=ragged, iteration=0, window=0, target_accept=float(target_accept), retunes=0,
+        sampling_tol_factor=tf, mesh_probes=0)
+    return u0, state, SampleInfo(draws=(), init=desc, init_fit=fit_info,
+                                 sampling_mesh=kind[policy.rerecord])
 
 
 BULK_POINTS = 64
@@ -132,29 +173,55 @@ BULK_POINTS = 64
 does not hold, recorded): where the chains are about to sample."""
 
 
-def warmup_window(kernel: ChainKernel, s: SampleState, lengths: list[int]) -> SampleState:
-    """Warmup window ``s.window`` (``lengths[s.window]`` iterations), then, under
-    ``rerecord="warmup"``, every chain's mesh re-recorded at its position (or, after the
-    last window, the sampling mesh installed, checked at the window's draws)."""
+def warm_up(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, SampleInfo]:
+    """The remaining warmup windows (a checkpoint after each), the sampling mesh frozen
+    (`freeze_mesh`; after the last window, or at once without warmup) and the response to
+    divergences late in warmup (`respond_to_divergences`)."""
+    lengths = windows(run.num_warmup)
+    while s.window < len(lengths):
+        s, info = warmup_window(run, s, info)
+        run.advance(lengths[s.window - 1])
+        run.save(s, info)
+    if not lengths and run.base.policy.warmup_rerecords and s.mesh.is_ensemble:
+        s, info = freeze_mesh(run, s, info)
+    if run.num_warmup:
+        s, info = respond_to_divergences(run, s, info)
+    return s, info
+
+
+def warmup_window(run: Run, s: SampleState, info: SampleInfo
+                  ) -> tuple[SampleState, SampleInfo]:
+    """Warmup window ``s.window`` (NumPyro adapts the step size and mass matrix in it),
+    its late divergences noted, then, under ``rerecord="warmup"``, every chain's mesh
+    re-recorded at its position (`rerecord_chains`) or, after the last window, the
+    sampling mesh frozen (`freeze_mesh`, checked at the window's draws)."""
     t = time.perf_counter()
-    start = s.iteration
-    s, draws, failed = kernel.run(s, lengths[s.window])
-    late = late_steps(draws, start, sum(lengths))
-    s = s._replace(window=s.window + 1, failures_warmup=s.failures_warmup + failed,
-                   late_divergences=s.late_divergences + len(late),
-                   late_steps=s.late_steps + late)
-    if kernel.policy.warmup_rerecords:
-        z = np.asarray(s.chains.z)
+    lengths = windows(run.num_warmup)
+    begin = s.iteration
+    s, draws, failed = run.base.run(s, lengths[s.window])
+    s = s._replace(window=s.window + 1)
+    info = info._replace(failures_warmup=info.failures_warmup + failed,
+                         late_steps=info.late_steps + late_steps(draws, begin, sum(lengths)))
+    if run.base.policy.warmup_rerecords:
         if s.window == len(lengths):
-            s = install_sampling_mesh(kernel, s, z, bulk_draws(draws.z))
+            s, info = freeze_mesh(run, s, info, bulk_draws(draws.z))
         else:
-            new = kernel.problem.record(z, kernel.policy.record_tol_factor).to_host()
-            ok = np.asarray(new.ok)
-            old = s.mesh if s.mesh.is_ensemble else s.mesh.repeat(kernel.C)
-            mesh = old.scatter(np.nonzero(ok)[0], new.select(ok)).trim() if ok.any() else old
-            s = kernel.with_mesh(s, mesh)._replace(
-                n_records=s.n_records + 1, record_failures=s.record_failures + int(np.sum(~ok)))
-    return s._replace(warmup_time=s.warmup_time + time.perf_counter() - t)
+            s, info = rerecord_chains(run, s, info)
+    return s, info._replace(warmup_time=info.warmup_time + time.perf_counter() - t)
+
+
+def rerecord_chains(run: Run, s: SampleState, info: SampleInfo
+                    ) -> tuple[SampleState, SampleInfo]:
+    """Every chain's mesh re-recorded at its position (a chain whose record fails keeps
+    its mesh, counted in ``record_failures``)."""
+    kernel = run.base
+    new = kernel.problem.record(np.asarray(s.chains.z),
+                                kernel.policy.record_tol_factor).to_host()
+    ok = np.asarray(new.ok)
+    old = s.mesh if s.mesh.is_ensemble else s.mesh.repeat(kernel.C)
+    mesh = old.scatter(np.nonzero(ok)[0], new.select(ok)).trim() if ok.any() else old
+    return kernel.with_mesh(s, mesh), info._replace(
+        n_records=info.n_records + 1, record_failures=info.record_failures + int(np.sum(~ok)))
 
 
 def bulk_draws(z: np.ndarray, count: int = BULK_POINTS) -> np.ndarray:
@@ -164,19 +231,20 @@ def bulk_draws(z: np.ndarray, count: int = BULK_POINTS) -> np.ndarray:
     return z[:, spaced(n, count // C)].reshape(-1, D)
 
 
-def install_sampling_mesh(kernel: ChainKernel, s: SampleState, z: np.ndarray,
-                          bulk: np.ndarray | None = None) -> SampleState:
-    """``s`` on the mesh the sampling phase freezes (see `sampling_mesh`). After warmup
-    (``bulk`` given) its reach into the tails is set by the chains' adapted mass
-    matrices; without warmup they say nothing of the posterior's scale."""
+def freeze_mesh(run: Run, s: SampleState, info: SampleInfo, bulk: np.ndarray | None = None
+                ) -> tuple[SampleState, SampleInfo]:
+    """``s`` on the mesh the sampling phase freezes, at the chains' positions (see
+    `sampling_mesh`). After warmup (``bulk``: its last draws) its reach into the tails is
+    set by the chains' adapted mass matrices; without warmup they say nothing of the
+    posterior's scale."""
     scale = None
     if bulk is not None:
         imm = np.asarray(s.chains.adapt_state.inverse_mass_matrix)
         var = np.diagonal(imm, axis1=-2, axis2=-1) if imm.ndim == 3 else imm
         scale = np.sqrt(np.mean(var, axis=0))
-    mesh, kind, records, tf = sampling_mesh(kernel, z, bulk, scale)
-    return kernel.with_mesh(s, mesh)._replace(sampling_mesh=kind, sampling_tol_factor=tf,
-                                              n_records=s.n_records + records)
+    mesh, kind, records, tf = sampling_mesh(run.base, np.asarray(s.chains.z), bulk, scale)
+    return (run.base.with_mesh(s, mesh)._replace(sampling_tol_factor=tf),
+            info._replace(sampling_mesh=kind, n_records=info.n_records + records))
 
 
 TIGHTEN = 4.0
@@ -328,94 +396,94 @@ MAX_MESH_PROBES = 2
 """How many times the first draws may send the sampling mesh back to be re-recorded."""
 
 
-def probe_mesh_fails(kernel: ChainKernel, s: SampleState) -> bool:
+def probe_mesh_fails(kernel: ChainKernel, s: SampleState, info: SampleInfo) -> bool:
     """Whether the frozen sampling mesh (``rerecord="warmup"``) does not hold at the draws
     of the sampling phase's first loop call (error ratio above the policy's bound), while
     re-records are left (`MAX_MESH_PROBES`). A posterior with heavy tails reaches beyond
-    warmup's last draws; the mesh is then re-recorded there (`install_sampling_mesh`
-    with those draws) and the draws count as warmup."""
-    if not (kernel.policy.warmup_rerecords and len(s.draws) == 1
+    warmup's last draws; the mesh is then re-recorded there (`freeze_mesh` with those
+    draws) and the draws count as warmup."""
+    if not (kernel.policy.warmup_rerecords and len(info.draws) == 1
             and s.mesh_probes < MAX_MESH_PROBES):
         return False
-    err = kernel.error_ratios(s.mesh.row(0), bulk_draws(s.draws[0].z)[None],
+    err = kernel.error_ratios(s.mesh.row(0), bulk_draws(info.draws[0].z)[None],
                               tol_factor=s.sampling_tol_factor)
     return not bool(np.all(err <= kernel.policy.error_ratio_max))
 
 
-def respond_to_probe(kernel: ChainKernel, s: SampleState, num_warmup: int,
-                     max_retunes: int, save) -> tuple[ChainKernel, SampleState, bool]:
-    """The sampling phase's first loop call (``s.draws`` holds only it) is a probe: where
-    it diverges (`probe_diverged`) or leaves the frozen mesh (`probe_mesh_fails`), its
-    draws become warmup iterations and the sampler adapts again (the step size, or the
-    mesh re-recorded there; ``save`` after). Returns ``(kernel, state, whether the
+def respond_to_probe(run: Run, s: SampleState, info: SampleInfo
+                     ) -> tuple[SampleState, SampleInfo, bool]:
+    """The sampling phase's first loop call (``info.draws`` holds only it) is a probe:
+    where it diverges (`probe_diverged`) or leaves the frozen mesh (`probe_mesh_fails`),
+    its draws become warmup iterations and the sampler adapts again (the step size, or
+    the mesh re-recorded there; a checkpoint after). Returns ``(state, info, whether the
     sampling phase starts again)``."""
-    diverged = probe_diverged(s, max_retunes)
-    if not (diverged or probe_mesh_fails(kernel, s)):
-        return kernel, s, False
-    probe = s.draws[0]
-    s = s._replace(iteration=num_warmup, draws=(), sampling_time=0.0,
-                   warmup_time=s.warmup_time + s.sampling_time,
-                   failures_warmup=s.failures_warmup + s.failures_sampling,
-                   failures_sampling=0)
+    diverged = probe_diverged(info, run.max_retunes)
+    if not (diverged or probe_mesh_fails(run.base, s, info)):
+        return s, info, False
+    probe = info.draws[0]
+    s = s._replace(iteration=run.num_warmup)
+    info = info._replace(draws=(), sampling_time=0.0,
+                         warmup_time=info.warmup_time + info.sampling_time,
+                         failures_warmup=info.failures_warmup + info.failures_sampling,
+                         failures_sampling=0)
     if diverged:
-        (target, late), = s.adaptations[-1:]
+        (target, late), = info.adaptations[-1:]
         late += int(np.sum(probe.diverging))
-        s = s._replace(adaptations=s.adaptations[:-1] + ((target, late),))
-        kernel, s = respond_to_divergences(kernel, s, max_retunes, save)
+        info = info._replace(adaptations=info.adaptations[:-1] + ((target, late),))
+        s, info = respond_to_divergences(run, s, info)
     else:
-        s = install_sampling_mesh(kernel, s, np.asarray(s.chains.z), bulk_draws(probe.z))
+        s, info = freeze_mesh(run, s, info, bulk_draws(probe.z))
         s = s._replace(mesh_probes=s.mesh_probes + 1)
-        save(s)
-    return kernel, s, True
+        run.save(s, info)
+    return s, info, True
 
 
-def probe_diverged(s: SampleState, max_retunes: int) -> bool:
-    """Whether the first loop call of the sampling phase (the last of ``s.draws``, on
+def probe_diverged(info: SampleInfo, max_retunes: int) -> bool:
+    """Whether the first loop call of the sampling phase (the last of ``info.draws``, on
     the final step size) diverged while re-adaptations are left: its draws are then
     dropped (they count as warmup) and the step size re-adapted. Rare divergences slip
     past the late warmup iterations; a chain stuck in a funnel's neck shows here."""
-    return (len(s.draws) == 1 and bool(np.any(s.draws[0].diverging))
-            and len(s.adaptations) <= max_retunes)
+    return (len(info.draws) == 1 and bool(np.any(info.draws[0].diverging))
+            and len(info.adaptations) <= max_retunes)
 
 
-def respond_to_divergences(kernel: ChainKernel, s: SampleState, max_retunes: int,
-                           save) -> tuple[ChainKernel, SampleState]:
+def respond_to_divergences(run: Run, s: SampleState, info: SampleInfo
+                           ) -> tuple[SampleState, SampleInfo]:
     """While the latest adaptation's late iterations diverged and fewer than
     ``max_retunes`` re-adaptations were made, re-adapt the step size at a higher
-    ``target_accept`` (``save`` after each). Returns the kernel the sampling phase runs
-    and the state, whose ``adaptations`` list every adaptation's target and late
-    divergences."""
-    if not s.adaptations:
-        n = counted_late(s.late_steps, s.chains.adapt_state.step_size)
-        s = s._replace(adaptations=((s.target_accept, n),))
-    while s.adaptations[-1][1] > 0 and len(s.adaptations) <= max_retunes:
-        target = 1.0 - (1.0 - s.target_accept) / 2.0
-        kernel = kernel.retuned(target, RETUNE_ITERATIONS)
-        s = _retune(kernel, s)
-        save(s)
-    return kernel, s
+    ``target_accept`` (`retune`; a checkpoint after each). ``info.adaptations`` then
+    lists every adaptation's target and late divergences."""
+    if not info.adaptations:
+        n = counted_late(info.late_steps, s.chains.adapt_state.step_size)
+        info = info._replace(adaptations=((s.target_accept, n),))
+    while info.adaptations[-1][1] > 0 and len(info.adaptations) <= run.max_retunes:
+        s, info = retune(run, s, info)
+        run.save(s, info)
+    return s, info
 
 
-def _retune(kernel: ChainKernel, s: SampleState) -> SampleState:
-    """`RETUNE_ITERATIONS` warmup iterations of the `retune` ``kernel`` from the chains'
-    positions, step sizes and mass matrices; the iteration count of ``s`` (warmup windows
-    and draws) is left as it was."""
+def retune(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, SampleInfo]:
+    """`RETUNE_ITERATIONS` warmup iterations of the re-adapting kernel at ``target_accept``
+    raised to ``1 - (1 - target_accept) / 2``, from the chains' positions, step sizes and
+    mass matrices; the iteration count of ``s`` (warmup windows and draws) is left as it
+    was."""
     t = time.perf_counter()
-    key = jax.random.fold_in(s.chains.rng_key[0], len(s.adaptations))
+    key = jax.random.fold_in(s.chains.rng_key[0], len(info.adaptations))
+    s = s._replace(target_accept=1.0 - (1.0 - s.target_accept) / 2.0, retunes=s.retunes + 1)
+    kernel = run.kernel(s)
     r = s._replace(chains=kernel.init(np.asarray(s.chains.z), key, s,
                                       tuned=s.chains.adapt_state))
     late, failures = (), 0
     for n in windows_of(RETUNE_ITERATIONS):
-        start = r.iteration - s.iteration
+        begin = r.iteration - s.iteration
         r, draws, failed = kernel.run(r, n)
-        late += late_steps(draws, start, RETUNE_ITERATIONS)
+        late += late_steps(draws, begin, RETUNE_ITERATIONS)
         failures += failed
     n_late = counted_late(late, r.chains.adapt_state.step_size)
-    return r._replace(
-        iteration=s.iteration, target_accept=kernel.target_accept,
-        adaptations=s.adaptations + ((kernel.target_accept, n_late),),
-        failures_warmup=s.failures_warmup + failures,
-        warmup_time=s.warmup_time + time.perf_counter() - t)
+    return r._replace(iteration=s.iteration), info._replace(
+        adaptations=info.adaptations + ((s.target_accept, n_late),),
+        failures_warmup=info.failures_warmup + failures,
+        warmup_time=info.warmup_time + time.perf_counter() - t)
 
 
 def windows_of(n: int) -> list[int]:

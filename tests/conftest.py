@@ -95,8 +95,8 @@ def killed_then_resumed(monkeypatch, run, path, die_after):
 
     real_save = ckpt.save
 
-    def save_then_die(p, fingerprint, state):
-        real_save(p, fingerprint, state)
+    def save_then_die(p, fingerprint, state, *info):
+        real_save(p, fingerprint, state, *info)
         if die_after(state):
             raise KeyboardInterrupt
 

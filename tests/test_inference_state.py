@@ -203,6 +203,31 @@ def test_sample_killed_in_warmup_resumes_to_the_same_draws(tmp_path, monkeypatch
                                   clean.sample_stats["n_steps"].values)
 
 
+def test_a_checkpoint_of_the_earlier_format_is_refused_naming_the_file(tmp_path, monkeypatch):
+    """A checkpoint written before the sampler's state and report were separated (one
+    24-field state) is refused with an error naming the file and what to do."""
+    from collections import namedtuple
+
+    import inference._chains as chains_module
+    from inference._checkpoint import Checkpoint
+
+    fields = ("chains mesh capacity solve_max_steps iteration window draws u0 init init_fit "
+              "n_records record_failures failures_warmup failures_sampling warmup_time "
+              "sampling_time sampling_mesh target_accept sampling_tol_factor late_divergences "
+              "adaptations mesh_probes late_steps ragged").split()
+    Old = namedtuple("SampleState", fields)
+    path = tmp_path / "old.pkl"
+    with monkeypatch.context() as mp:  # pickled under the name the earlier class had
+        mp.setattr(Old, "__module__", "inference._chains")
+        mp.setattr(chains_module, "SampleState", Old)
+        with open(path, "wb") as fh:
+            pickle.dump(Checkpoint({"version": 3}, Old(*range(len(fields)))), fh)
+    m, data = Decay(), models.Dataset(ts=TS, ys=YS)
+    with pytest.raises(ValueError, match=r"old\.pkl.*older format.*remove it"):
+        inference.sample(m, data, num_warmup=10, num_samples=10, checkpoint=path,
+                         init={"k": jnp.asarray(0.8), "sigma": jnp.asarray(0.1)})
+
+
 def test_sample_a_user_model_against_quadrature():
     """NUTS on a model that is not an ODEModel: posterior means and sds of (k, sigma)
     match a 2-D quadrature of the closed-form posterior, within Monte Carlo error."""
