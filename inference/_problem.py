@@ -157,7 +157,6 @@ class Problem(AbstractProblem):
         self.ys_obs = jnp.asarray(ys, dtype=jnp.result_type(float))
         self.space = ParamSpace(model.priors)
         self._constrained = jax.jit(self.space.from_unconstrained)  # one program per shape
-        self._replay_driver = None
 
     def fingerprint(self) -> dict:
         """What a checkpoint must share with this problem to be resumed by it: the model's
@@ -200,16 +199,14 @@ class Problem(AbstractProblem):
 
     @property
     def replay_driver(self) -> gs.drivers.AbstractDriver:
-        """The driver every replay of this problem runs on, chosen once (by
-        `gs.drivers.Auto` from the model's vector field, solver and shapes) the first time
-        it is needed, so fitters and samplers know which one runs without asking a replay."""
-        if self._replay_driver is None:
-            x = jax.eval_shape(self.space.from_unconstrained,
-                               jax.ShapeDtypeStruct((1, self.space.dim), jnp.result_type(float)))
-            y0 = jax.eval_shape(self.model.initial_state, x)
-            self._replay_driver = gs.drivers.Auto().choose(
-                "replay", self.model.vector_field, self.solver, y0, x)
-        return self._replay_driver
+        """The driver this problem's replays run on: `gs.drivers.Auto`'s choice from the
+        model's vector field, solver and shapes (no replay traced to find it), made where a
+        density is traced and passed to its replay, so the fitters and samplers that ask
+        know which one runs. (Not cached: `gs.use_compiled_kernel` may change it.)"""
+        x = jax.eval_shape(self.space.from_unconstrained,
+                           jax.ShapeDtypeStruct((1, self.space.dim), jnp.result_type(float)))
+        y0 = jax.eval_shape(self.model.initial_state, x)
+        return gs.drivers.Auto().choose("replay", self.model.vector_field, self.solver, y0, x)
 
     def ragged_replay(self, u: jax.Array, mesh: gs.Mesh) -> bool:
         """Whether replaying ``mesh`` runs on a driver whose cost follows each trajectory's

@@ -386,8 +386,7 @@ class ProgramProblem(AbstractProblem):
         priors, self.observed, calls, self.plates = _latent_and_observed(
             program, data, self.name, self.defaults)
         self.sites = list(calls)
-        # each site's replay driver, decided once (every replay of the run uses it)
-        self.replay_drivers = {k: c.replay_driver() for k, c in calls.items()}
+        self._calls = calls
         self.space = ParamSpace(priors)
         self.model = ProgramModel(self.name, program, data, priors, self.defaults)
         # the sizes of each site's ensemble at one point, from the record's shapes
@@ -489,6 +488,13 @@ class ProgramProblem(AbstractProblem):
         else:
             lp, err = jax.vmap(run)(u, mesh.chains(u.shape[0]))
         return lp, _Errors(err)
+
+    @property
+    def replay_drivers(self) -> dict:
+        """Each ode site's replay driver (`gs.drivers.Auto`'s choice from the site's field,
+        solver and shapes), decided where a density is traced and passed to every replay
+        of it. (Not cached: `gs.use_compiled_kernel` may change it.)"""
+        return {k: c.replay_driver() for k, c in self._calls.items()}
 
     def ragged_replay(self, u, mesh: ProgramMesh) -> bool:
         """Whether every site's replay costs each trajectory's own steps (its decided
