@@ -112,8 +112,9 @@ class PetabProblem:
     ``parameterScale`` (``lin``, ``log`` natural, ``log10``), in the order of
     `parameter_ids`.
 
-    All conditions are one ensemble of one `gradsolve.solve` (default `gradsolve.Rodas5P`,
-    rtol 1e-8, atol 1e-12: most of these models are stiff), saved at the union of the
+    All conditions are one ensemble of one `gradsolve.solve` (by default `gradsolve.Rodas5P`
+    where the problem is stiff at its nominal parameters, as most are, else `gradsolve.Tsit5`:
+    see `solver_reason`; rtol 1e-8, atol 1e-12), saved at the union of the
     measurement times (a steady-state measurement, time ``inf``, at ``t = 1e5``, checked by
     `simulate`); switch times of piecewise functions of time are solver stops, or, where
     they depend on estimated parameters (a lag time), nodes that move with them (zero-size
@@ -137,6 +138,9 @@ class PetabProblem:
         petab_problem: the `petab.v1.Problem` the tables came from.
         solver, rtol, atol, max_steps: how the ensemble is solved (`gradsolve.solve`'s;
             ``max_steps`` its step capacity per trajectory, 20,000 by default).
+        solver_reason: why that solver (``load_petab``'s default ``solver="auto"`` probes
+            `gradsolve.Tsit5` at the nominal parameters and keeps it where the problem is
+            not stiff there, else `gradsolve.Rodas5P`).
 
     Example:
         >>> problem = models.load_petab("Boehm_JProteomeRes2014")
@@ -148,7 +152,9 @@ class PetabProblem:
                  rtol: float = 1e-8, atol: float = 1e-12, max_steps: int = 20000):
         self.petab_problem = problem
         self.odes = odes
-        self.solver = gs.Rodas5P() if solver is None else solver
+        self.solver = gs.Rodas5P() if solver in (None, "auto") else solver
+        self.solver_reason = "given" if solver not in (None, "auto") else \
+            "gs.Rodas5P(): the default for these (mostly stiff) models"
         self.rtol, self.atol, self.max_steps = rtol, atol, max_steps
         self.state_ids = tuple(odes.state_ids)
         self._build_parameters(problem)
@@ -162,6 +168,41 @@ class PetabProblem:
         self._prior_jit = jax.jit(self._log_prior, static_argnames=("jacobian", "given_only"))
         self._predict_jit = jax.jit(self._predict)
         self._residual_jit = jax.jit(self._preeq_residual)
+        if solver == "auto":
+            self._choose_solver()
+
+    # Steps an explicit solver may take per trajectory at the nominal parameters before the
+    # problem counts as stiff: a stiff model needs tens of thousands (its fastest decay
+    # rate, not its accuracy, bounds the explicit step), a non-stiff one tens to hundreds.
+    EXPLICIT_STEP_BUDGET = 2000
+
+    def _choose_solver(self) -> None:
+        """`gradsolve.Tsit5` where it solves every condition at the nominal parameters
+        within `EXPLICIT_STEP_BUDGET` steps (not stiff there: an explicit step costs a
+        fraction of a Rosenbrock step, and runs on the compiled kernel), else
+        `gradsolve.Rodas5P`; the choice and its reason in `solver` and `solver_reason`."""
+        if self._n_switch_states or self._has_preeq:
+            self.solver_reason = ("gs.Rodas5P(): pre-equilibration or moving switch times "
+                                  "(not probed)")
+            return
+        x = jnp.asarray(self.nominal)
+        theta = self._theta_lin(x)
+        full = self._fill(self._sim_slots, theta)
+        p = full[:, :self._n_p]
+        y0 = jnp.where(jnp.asarray(self._sim_slots[3]), full[:, self._n_p:],
+                       jax.vmap(self._y0)(p))
+        budget = min(self.EXPLICIT_STEP_BUDGET, self.max_steps)
+        mesh = gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
+                         solver=gs.Tsit5(), rtol=self.rtol, atol=self.atol, max_steps=budget,
+                         tstops=self._tstops_static, throw=False)
+        steps = int(np.max(np.asarray(mesh.n_steps)))
+        if bool(np.all(np.asarray(mesh.status) == 0)):
+            self.solver = gs.Tsit5()
+            self.solver_reason = (f"gs.Tsit5(): not stiff at the nominal parameters (at most "
+                                  f"{steps} explicit steps per condition)")
+        else:
+            self.solver_reason = (f"gs.Rodas5P(): stiff (gs.Tsit5() needed more than "
+                                  f"{budget} steps at the nominal parameters)")
 
     # ----------------------------------------------------------------- parameters
     def _build_parameters(self, problem):
@@ -703,7 +744,8 @@ class PetabProblem:
     def __repr__(self):
         return (f"PetabProblem('{self.odes.model_id}': {len(self.odes.state_ids)} states, "
                 f"{len(self.parameter_ids)} estimated parameters, {len(self.condition_ids)} "
-                f"conditions, {len(self.petab_problem.measurement_df)} measurements)")
+                f"conditions, {len(self.petab_problem.measurement_df)} measurements; "
+                f"{self.solver_reason})")
 
 
 class _Collect(logging.Handler):
@@ -765,8 +807,10 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     Args:
         path: the problem's YAML file, or a folder holding exactly one YAML file.
         lint: run the `petab` linter first; its errors are a ``ValueError``.
-        solve_options: ``solver`` (default `gradsolve.Rodas5P`, since most of these models are
-            stiff), ``rtol`` (1e-8), ``atol`` (1e-12), ``max_steps`` (20,000).
+        solve_options: ``solver`` (default ``"auto"``: `gradsolve.Tsit5` where it solves
+            every condition at the nominal parameters within 2,000 steps, else
+            `gradsolve.Rodas5P`; the choice and why in ``problem.solver_reason``),
+            ``rtol`` (1e-8), ``atol`` (1e-12), ``max_steps`` (20,000).
 
     Returns:
         A `PetabProblem`.
@@ -805,4 +849,5 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     if problem.model is None or not hasattr(problem.model, "sbml_document"):
         raise NotImplementedError(f"{path}: only SBML models are supported")
     odes = read_sbml(problem.model.sbml_document)
+    solve_options.setdefault("solver", "auto")
     return PetabProblem(problem, odes, **solve_options)
