@@ -192,6 +192,19 @@ class PetabProblem:
         y0 = jnp.where(jnp.asarray(self._sim_slots[3]), full[:, self._n_p:],
                        jax.vmap(self._y0)(p))
         budget = min(self.EXPLICIT_STEP_BUDGET, self.max_steps)
+        # First the cheap bound: an explicit step stays stable only while h * rho(J) is
+        # below ~3.5 (Tsit5's stability interval on the negative real axis), so a
+        # Jacobian spectral radius rho at the start already needing more than the budget
+        # over the horizon is stiff without a probe solve (whose kernel build costs
+        # a large model a minute).
+        jac = jax.vmap(jax.jacfwd(self.vector_field, argnums=1), in_axes=(None, 0, 0))(
+            0.0, y0, p)
+        rho = float(np.max(np.abs(np.linalg.eigvals(np.asarray(jac)))))
+        if not np.isfinite(rho) or rho * self._t1 / 3.5 > budget:
+            self.solver_reason = (f"gs.Rodas5P(): stiff (the Jacobian's spectral radius "
+                                  f"{rho:.3g} at t = 0 needs more than {budget} explicit "
+                                  f"steps over [0, {self._t1:g}])")
+            return
         mesh = gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                          solver=gs.Tsit5(), rtol=self.rtol, atol=self.atol, max_steps=budget,
                          tstops=self._tstops_static, throw=False)
