@@ -37,6 +37,7 @@ from numpyro.distributions.transforms import biject_to
 import gradsolve as gs
 from models._population_model import m3_log_prob
 
+from ._foce_sensitivity import Context, sensitivity_functions, sensitivity_refusal
 from ._problem import TOLERANCES
 
 __all__ = ["fit_population", "PopulationFit"]
@@ -73,6 +74,11 @@ class PopulationFit(NamedTuple):
         max_gradient: the largest component of the objective's gradient at the estimate
             (unconstrained scale): near zero means a stationary point whatever
             `converged` says.
+        route: how the solves' derivatives in the random effects were taken:
+            ``"sensitivities"`` (FOCE-I: the predictions' Jacobian from the forward
+            sensitivity equations solved with the states, every solve derivative first
+            order) or ``"second-order"`` (derivatives of the solve itself, second order
+            for the Hessians), followed by why where the first does not apply.
 
     Example:
         >>> res = inference.fit_population(model, data)
@@ -98,6 +104,7 @@ class PopulationFit(NamedTuple):
     wall_time: float
     message: str = ""
     max_gradient: float = float("nan")
+    route: str = ""
 
     def table(self, data, path=None) -> dict:
         """The fitted data in NONMEM's long form (`inference.population_table`): one row
@@ -295,6 +302,10 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         P = -jnp.moveaxis(hvp(prior), 0, -1)
         return jnp.einsum("ski,sk,skj->sij", J, w, J) + P, g
 
+    refusal = sensitivity_refusal(model, data, method,
+                                  dict(unflatten(jnp.asarray(u0)), **{eff: draw[eff]}))
+    route = "sensitivities" if refusal is None else f"second-order ({refusal})"
+
     @jax.jit
     def newton_step(u, eta):
         phi = unflatten(u)
@@ -315,6 +326,22 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         l, _, _ = joint(phi, eta)
         logdet = _logdet_spd(H)
         return -2.0 * jnp.sum(l + 0.5 * q * jnp.log(2 * jnp.pi) - 0.5 * logdet)
+
+    @jax.jit
+    def tables(u, eta):
+        """PRED, IPRED and IPRED's ``(S, K, q)`` derivative in the modes, one program."""
+        phi = unflatten(u)
+        pred0 = predictions(phi, jnp.zeros((S, q)))[0]
+        ipred, tangent = jax.linearize(lambda e: predictions(phi, e)[0], eta)
+        basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
+        return pred0, ipred, jnp.moveaxis(jax.vmap(tangent)(basis), 0, -1)
+
+    if refusal is None:
+        ctx = Context(model, data, eff, tuple(np.shape(draw[eff])[1:]), q, np.asarray(ts),
+                      ys0, seen, t1, dict(solver=solver, rtol=rtol, atol=atol, driver=driver),
+                      _effect_logprob)
+        newton_step, objective, tables = sensitivity_functions(ctx, unflatten, _solve_spd,
+                                                               _logdet_spd)
 
     value_and_grad = jax.jit(jax.value_and_grad(objective))
     state = {"eta": jnp.zeros((S, q))}
@@ -372,16 +399,6 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         i += sizes[k]
 
     phi_j = unflatten(jnp.asarray(u_hat))
-
-    @jax.jit
-    def tables(u, eta):
-        """PRED, IPRED and IPRED's ``(S, K, q)`` derivative in the modes, one program."""
-        phi = unflatten(u)
-        pred0 = predictions(phi, jnp.zeros((S, q)))[0]
-        ipred, tangent = jax.linearize(lambda e: predictions(phi, e)[0], eta)
-        basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
-        return pred0, ipred, jnp.moveaxis(jax.vmap(tangent)(basis), 0, -1)
-
     pred0, ipred, J_hat = (np.asarray(a) for a in tables(jnp.asarray(u_hat), eta_hat))
     theta_hat = dict(phi_j, **{eff: jnp.reshape(eta_hat, (S,) + np.shape(draw[eff])[1:])})
     noise = model.noise(theta_hat, jnp.where(seen, ipred, 1.0))
@@ -405,7 +422,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         pred=np.where(seen, pred0, np.nan), ipred=np.where(seen, ipred, np.nan),
         iwres=iwres, cwres=cwres, method=method, converged=bool(res.success),
         n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start,
-        message=str(res.message), max_gradient=max_gradient)
+        message=str(res.message), max_gradient=max_gradient, route=route)
 
 
 def _cholesky_small(A):

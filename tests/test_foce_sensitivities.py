@@ -1,0 +1,100 @@
+"""FOCE-I's sensitivity route (`inference.fit_population`, method "foce-i"): the
+predictions' Jacobian in the random effects from the forward sensitivity equations solved
+with the states, and the objective's gradient built from it, against independent
+computations: central differences of plain solves (`PopulationModel.predict`), and the
+NumPy FOCE-I of theophylline (Bateman function) with its objective's central differences."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.optimize
+
+import inference
+import models
+from inference import _foce_sensitivity as fs
+from inference._population_fit import _effect_logprob
+from test_foce import ofv, subjects
+
+
+def two_dose_data():
+    """Three subjects of the theophylline model, 4 mg/kg at 0 and 12 h (the second a
+    jump of the solve), five samples each (one right at the second dose)."""
+    table = {k: [] for k in ("ID", "TIME", "DV", "AMT", "EVID", "CMT")}
+    obs = {1: [1.0, 4.0, 12.0, 14.0, 20.0], 2: [0.5, 3.0, 8.0, 13.0, 24.0],
+           3: [2.0, 6.0, 12.5, 16.0, 22.0]}
+    for i, times in obs.items():
+        for t, evid in sorted([(0.0, 1), (12.0, 1)] + [(t, 0) for t in times],
+                              key=lambda e: (e[0], -e[1])):
+            for k, v in zip(table, (i, t, "." if evid else 5.0, 4.0 if evid else ".", evid,
+                                    1 if evid else 2)):
+                table[k].append(v)
+    return models.PopulationDataset.from_table(table)
+
+
+def test_sensitivities_equal_central_differences_of_plain_solves():
+    """``J = d pred / d eta`` from the augmented solve, with doses at 0 (the initial
+    sensitivities) and at 12 h (a jump) whose amounts depend on ``eta`` (a bioavailability
+    ``exp(0.3 omega_1 eta_1)``): against central differences of plain solves."""
+    data = two_dose_data()
+    model = models.theophylline().replace(
+        dose_sizes=lambda theta, p, sizes: sizes * jnp.exp(
+            0.3 * theta["omega"][1] * theta["eta"][:, 1])[:, None, None])
+    phi = {"lKa": jnp.asarray(0.4), "lCl": jnp.asarray(-3.2), "lKe": jnp.asarray(-2.4),
+           "omega": jnp.asarray([0.6, 0.3]), "sigma": jnp.asarray(0.7)}
+    eta = jnp.asarray(np.random.default_rng(1).normal(size=(3, 2)))
+    ts, ys = data.observations()
+    seen = ~np.isnan(ys)
+    ctx = fs.Context(model, data, "eta", (2,), 2, np.asarray(ts), np.where(seen, ys, 0.0),
+                     seen, float(ts.max()), dict(solver=model.solver, rtol=1e-10,
+                                                 atol=1e-12, driver=None), _effect_logprob)
+    assert fs.sensitivity_refusal(model, data, "foce-i", dict(phi, eta=eta)) is None
+    pred, J = jax.jit(lambda e: fs.evaluate(ctx, phi, e)[:2])(eta)
+    predict = lambda e: np.asarray(model.predict(dict(phi, eta=e), data))  # noqa: E731
+    np.testing.assert_allclose(pred, predict(eta), rtol=1e-8, atol=1e-10)
+    h = 1e-5
+    for k in range(2):
+        e = np.zeros((3, 2))
+        e[:, k] = h
+        ref = (predict(eta + e) - predict(eta - e)) / (2 * h)
+        np.testing.assert_allclose(J[..., k], ref, rtol=1e-5, atol=1e-7)
+    assert np.all(np.abs(J[:, 3:, 1]) > 1e-3)  # the second dose's sensitivity is in it
+
+
+def test_objective_and_gradient_equal_an_independent_foce_i(monkeypatch):
+    """The objective `fit_population` minimises on the sensitivity route (value and
+    exact gradient, the modes re-found at each point) at a point away from the optimum:
+    against the NumPy FOCE-I of theophylline and its central differences. The gradient
+    includes the modes' dependence on the population parameters, whose exact Hessian
+    the route takes by central differences of its first-order gradient."""
+    captured = {}
+
+    def minimize(fun, x0, **kwargs):
+        captured["fun"] = fun
+        return scipy.optimize.OptimizeResult(x=np.asarray(x0), success=False, nit=0,
+                                             message="stopped by the test")
+
+    monkeypatch.setattr(scipy.optimize, "minimize", minimize)
+    fit = inference.fit_population(models.theophylline(), models.load_dataset("theophylline"))
+    assert fit.route == "sensitivities"
+    # x = (lKa, lCl, lKe, log omega (2), log sigma): the library's unconstrained scale
+    x = np.array([0.45, -3.25, -2.4, np.log(0.6), np.log(0.2), np.log(0.75)])
+    v, g = captured["fun"](x)
+    _, subj = subjects()
+    f = lambda z: ofv(z, subj, np.zeros((len(subj), 2)))   # noqa: E731
+    assert v == pytest.approx(f(x), abs=1e-5)
+    h = 1e-4
+    E = np.eye(x.size) * h
+    ref = np.array([(f(x + E[i]) - f(x - E[i])) / (2 * h) for i in range(x.size)])
+    np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_route_falls_back_where_sensitivities_do_not_apply():
+    """The Laplace method and dose schedules (here dose parameters: a lag time) keep the
+    second-order route, saying why."""
+    model, data = models.theophylline(), models.load_dataset("theophylline")
+    theta = model.sample_latent(jax.random.key(0), data)
+    assert fs.sensitivity_refusal(model, data, "foce-i", theta) is None
+    assert "laplace" in fs.sensitivity_refusal(model, data, "laplace", theta)
+    lagged = model.replace(dose_parameters=lambda theta, p: {"ALAG1": 0.2 * p["ka"]})
+    assert "schedule" in fs.sensitivity_refusal(lagged, data, "foce-i", theta)
