@@ -551,3 +551,9 @@ def test_clear_caches_then_the_same_replay_gives_the_same_values():
         assert again.route == sol.route
         np.testing.assert_array_equal(np.asarray(again.ys), np.asarray(sol.ys))
         np.testing.assert_array_equal(np.asarray(again.y1), np.asarray(sol.y1))
+
+
+def test_the_abstract_driver_cannot_be_instantiated():
+    # Equinox's rule: a class is abstract or final; the base runs nothing
+    with pytest.raises(TypeError, match="abstract"):
+        gs.drivers.AbstractDriver()

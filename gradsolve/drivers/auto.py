@@ -51,6 +51,10 @@ class Auto(AbstractDriver):
 
     name: ClassVar[str] = "auto"
 
+    def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
+        """``Auto`` runs nothing itself: `choose` names the driver that does."""
+        return "Auto chooses a driver (Auto().choose) and runs none itself."
+
     def choose(self, kind: str, f, solver, y0, params, *, events: bool = False) -> AbstractDriver:
         """The driver that runs the ``kind`` (``"record"`` or ``"replay"``) of ``f`` with
         ``solver`` on batched ``y0 (n, d)`` and ``params``; ``events``: with known-time

@@ -16,6 +16,8 @@ say) is one new module with one final subclass.
 
 from __future__ import annotations
 
+import abc
+
 from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
@@ -113,10 +115,12 @@ class AbstractDriver(eqx.Module):
         only then, so a driver that never handles events may leave it out."""
         return f"{self.name} does not record a mesh."
 
+    @abc.abstractmethod
     def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
         """``None`` if this driver can replay a mesh of ``solver`` for ``f`` on batched
-        ``y0 (n, d)`` and ``params``, else why not. ``events`` as in `record_reason`."""
-        return f"{self.name} does not replay a mesh."
+        ``y0 (n, d)`` and ``params``, else why not. ``events`` as in `record_reason`.
+        Abstract: every driver says where it applies (so the base class, which runs
+        nothing, cannot be instantiated)."""
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
                max_steps: int, fill: bool, events=None):
