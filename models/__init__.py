@@ -9,7 +9,8 @@ for many subjects with doses, `PopulationDataset` and `PopulationModel` (``theop
 """
 
 from . import _pk_population, _zoo
-from ._dataset import Dataset, list_datasets, load_dataset
+from ._data import list_datasets, load_dataset
+from ._dataset import Dataset
 from ._lynx_hare import lynx_hare
 from ._model import ODEModel, prior_median
 from ._pk_population import (

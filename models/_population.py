@@ -13,14 +13,13 @@ repeated, its value missing), dose schedules padded with ``inf`` (inert), as
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._csv import read_csv
 from ._dataset import Dataset
 
 __all__ = ["PopulationDataset", "Subject"]
@@ -104,35 +103,6 @@ def _number(value, what: str, subject, allow_missing: bool = True) -> float:
         raise ValueError(
             f"PopulationDataset: subject {subject!r}: {what} must be a number, got {value!r}."
         ) from None
-
-
-def read_csv(text: str, label: str) -> tuple[dict[str, list], dict[str, str]]:
-    """CSV ``text`` (from ``label``, for messages) as columns of strings, and its ``# key:
-    value`` comment metadata."""
-    path = label
-    meta: dict[str, str] = {}
-    body = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            key, sep, value = line[1:].partition(":")
-            if sep:
-                key = key.strip().lower()
-                meta[key] = (meta[key] + " " + value.strip()) if key in meta else value.strip()
-            continue
-        if line.strip():
-            body.append(line)
-    rows = list(csv.reader(io.StringIO("\n".join(body))))
-    if not rows:
-        raise ValueError(f"PopulationDataset: {path} has no header and no rows.")
-    header = [h.strip() for h in rows[0]]
-    cols: dict[str, list] = {h: [] for h in header}
-    for lineno, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise ValueError(f"PopulationDataset: {path}, data row {lineno}: {len(row)} "
-                             f"fields, expected {len(header)}.")
-        for h, v in zip(header, row):
-            cols[h].append(v.strip())
-    return cols, meta
 
 
 def _dose_record(sid, r: int, t: float, amount: float, get) -> list[tuple]:
