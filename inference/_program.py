@@ -514,7 +514,9 @@ class ProgramProblem(AbstractProblem):
 class PopulationInferenceModel(Protocol):
     """What a many-subject model provides (`models.PopulationModel` does) for
     `population_program` to build its NumPyro program: latent sites, each subject's ODE
-    parameters, doses, an observation function and a noise model."""
+    parameters, doses, the ensemble solve's arguments from them (``solve_args``: the
+    vector field, ``t0``, ``t1``, ``y0``, ``params``, ``ts``, ``events``), an observation
+    function and a noise model."""
 
     name: str
     vector_field: Any
@@ -524,6 +526,7 @@ class PopulationInferenceModel(Protocol):
     def latent(self, data) -> dict: ...
     def individual(self, theta, data) -> dict: ...
     def dosing(self, theta, p, data) -> tuple: ...
+    def solve_args(self, theta, data) -> tuple: ...
     def observation(self, theta, p, ts, ys) -> jax.Array: ...
     def observations(self, theta, pred) -> dist.Distribution: ...
 
@@ -540,8 +543,8 @@ def population_program(model):
 
     Args:
         model: a population model (`models.PopulationModel`: ``latent``, ``individual``,
-            ``dosing``, ``observation``, ``observations``, ``vector_field``, ``t0``,
-            ``solver``).
+            ``dosing``, ``solve_args``, ``observation``, ``observations``,
+            ``vector_field``, ``t0``, ``solver``).
 
     Returns:
         The NumPyro program ``program(data)``; under plain NumPyro its ode site solves
@@ -558,11 +561,10 @@ def population_program(model):
     def program(data):
         ts, ys = data.observations()
         theta = model.latent(data)
-        p = model.individual(theta, data)
-        y0, jumps = model.dosing(theta, p, data)
-        events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
-        sol = ode(model.name, model.vector_field, model.t0, float(np.max(ts)), y0, p, ts=ts,
-                  solver=model.solver, **events)
+        a = model.solve_args(theta, data)
+        sol = ode(model.name, a.f, a.t0, a.t1, a.y0, a.params, ts=ts, solver=model.solver,
+                  **a.events)
+        p = a.params
         pred = model.observation(theta, p, ts, sol.ys)
         ok = jnp.all(jnp.isfinite(pred))
         numpyro.factor("solver_failure", jnp.where(ok, 0.0, -jnp.inf))

@@ -29,7 +29,7 @@ A population model says, for a `PopulationDataset` of ``S`` subjects:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -117,6 +117,20 @@ def m3_log_prob(noise: dist.Distribution, values, censored):
         below, above = jnp.log(cdf), jnp.log1p(-cdf)
     return jnp.where(censored == 1, below, jnp.where(censored == -1, above,
                                                      noise.log_prob(values)))
+
+
+class SolveArgs(NamedTuple):
+    """The arguments of a population's one ensemble solve (`PopulationModel.solve_args`):
+    ``f``, ``t0``, ``t1``, ``y0 (S, d)``, ``params`` (leaves ``(S, ...)``), ``ts (S, K)`` and
+    ``events`` (``{"doses": ...}`` or ``{"jumps": ...}``)."""
+
+    f: Callable
+    t0: float
+    t1: float
+    y0: jax.Array
+    params: dict
+    ts: jax.Array
+    events: dict
 
 
 class PopulationModel(eqx.Module):
@@ -400,6 +414,26 @@ class PopulationModel(eqx.Module):
         return {k: s["value"] for k, s in tr.items()
                 if s["type"] == "sample" and not s["is_observed"]}
 
+    def solve_args(self, theta: Mapping[str, Any], data: PopulationDataset) -> "SolveArgs":
+        """What the subjects' one ensemble solve takes, given all latent values ``theta``:
+        the vector field, ``t0``, ``t1`` (the last observation time), each subject's initial
+        state and ODE parameters, the observation times ``(S, K)`` and the doses (as
+        ``gradsolve.solve``'s ``doses=`` or ``jumps=``). `predict`, the NumPyro program
+        (`inference.population_program`) and the population fit all solve from it.
+
+        Example:
+            >>> a = model.solve_args(theta, data)
+            >>> sol = gs.solve(a.f, a.t0, a.t1, a.y0, a.params, ts=a.ts, **a.events)
+        """
+        import gradsolve as gs
+
+        p = self.individual(theta, data)
+        y0, jumps = self.dosing(theta, p, data)
+        ts, _ = data.observations()
+        events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
+        return SolveArgs(self.vector_field, self.t0, float(np.max(ts)), y0, p,
+                         jnp.asarray(ts, y0.dtype), events)
+
     def predict(self, theta: Mapping[str, Any], data: PopulationDataset, *,
                 rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any) -> jax.Array:
         """Noise-free predictions ``(S, K)`` at ``data.observations()`` times, given all
@@ -408,15 +442,11 @@ class PopulationModel(eqx.Module):
         import gradsolve as gs
 
         data = _checked_data(data, f"{self.name}.predict")
-        p = self.individual(theta, data)
-        y0, jumps = self.dosing(theta, p, data)
-        ts, _ = data.observations()
-        events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
-        sol = gs.solve(self.vector_field, self.t0, float(ts.max()), y0, p,
-                       ts=jnp.asarray(ts, y0.dtype), **events,
+        a = self.solve_args(theta, data)
+        sol = gs.solve(a.f, a.t0, a.t1, a.y0, a.params, ts=a.ts, **a.events,
                        solver=solve_kwargs.pop("solver", self.solver), rtol=rtol, atol=atol,
                        **solve_kwargs)
-        return self.observation(theta, p, ts, sol.ys)
+        return self.observation(theta, a.params, data.observations()[0], sol.ys)
 
     def simulate(self, key: jax.Array, theta: Mapping[str, Any], design: PopulationDataset,
                  *, rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any
