@@ -235,6 +235,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     ys0 = np.where(seen, ys, 0.0)
     n_obs = int(seen.sum())
     t1 = float(np.max(ts))
+    default_solver = solver is None
     solver = model.solver if solver is None else solver
 
     names = list(sites.population)
@@ -303,7 +304,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         return jnp.einsum("ski,sk,skj->sij", J, w, J) + P, g
 
     refusal = sensitivity_refusal(model, data, method,
-                                  dict(unflatten(jnp.asarray(u0)), **{eff: draw[eff]}))
+                                  dict(unflatten(jnp.asarray(u0)), **{eff: draw[eff]}), eff)
     route = "sensitivities" if refusal is None else f"second-order ({refusal})"
 
     @jax.jit
@@ -336,7 +337,14 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
         return pred0, ipred, jnp.moveaxis(jax.vmap(tangent)(basis), 0, -1)
 
+    inner_tol = 1e-9  # the last step's size: Gauss-Newton converges linearly
     if refusal is None:
+        # exact Newton steps (quadratic): after a step of 1e-7 the error is ~1e-12
+        inner_tol = 1e-7
+        if default_solver and not model.stiff:
+            # at these tolerances Verner's 7th-order pair takes ~3x fewer steps than Tsit5
+            # (230 against 635 per subject on the simulated two-compartment study)
+            solver = gs.Vern7()
         ctx = Context(model, data, eff, tuple(np.shape(draw[eff])[1:]), q, np.asarray(ts),
                       ys0, seen, t1, dict(solver=solver, rtol=rtol, atol=atol, driver=driver),
                       _effect_logprob)
@@ -347,15 +355,16 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     state = {"eta": jnp.zeros((S, q))}
 
     def modes(u):
-        eta = state["eta"]
+        eta, restarted = state["eta"], False
         for _ in range(inner_iterations):
             new, change = newton_step(jnp.asarray(u), eta)
             if not bool(jnp.all(jnp.isfinite(new))):
-                new, change = jnp.zeros((S, q)), jnp.inf  # restart from the prior mode
-                eta = new
+                if restarted:  # from the prior mode too: no modes here (the objective NaN)
+                    return jnp.full((S, q), jnp.nan)
+                eta, restarted = jnp.zeros((S, q)), True  # restart from the prior mode
                 continue
             eta = new
-            if float(change) < 1e-9:
+            if float(change) < inner_tol:
                 break
         state["eta"] = eta
         return eta

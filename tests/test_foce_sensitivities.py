@@ -17,29 +17,40 @@ from inference._population_fit import _effect_logprob
 from test_foce import ofv, subjects
 
 
-def two_dose_data():
+def two_dose_data(infusion: bool):
     """Three subjects of the theophylline model, 4 mg/kg at 0 and 12 h (the second a
-    jump of the solve), five samples each (one right at the second dose)."""
-    table = {k: [] for k in ("ID", "TIME", "DV", "AMT", "EVID", "CMT")}
+    jump of the solve, or with ``infusion`` a 2-hour zero-order input into the central
+    compartment: a dose schedule), five samples each (one right at the second dose)."""
+    table = {k: [] for k in ("ID", "TIME", "DV", "AMT", "EVID", "CMT", "RATE")}
     obs = {1: [1.0, 4.0, 12.0, 14.0, 20.0], 2: [0.5, 3.0, 8.0, 13.0, 24.0],
            3: [2.0, 6.0, 12.5, 16.0, 22.0]}
     for i, times in obs.items():
         for t, evid in sorted([(0.0, 1), (12.0, 1)] + [(t, 0) for t in times],
                               key=lambda e: (e[0], -e[1])):
-            for k, v in zip(table, (i, t, "." if evid else 5.0, 4.0 if evid else ".", evid,
-                                    1 if evid else 2)):
+            inf = infusion and evid and t == 12.0
+            row = (i, t, "." if evid else 5.0, 4.0 if evid else ".", evid,
+                   2 if inf or not evid else 1, 2.0 if inf else 0.0)
+            for k, v in zip(table, row):
                 table[k].append(v)
     return models.PopulationDataset.from_table(table)
 
 
-def test_sensitivities_equal_central_differences_of_plain_solves():
-    """``J = d pred / d eta`` from the augmented solve, with doses at 0 (the initial
-    sensitivities) and at 12 h (a jump) whose amounts depend on ``eta`` (a bioavailability
-    ``exp(0.3 omega_1 eta_1)``): against central differences of plain solves."""
-    data = two_dose_data()
-    model = models.theophylline().replace(
-        dose_sizes=lambda theta, p, sizes: sizes * jnp.exp(
+@pytest.mark.parametrize("doses", ["jumps", "schedule"])
+def test_sensitivities_equal_central_differences_of_plain_solves(doses):
+    """``J = d pred / d eta`` from the augmented solve against central differences of
+    plain solves. ``"jumps"``: doses at 0 (the initial sensitivities) and at 12 h (a jump)
+    whose amounts depend on ``eta`` (a bioavailability ``exp(0.3 omega_1 eta_1)``, so
+    ``S`` jumps too); ``"schedule"``: a population lag time (0.5 h) and an infusion at 12
+    h, a dose schedule whose rate states sit after the augmented ones."""
+    model = models.theophylline()
+    if doses == "jumps":
+        data = two_dose_data(infusion=False)
+        model = model.replace(dose_sizes=lambda theta, p, sizes: sizes * jnp.exp(
             0.3 * theta["omega"][1] * theta["eta"][:, 1])[:, None, None])
+    else:
+        data = two_dose_data(infusion=True)
+        model = model.replace(dose_parameters=lambda theta, p: {
+            "ALAG1": jnp.broadcast_to(0.5 * jnp.exp(theta["lKe"] + 2.4), (3,))})
     phi = {"lKa": jnp.asarray(0.4), "lCl": jnp.asarray(-3.2), "lKe": jnp.asarray(-2.4),
            "omega": jnp.asarray([0.6, 0.3]), "sigma": jnp.asarray(0.7)}
     eta = jnp.asarray(np.random.default_rng(1).normal(size=(3, 2)))
@@ -48,7 +59,7 @@ def test_sensitivities_equal_central_differences_of_plain_solves():
     ctx = fs.Context(model, data, "eta", (2,), 2, np.asarray(ts), np.where(seen, ys, 0.0),
                      seen, float(ts.max()), dict(solver=model.solver, rtol=1e-10,
                                                  atol=1e-12, driver=None), _effect_logprob)
-    assert fs.sensitivity_refusal(model, data, "foce-i", dict(phi, eta=eta)) is None
+    assert fs.sensitivity_refusal(model, data, "foce-i", dict(phi, eta=eta), "eta") is None
     pred, J = jax.jit(lambda e: fs.evaluate(ctx, phi, e)[:2])(eta)
     predict = lambda e: np.asarray(model.predict(dict(phi, eta=e), data))  # noqa: E731
     np.testing.assert_allclose(pred, predict(eta), rtol=1e-8, atol=1e-10)
@@ -90,11 +101,17 @@ def test_objective_and_gradient_equal_an_independent_foce_i(monkeypatch):
 
 
 def test_route_falls_back_where_sensitivities_do_not_apply():
-    """The Laplace method and dose schedules (here dose parameters: a lag time) keep the
+    """The Laplace method, a lag time with a random effect and a reset keep the
     second-order route, saying why."""
     model, data = models.theophylline(), models.load_dataset("theophylline")
     theta = model.sample_latent(jax.random.key(0), data)
-    assert fs.sensitivity_refusal(model, data, "foce-i", theta) is None
-    assert "laplace" in fs.sensitivity_refusal(model, data, "laplace", theta)
+    assert fs.sensitivity_refusal(model, data, "foce-i", theta, "eta") is None
+    assert "laplace" in fs.sensitivity_refusal(model, data, "laplace", theta, "eta")
     lagged = model.replace(dose_parameters=lambda theta, p: {"ALAG1": 0.2 * p["ka"]})
-    assert "schedule" in fs.sensitivity_refusal(lagged, data, "foce-i", theta)
+    assert "random effects" in fs.sensitivity_refusal(lagged, data, "foce-i", theta, "eta")
+    table = {"ID": [1, 1, 1, 1, 1], "TIME": [0.0, 1.0, 5.0, 5.0, 6.0],
+             "DV": [".", 2.0, ".", ".", 1.0], "AMT": [4.0, ".", ".", 4.0, "."],
+             "EVID": [1, 0, 3, 1, 0], "CMT": [1, 2, 1, 1, 2]}
+    reset = models.PopulationDataset.from_table(table)
+    theta1 = model.sample_latent(jax.random.key(0), reset)
+    assert "resets" in fs.sensitivity_refusal(model, reset, "foce-i", theta1, "eta")
