@@ -16,7 +16,10 @@ plus the random effects' prior precision, with ``J_i`` the predictions' Jacobian
 interaction); ``method="laplace"`` the exact Hessian. All subjects' conditional modes are
 found at once: one ensemble solve gives every subject's predictions, and ``q`` forward-mode
 directions give every subject's Jacobian (each subject's predictions depend on its own
-``eta`` only). The outer gradient is exact: the modes' dependence on ``phi`` enters
+``eta`` only). FOCE-I solves the forward sensitivity equations with the states instead,
+so that no derivative of a solve is of second order (`inference._foce_sensitivity`);
+the Laplace method, and doses that the sensitivities cannot carry, differentiate the solve
+twice. The outer gradient is exact: the modes' dependence on ``phi`` enters
 through one Newton step taken with gradients at the mode (the implicit function theorem;
 Almquist et al. 2015, J Pharmacokinet Pharmacodyn 42:191).
 """
@@ -184,7 +187,9 @@ def fit_population(
             part of the likelihood).
         rtol, atol, solver, driver: the ODE solve (tight by default: the outer
             optimiser differentiates an objective that includes a Hessian); ``driver`` as
-            ``gs.solve``'s.
+            ``gs.solve``'s. ``solver`` defaults to the model's, except that FOCE-I on the
+            sensitivity route (`PopulationFit.route`) takes ``gs.Vern7()`` for a non-stiff
+            model (fewer steps at these tolerances).
         max_iterations: of the outer optimiser (SciPy's BFGS on the unconstrained scale).
         inner_iterations: Newton iterations per conditional-mode search.
         seed: for the draw that reveals the sites' shapes.
