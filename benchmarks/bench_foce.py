@@ -7,6 +7,7 @@ and whether the estimates recover the simulated values (within 2 standard errors
     python benchmarks/bench_foce.py --subjects 5 --skip-theophylline --driver diffrax
                                                     # the same fit, every solve through
                                                     # diffrax.diffeqsolve (vmapped)
+    python benchmarks/bench_foce.py --seeds 0 1 2 3 # recovery across simulated studies
 """
 
 from __future__ import annotations
@@ -40,6 +41,35 @@ def report(name, fit, truth=None):
           f" sd {np.nanstd(fit.cwres):.3f}")
 
 
+def recovery(seeds, subjects, driver) -> None:
+    """Fit the simulated study for each seed and print, per seed, the wall time, whether the
+    optimiser converged, its largest gradient component, the OFV and every population
+    parameter's ``|z| = |estimate - truth| / SE``; then the share of (seed, parameter) pairs
+    within 2 SE (about 95% where the standard errors are right and the estimates near normal)
+    and the per-seed largest ``|z|``."""
+    truth = models.TWO_COMPARTMENT_TRUTH
+    names = [f"{k}[{i}]" if np.ndim(truth[k]) else k
+             for k in truth for i in range(np.size(truth[k]))]
+    print(f"recovery, {subjects} subjects, seeds {list(seeds)}: |z| = |estimate - truth| / SE")
+    print(f"{'seed':>4} {'wall s':>7} {'conv':>5} {'max|g|':>8} {'OFV':>10} "
+          + " ".join(f"{n:>9}" for n in names) + f" {'max|z|':>7}")
+    zs = []
+    for seed in seeds:
+        data, _ = models.simulated_study(n_subjects=subjects, seed=seed)
+        fit = inference.fit_population(models.two_compartment_oral(), data, driver=driver)
+        z = np.concatenate([np.abs(np.atleast_1d(fit.params[k]) - np.atleast_1d(truth[k]))
+                            / np.atleast_1d(fit.se[k]) for k in truth])
+        zs.append(z)
+        print(f"{seed:>4} {fit.wall_time:7.1f} {str(bool(fit.converged)):>5} "
+              f"{fit.max_gradient:8.1e} {fit.ofv:10.3f} " + " ".join(f"{a:9.2f}" for a in z)
+              + f" {z.max():7.2f}", flush=True)
+        if not fit.converged:
+            print(f"     ({fit.message})", flush=True)
+    zs = np.array(zs)
+    print(f"within 2 SE: {int((zs <= 2).sum())} of {zs.size} ({100 * (zs <= 2).mean():.0f}%); "
+          f"per-seed max |z| {np.round(zs.max(axis=1), 2).tolist()}")
+
+
 DRIVERS = {"auto": None, "diffrax": "Diffrax", "lanes": "Lanes", "kernel": "Kernel"}
 
 
@@ -47,12 +77,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--subjects", type=int, default=200)
     ap.add_argument("--skip-theophylline", action="store_true")
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="fit the simulated study for each seed and report recovery (|z|)")
     ap.add_argument("--driver", choices=sorted(DRIVERS), default="auto",
                     help="how every solve of the fit runs (gs.drivers.*; default Auto)")
     args = ap.parse_args()
     import gradsolve as gs
     name = DRIVERS[args.driver]
     driver = None if name is None else getattr(gs.drivers, name)()
+    if args.seeds:
+        recovery(args.seeds, args.subjects, driver)
+        return
     if not args.skip_theophylline:
         fit = inference.fit_population(models.theophylline(), models.load_dataset("theophylline"))
         report("theophylline (12 subjects)", fit)
