@@ -245,8 +245,8 @@ def _perturbed(ctx, phi, eta, logdet, mesh, base=None):
 
 
 def sensitivity_functions(ctx, unflatten, solve_spd, logdet_spd):
-    """`fit_population`'s jitted ``newton_step(u, eta)``, ``objective(u, eta*)`` and
-    ``tables(u, eta)`` on the sensitivity route."""
+    """`fit_population`'s jitted ``newton_step(u, eta) -> (eta + step, l (S,) at eta)``,
+    ``objective(u, eta*)`` and ``tables(u, eta)`` on the sensitivity route."""
     q = ctx.q
 
     @jax.jit
@@ -256,7 +256,7 @@ def sensitivity_functions(ctx, unflatten, solve_spd, logdet_spd):
         # converges linearly, ~24 steps per search on the 200-subject study. A subject whose
         # exact Hessian is not positive definite takes the Gauss-Newton step.
         phi = unflatten(u)
-        _, _, _, g, H, mesh = evaluate(ctx, phi, eta)
+        _, _, l, g, H, mesh = evaluate(ctx, phi, eta)
         first = solve_spd(H, g)
 
         def exact():
@@ -264,7 +264,7 @@ def sensitivity_functions(ctx, unflatten, solve_spd, logdet_spd):
             return jnp.where(jnp.all(jnp.isfinite(step), -1, keepdims=True), step, first)
 
         step = jax.lax.cond(jnp.max(jnp.abs(first)) < NEAR, exact, lambda: first)
-        return eta + step, jnp.max(jnp.abs(step))
+        return eta + step, l
 
     @jax.jit
     def objective(u, eta_star):

@@ -203,3 +203,22 @@ def test_censored_observations_laplace_m3_against_scipy_laplace():
         total += joint(e, s) + 0.5 * np.log(2 * np.pi) - 0.5 * np.log(H)
     assert fit.ofv == pytest.approx(-2 * total, abs=1e-5)
     assert np.all(np.isnan(fit.iwres[data.censoring() == 1]))
+
+
+def test_mode_search_backtracks_where_newton_steps_diverge():
+    """``l(x) = -sqrt(1 + x^2)`` (mode 0): Newton's step ``x -> -x^3`` diverges from
+    ``|x| > 1``; the search's per-subject backtracking on ``l`` reaches the mode, and
+    subjects that start inside converge as undamped Newton does."""
+    from inference._population_fit import _mode_search
+
+    def newton_step(u, eta):
+        x = np.asarray(eta)
+        return jnp.asarray(x - x * (1 + x ** 2)), jnp.asarray(-np.sqrt(1 + x[:, 0] ** 2))
+
+    x0 = np.array([[1.5], [-3.0], [0.5], [0.0]])
+    undamped = x0.copy()
+    for _ in range(5):
+        undamped = np.asarray(newton_step(None, undamped)[0])
+    assert np.abs(undamped[:2]).min() > 1e10                    # diverged
+    eta = np.asarray(_mode_search(newton_step, None, jnp.asarray(x0), 50, 1e-7))
+    np.testing.assert_allclose(eta, 0.0, atol=1e-12)
