@@ -46,6 +46,7 @@ from ._problem import TOLERANCES
 __all__ = ["fit_population", "PopulationFit"]
 
 METHODS = ("foce-i", "laplace")
+GTOL = 1e-6  # the outer optimiser's tolerance on max |gradient| (unconstrained scale)
 
 
 class PopulationFit(NamedTuple):
@@ -67,10 +68,11 @@ class PopulationFit(NamedTuple):
         iwres, cwres: ``(S, K)`` individual weighted residuals ``(DV - IPRED) / sqrt(R)``
             and conditional weighted residuals (Hooker et al. 2007); NaN where no DV.
         method: ``"foce-i"`` or ``"laplace"``.
-        converged: whether the outer optimiser reported success. SciPy's BFGS also stops
-            without success on "precision loss" when its line search can no longer
-            improve the objective, which near the optimum is usually a converged fit:
-            read `message` and `max_gradient`.
+        converged: whether the largest gradient component fell below ``1e-6``: SciPy's
+            BFGS reported success, or it stopped on "precision loss" (its line search
+            compares values, which jump by ~1e-12 where a solve's step count changes) and
+            up to 3 Newton steps on the exact gradient, with the standard errors' Hessian,
+            got there; `message` says which, `max_gradient` how far.
         n_iterations: outer iterations.
         wall_time: seconds, everything counted.
         message: the outer optimiser's own account of why it stopped.
@@ -214,11 +216,48 @@ def fit_population(
     return res._replace(wall_time=time.perf_counter() - t0)
 
 
-def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner_iterations,
-         seed, driver) -> PopulationFit:
-    from scipy.optimize import minimize
+class _Problem(NamedTuple):
+    """What `_fit` derives once from the model, the data and the starting values."""
 
-    t_start = time.perf_counter()
+    model: Any
+    data: Any
+    method: str
+    draw: dict            # a draw of every latent site (their shapes)
+    eff: str              # the random-effects site
+    S: int
+    q: int                # random effects per subject
+    ts: np.ndarray        # (S, K) observation times
+    ys: np.ndarray        # (S, K) observations, NaN where missing
+    seen: np.ndarray      # (S, K) where an observation is
+    cens: np.ndarray      # (S, K) censoring flags (0: a measurement)
+    censored: bool        # whether any observation is censored
+    ys0: np.ndarray       # (S, K) observations, 0 where missing
+    t1: float
+    names: list           # the population sites, in the order of the flat vector u
+    shapes: dict
+    sizes: dict
+    bij: dict             # each site's bijection from the unconstrained scale
+    u0: np.ndarray        # the start on the unconstrained scale
+
+    def unflatten(self, u):
+        """The population sites from the unconstrained flat vector ``u``."""
+        out, i = {}, 0
+        for k in self.names:
+            out[k] = self.bij[k](jnp.reshape(u[i:i + self.sizes[k]], self.shapes[k]))
+            i += self.sizes[k]
+        return out
+
+    def theta(self, phi, eta):
+        """The latent values: population ``phi`` and random effects ``eta (S, q)``."""
+        return dict(phi, **{self.eff: jnp.reshape(eta, (self.S,) + self.eta_shape)})
+
+    @property
+    def eta_shape(self):
+        return tuple(np.shape(self.draw[self.eff])[1:])
+
+
+def _problem(model, data, method, init, seed) -> _Problem:
+    """Validate the arguments and lay out the problem (`_Problem`)."""
     if method not in METHODS:
         raise ValueError(f"inference.fit_population: `method` must be one of {METHODS}, "
                          f"got {method!r}.")
@@ -228,8 +267,6 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
                             f"models.PopulationModel (it has no {name!r}).")
     sites, draw = _sites(model, data, jax.random.PRNGKey(seed))
     eff = sites.effects
-    S = data.n_subjects
-    q = int(np.prod(np.shape(draw[eff])[1:]))
     ts, ys = data.observations()
     seen = ~np.isnan(ys)
     cens = (np.asarray(data.censoring()) if hasattr(data, "censoring")
@@ -241,58 +278,53 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
             "Beal's M3 likelihood), whose log-likelihood is not a Normal density: FOCE-I's "
             "first-order Hessian does not apply to them; use method='laplace' (as NONMEM "
             "needs LAPLACIAN for M3).")
-    ys0 = np.where(seen, ys, 0.0)
-    n_obs = int(seen.sum())
-    t1 = float(np.max(ts))
-    default_solver, default_rtol = solver is None, rtol is None
-    rtol = 1e-8 if rtol is None else rtol
-    solver = model.solver if solver is None else solver
-
     names = list(sites.population)
     shapes = {k: np.shape(draw[k]) for k in names}
-    sizes = {k: int(np.prod(shapes[k])) for k in names}
     bij = {k: biject_to(sites.population[k].support) for k in names}
     start = dict(init) if init is not None else {}
     for k in names:
         if k not in start:
             start[k] = np.asarray(_median(sites.population[k]), float)
         start[k] = np.broadcast_to(np.asarray(start[k], float), shapes[k])
-
-    def unflatten(u):
-        out, i = {}, 0
-        for k in names:
-            out[k] = bij[k](jnp.reshape(u[i:i + sizes[k]], shapes[k]))
-            i += sizes[k]
-        return out
-
     u0 = np.concatenate([np.ravel(np.asarray(bij[k].inv(jnp.asarray(start[k])))) for k in names])
+    pb = _Problem(
+        model=model, data=data, method=method, draw=draw, eff=eff, S=data.n_subjects,
+        q=int(np.prod(np.shape(draw[eff])[1:])), ts=ts, ys=ys, seen=seen, cens=cens,
+        censored=censored, ys0=np.where(seen, ys, 0.0), t1=float(np.max(ts)), names=names,
+        shapes=shapes, sizes={k: int(np.prod(shapes[k])) for k in names}, bij=bij, u0=u0)
+    if method == "foce-i":
+        probe = model.noise(dict(pb.unflatten(jnp.asarray(u0)), **{eff: draw[eff]}),
+                            jnp.ones(ys.shape))
+        if not isinstance(probe, dist.Normal):
+            raise ValueError("inference.fit_population: method='foce-i' needs a Normal noise "
+                             f"model (got {type(probe).__name__}); use method='laplace'.")
+    return pb
+
+
+def _second_order_functions(pb: _Problem, solve_kw: dict):
+    """The jitted ``newton_step(u, eta) -> (eta + step, l (S,) at eta)``, ``objective(u,
+    eta*)`` and ``tables(u, eta)`` of the second-order route: every derivative in the random
+    effects taken through the solve by JAX (second derivatives of the solve)."""
+    model, data, eff, S, q, seen = pb.model, pb.data, pb.eff, pb.S, pb.q, pb.seen
+    ys0 = jnp.asarray(pb.ys0)
 
     def predictions(phi, eta):
-        theta = dict(phi, **{eff: jnp.reshape(eta, (S,) + np.shape(draw[eff])[1:])})
+        theta = pb.theta(phi, eta)
         p = model.individual(theta, data)
         y0, jumps = model.dosing(theta, p, data)
         events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
-        sol = gs.solve(model.vector_field, model.t0, t1, y0, p, ts=jnp.asarray(ts, y0.dtype),
-                       solver=solver, rtol=rtol, atol=atol, throw=False, driver=driver,
-                       **events)
-        pred = model.observation(theta, p, ts, sol.ys)
-        return pred, theta
+        sol = gs.solve(model.vector_field, model.t0, pb.t1, y0, p,
+                       ts=jnp.asarray(pb.ts, y0.dtype), throw=False, **solve_kw, **events)
+        return model.observation(theta, p, pb.ts, sol.ys), theta
 
     def joint(phi, eta):
         """``(S,)`` per-subject ``l_i``, the predictions and the residual variances."""
         pred, theta = predictions(phi, eta)
         noise = model.noise(theta, jnp.where(seen, pred, 1.0))
-        lp = jnp.where(seen, m3_log_prob(noise, jnp.asarray(ys0), cens) if censored
-                       else noise.log_prob(jnp.asarray(ys0)), 0.0)
-        var = jnp.broadcast_to(noise.variance, pred.shape) if method == "foce-i" else None
+        lp = jnp.where(seen, m3_log_prob(noise, ys0, pb.cens) if pb.censored
+                       else noise.log_prob(ys0), 0.0)
+        var = jnp.broadcast_to(noise.variance, pred.shape) if pb.method == "foce-i" else None
         return jnp.sum(lp, axis=1) + _effect_logprob(model, data, theta, eff), pred, var
-
-    if method == "foce-i":
-        probe = model.noise(dict(unflatten(jnp.asarray(u0)), **{eff: draw[eff]}),
-                            jnp.ones(ys.shape))
-        if not isinstance(probe, dist.Normal):
-            raise ValueError("inference.fit_population: method='foce-i' needs a Normal noise "
-                             f"model (got {type(probe).__name__}); use method='laplace'.")
 
     def curvature(phi, eta, exact=False):
         """``(S, q, q)`` ``H_i`` (first-order or exact), ``(S, q)`` the gradient and
@@ -304,30 +336,25 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         # derivative in the compiled program instead of q (its compile time dominates).
         basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
         hvp = lambda fn: jax.vmap(lambda b: jax.jvp(jax.grad(fn), (eta,), (b,))[1])(basis)
-        if method == "laplace" or exact:
+        if pb.method == "laplace" or exact:
             return -jnp.moveaxis(hvp(total), 0, -1), g, l
         # one solve for the predictions and residual variances, q tangents of it
         (_, var), tangent = jax.linearize(lambda e: joint(phi, e)[1:], eta)
         J = jnp.moveaxis(jax.vmap(lambda b: tangent(b)[0])(basis), 0, -1)  # (S, K, q)
         w = jnp.where(seen, 1.0 / var, 0.0)
-        prior = lambda e: jnp.sum(_effect_logprob(model, data, dict(phi, **{
-            eff: jnp.reshape(e, (S,) + np.shape(draw[eff])[1:])}), eff))
+        prior = lambda e: jnp.sum(_effect_logprob(model, data, pb.theta(phi, e), eff))
         P = -jnp.moveaxis(hvp(prior), 0, -1)
         return jnp.einsum("ski,sk,skj->sij", J, w, J) + P, g, l
 
-    refusal = sensitivity_refusal(model, data, method,
-                                  dict(unflatten(jnp.asarray(u0)), **{eff: draw[eff]}), eff)
-    route = "sensitivities" if refusal is None else f"second-order ({refusal})"
-
     @jax.jit
     def newton_step(u, eta):
-        H, g, l = curvature(unflatten(u), eta)
+        H, g, l = curvature(pb.unflatten(u), eta)
         return eta + _solve_spd(H, g), l
 
     @jax.jit
     def objective(u, eta_star):
         """``-2 log L`` at ``u`` given the modes ``eta_star`` (exact gradient in ``u``)."""
-        phi = unflatten(u)
+        phi = pb.unflatten(u)
         # the modes' derivative by the implicit function theorem needs the exact Hessian of
         # l_i, whatever form the objective's log det takes
         H0, g0, _ = curvature(phi, eta_star, exact=True)
@@ -341,13 +368,25 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     @jax.jit
     def tables(u, eta):
         """PRED, IPRED and IPRED's ``(S, K, q)`` derivative in the modes, one program."""
-        phi = unflatten(u)
+        phi = pb.unflatten(u)
         pred0 = predictions(phi, jnp.zeros((S, q)))[0]
         ipred, tangent = jax.linearize(lambda e: predictions(phi, e)[0], eta)
         basis = jnp.broadcast_to(jnp.eye(q)[:, None, :], (q, S, q))
         return pred0, ipred, jnp.moveaxis(jax.vmap(tangent)(basis), 0, -1)
 
-    inner_tol = 1e-9  # the last step's size: Gauss-Newton converges linearly
+    return newton_step, objective, tables
+
+
+def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner_iterations,
+         seed, driver) -> PopulationFit:
+    t_start = time.perf_counter()
+    pb = _problem(model, data, method, init, seed)
+    default_solver, default_rtol = solver is None, rtol is None
+    rtol = 1e-8 if rtol is None else rtol
+    solver = model.solver if solver is None else solver
+    refusal = sensitivity_refusal(model, data, method, dict(
+        pb.unflatten(jnp.asarray(pb.u0)), **{pb.eff: pb.draw[pb.eff]}), pb.eff)
+    route = "sensitivities" if refusal is None else f"second-order ({refusal})"
     if refusal is None:
         # exact Newton steps (quadratic): after a step of 1e-7 the error is ~1e-12
         inner_tol = 1e-7
@@ -359,24 +398,17 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
                 # the objective's jumps where a step count changes: sd 2e-11 at rtol 1e-8
                 # (BFGS stops on precision loss at max|g| 1.5e-5), 8e-13 at 1e-10
                 rtol = 1e-10
-        ctx = Context(model, data, eff, tuple(np.shape(draw[eff])[1:]), q, np.asarray(ts),
-                      ys0, seen, t1, dict(solver=solver, rtol=rtol, atol=atol, driver=driver),
+        ctx = Context(model, data, pb.eff, pb.eta_shape, pb.q, np.asarray(pb.ts), pb.ys0,
+                      pb.seen, pb.t1, dict(solver=solver, rtol=rtol, atol=atol, driver=driver),
                       _effect_logprob)
-        newton_step, objective, tables = sensitivity_functions(ctx, unflatten, _solve_spd,
+        newton_step, objective, tables = sensitivity_functions(ctx, pb.unflatten, _solve_spd,
                                                                _logdet_spd)
-
+    else:
+        inner_tol = 1e-9  # the last step's size: Gauss-Newton converges linearly
+        newton_step, objective, tables = _second_order_functions(
+            pb, dict(solver=solver, rtol=rtol, atol=atol, driver=driver))
     value_and_grad = jax.jit(jax.value_and_grad(objective))
-    state = {"eta": jnp.zeros((S, q))}
-
-    def modes(u):
-        u = jnp.asarray(u)
-        eta = _mode_search(newton_step, u, state["eta"], inner_iterations, inner_tol)
-        if eta is None:  # restart from the prior mode
-            eta = _mode_search(newton_step, u, jnp.zeros((S, q)), inner_iterations, inner_tol)
-        if eta is None:  # from the prior mode too: no modes here (the objective NaN)
-            return jnp.full((S, q), jnp.nan)
-        state["eta"] = eta
-        return eta
+    modes = _warm_started_modes(newton_step, pb.S, pb.q, inner_iterations, inner_tol)
 
     def fun(u):
         eta = modes(u)
@@ -386,61 +418,127 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
             return 1e300, np.zeros_like(g)
         return v, g
 
-    res = minimize(fun, u0, jac=True, method="BFGS",
-                   options=dict(maxiter=int(max_iterations), gtol=1e-6))
-    u_hat = res.x
+    from scipy.optimize import minimize
+    res = minimize(fun, pb.u0, jac=True, method="BFGS",
+                   options=dict(maxiter=int(max_iterations), gtol=GTOL))
+    u_hat, converged, message = res.x, bool(res.success), str(res.message)
     eta_hat = modes(u_hat)
     ofv, g_hat = value_and_grad(jnp.asarray(u_hat), eta_hat)  # no second compile
+    Hm = _objective_hessian(fun, u_hat)
+    if not converged:
+        # BFGS's line search compares values, which jump by ~1e-12 where a solve's step
+        # count changes; Newton steps on the exact gradient need no comparison of values
+        u_new, g_new = _newton_polish(fun, u_hat, np.asarray(g_hat), Hm)
+        if np.max(np.abs(g_new)) < GTOL:
+            converged = True
+            message += (f" Then {GTOL:g} > max|gradient| reached by Newton steps on the "
+                        "gradient (the Hessian of the standard errors).")
+        if u_new is not u_hat:
+            u_hat = u_new
+            eta_hat = modes(u_hat)
+            ofv, g_hat = value_and_grad(jnp.asarray(u_hat), eta_hat)
     ofv, max_gradient = float(ofv), float(np.max(np.abs(np.asarray(g_hat))))
-    # the objective's Hessian by central differences of its exact gradient
+    se = _standard_errors(pb, Hm, u_hat)
+    eig = np.linalg.eigvalsh(Hm)
     P = u_hat.size
+    n_obs = int(pb.seen.sum())
+    out = _residual_tables(pb, tables, u_hat, eta_hat)
+    return PopulationFit(
+        params={k: np.asarray(v) for k, v in pb.unflatten(jnp.asarray(u_hat)).items()},
+        se=se, ofv=ofv, ofv_nonmem=ofv - out.pop("n_exact") * np.log(2 * np.pi),
+        aic=ofv + 2 * P, bic=ofv + P * np.log(n_obs),
+        condition_number=float(eig.max() / eig.min()) if eig.min() > 0 else float("inf"),
+        method=method, converged=converged, n_iterations=int(res.nit),
+        wall_time=time.perf_counter() - t_start, message=message,
+        max_gradient=max_gradient, route=route, **out)
+
+
+def _warm_started_modes(newton_step, S, q, iterations, tol):
+    """``modes(u) -> eta* (S, q)``: `_mode_search` warm-started at the last modes found
+    (from the prior mode where ``l`` is not finite there); NaN modes (the objective
+    non-finite) where neither start finds them."""
+    state = {"eta": jnp.zeros((S, q))}
+
+    def modes(u):
+        u = jnp.asarray(u)
+        eta = _mode_search(newton_step, u, state["eta"], iterations, tol)
+        if eta is None:  # restart from the prior mode
+            eta = _mode_search(newton_step, u, jnp.zeros((S, q)), iterations, tol)
+        if eta is None:  # from the prior mode too: no modes here (the objective NaN)
+            return jnp.full((S, q), jnp.nan)
+        state["eta"] = eta
+        return eta
+
+    return modes
+
+
+def _objective_hessian(fun, u):
+    """``(P, P)`` the objective's Hessian on the unconstrained scale at ``u``: central
+    differences of its exact gradient ``fun(u)[1]``, symmetrised."""
+    P = u.size
     Hm = np.zeros((P, P))
     for j in range(P):
-        h = 1e-4 * max(1.0, abs(u_hat[j]))
-        up, dn = u_hat.copy(), u_hat.copy()
+        h = 1e-4 * max(1.0, abs(u[j]))
+        up, dn = u.copy(), u.copy()
         up[j] += h
         dn[j] -= h
         Hm[:, j] = (fun(up)[1] - fun(dn)[1]) / (2 * h)
-    modes(u_hat)
-    Hm = 0.5 * (Hm + Hm.T)
-    cov_u = 2.0 * np.linalg.inv(Hm)
-    eig = np.linalg.eigvalsh(Hm)
-    # delta method through each site's constraint
-    jac = jax.jacfwd(lambda u: jnp.concatenate([jnp.ravel(v) for v in unflatten(u).values()]))(
-        jnp.asarray(u_hat))
-    jac = np.asarray(jac)
-    se_flat = np.sqrt(np.maximum(np.diag(jac @ cov_u @ jac.T), 0.0))
-    phi_hat = {k: np.asarray(v) for k, v in unflatten(jnp.asarray(u_hat)).items()}
-    se, i = {}, 0
-    for k in names:
-        se[k] = se_flat[i:i + sizes[k]].reshape(shapes[k])
-        i += sizes[k]
+    return 0.5 * (Hm + Hm.T)
 
-    phi_j = unflatten(jnp.asarray(u_hat))
+
+def _newton_polish(fun, u, g, Hm, steps=3):
+    """Up to ``steps`` Newton steps ``u <- u - H^+ g`` on the exact gradient ``fun(u)[1]``
+    with the Hessian ``Hm`` held, each kept only where it lowers ``max |g|``; ``H^+`` drops
+    the eigenvalues below ``1e-10`` of the largest (a variance at its zero bound has no
+    curvature left). Returns ``(u, g)``; ``u`` the same object where no step was kept."""
+    w, V = np.linalg.eigh(Hm)
+    keep = w > 1e-10 * w.max()
+    for _ in range(steps):
+        if np.max(np.abs(g)) < GTOL:
+            break
+        trial = u - (V[:, keep] / w[keep]) @ (V[:, keep].T @ g)
+        g_new = np.asarray(fun(trial)[1])
+        if not np.max(np.abs(g_new)) < np.max(np.abs(g)):
+            break
+        u, g = trial, g_new
+    return u, g
+
+
+def _standard_errors(pb: _Problem, Hm, u_hat):
+    """The population sites' standard errors (dict, the sites' shapes) from the objective's
+    Hessian ``Hm`` on the unconstrained scale: the covariance ``2 H^-1`` carried through each
+    site's constraint by the delta method."""
+    cov_u = 2.0 * np.linalg.inv(Hm)
+    jac = np.asarray(jax.jacfwd(lambda u: jnp.concatenate(
+        [jnp.ravel(v) for v in pb.unflatten(u).values()]))(jnp.asarray(u_hat)))
+    se_flat = np.sqrt(np.maximum(np.diag(jac @ cov_u @ jac.T), 0.0))
+    se, i = {}, 0
+    for k in pb.names:
+        se[k] = se_flat[i:i + pb.sizes[k]].reshape(pb.shapes[k])
+        i += pb.sizes[k]
+    return se
+
+
+def _residual_tables(pb: _Problem, tables, u_hat, eta_hat) -> dict:
+    """`PopulationFit`'s per-observation tables at the estimate (PRED, IPRED, IWRES, CWRES),
+    the modes, their shrinkage, and ``n_exact`` the count of uncensored observations."""
+    model, data, S, q, seen = pb.model, pb.data, pb.S, pb.q, pb.seen
     pred0, ipred, J_hat = (np.asarray(a) for a in tables(jnp.asarray(u_hat), eta_hat))
-    theta_hat = dict(phi_j, **{eff: jnp.reshape(eta_hat, (S,) + np.shape(draw[eff])[1:])})
+    theta_hat = pb.theta(pb.unflatten(jnp.asarray(u_hat)), eta_hat)
     noise = model.noise(theta_hat, jnp.where(seen, ipred, 1.0))
-    var = np.broadcast_to(np.asarray(noise.variance), ys.shape)
-    ipred = np.asarray(ipred)
-    exact = seen & (cens == 0)  # censored rows carry a limit, not a measurement
-    iwres = np.where(exact, (ys0 - ipred) / np.sqrt(var), np.nan)
+    var = np.broadcast_to(np.asarray(noise.variance), pb.ys.shape)
+    exact = seen & (pb.cens == 0)  # censored rows carry a limit, not a measurement
+    iwres = np.where(exact, (pb.ys0 - ipred) / np.sqrt(var), np.nan)
     prior_var = np.asarray(jnp.broadcast_to(
-        _effect_site(model, data, theta_hat, eff)["fn"].variance, (S,) + np.shape(draw[eff])[1:])
+        _effect_site(model, data, theta_hat, pb.eff)["fn"].variance, (S,) + pb.eta_shape)
     ).reshape(S, q)
-    cwres = _cwres(J_hat, eta_hat, ipred, var, ys0, exact, prior_var)
+    cwres = _cwres(J_hat, eta_hat, ipred, var, pb.ys0, exact, prior_var)
     etas = np.asarray(eta_hat)
-    prior_sd = np.sqrt(prior_var[0])
-    shrink = 1.0 - np.std(etas, axis=0, ddof=1) / prior_sd
-    return PopulationFit(
-        # the 2 pi constant comes with densities only, not with censored entries' M3 terms
-        params=phi_hat, se=se, ofv=ofv,
-        ofv_nonmem=ofv - int(exact.sum()) * np.log(2 * np.pi),
-        aic=ofv + 2 * P, bic=ofv + P * np.log(n_obs), etas=etas, shrinkage=shrink,
-        condition_number=float(eig.max() / eig.min()) if eig.min() > 0 else float("inf"),
-        pred=np.where(seen, pred0, np.nan), ipred=np.where(seen, ipred, np.nan),
-        iwres=iwres, cwres=cwres, method=method, converged=bool(res.success),
-        n_iterations=int(res.nit), wall_time=time.perf_counter() - t_start,
-        message=str(res.message), max_gradient=max_gradient, route=route)
+    shrink = 1.0 - np.std(etas, axis=0, ddof=1) / np.sqrt(prior_var[0])
+    # the 2 pi constant comes with densities only, not with censored entries' M3 terms
+    return dict(etas=etas, shrinkage=shrink, pred=np.where(seen, pred0, np.nan),
+                ipred=np.where(seen, ipred, np.nan), iwres=iwres, cwres=cwres,
+                n_exact=int(exact.sum()))
 
 
 def _mode_search(newton_step, u, eta, iterations, tol):

@@ -222,3 +222,23 @@ def test_mode_search_backtracks_where_newton_steps_diverge():
     assert np.abs(undamped[:2]).min() > 1e10                    # diverged
     eta = np.asarray(_mode_search(newton_step, None, jnp.asarray(x0), 50, 1e-7))
     np.testing.assert_allclose(eta, 0.0, atol=1e-12)
+
+
+def test_newton_polish_reaches_the_gradient_tolerance_without_the_flat_direction():
+    """A quadratic ``u' A u / 2 - b' u`` with eigenvalues 1e3, 1 and 1e-14 (a variance at
+    its bound): Newton steps on the gradient with the central-difference Hessian reach
+    ``max |g| < 1e-6`` from ``1e-3`` and leave the flat direction alone."""
+    from inference._population_fit import _newton_polish, _objective_hessian
+
+    rng = np.random.default_rng(0)
+    V = np.linalg.qr(rng.normal(size=(3, 3)))[0]
+    A = V @ np.diag([1e3, 1.0, 1e-14]) @ V.T
+    u_star = rng.normal(size=3)
+    b = A @ u_star
+    fun = lambda u: (0.5 * u @ A @ u - b @ u, A @ u - b)
+    u0 = u_star + 1e-6 * V[:, 0] + 1e-3 * V[:, 1]
+    assert np.max(np.abs(fun(u0)[1])) > 1e-4
+    u, g = _newton_polish(fun, u0, fun(u0)[1], _objective_hessian(fun, u0))
+    assert np.max(np.abs(g)) < 1e-6
+    np.testing.assert_allclose(g, fun(u)[1])
+    assert abs(V[:, 2] @ (u - u0)) < 1e-6
