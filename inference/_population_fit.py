@@ -431,8 +431,8 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         u_new, g_new = _newton_polish(fun, u_hat, np.asarray(g_hat), Hm)
         if np.max(np.abs(g_new)) < GTOL:
             converged = True
-            message += (f" Then {GTOL:g} > max|gradient| reached by Newton steps on the "
-                        "gradient (the Hessian of the standard errors).")
+            message += (" Newton steps on the exact gradient then brought max |gradient| "
+                        f"below {GTOL:g}.")
         if u_new is not u_hat:
             u_hat = u_new
             eta_hat = modes(u_hat)

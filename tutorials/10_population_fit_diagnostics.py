@@ -145,11 +145,12 @@ for k in ("lKa", "lCl", "lKe", "omega", "sigma"):
 print("eta shrinkage:", np.round(fit.shrinkage, 3))
 
 # %% [markdown]
-# `converged` is SciPy BFGS's own flag. On this data set it reads `False`: BFGS stopped
-# with "precision loss" after 19 iterations, its largest gradient component 1.4e-6 against
-# its threshold 1e-6 (measured when this tutorial was written; `fit.message` and
-# `fit.max_gradient` print them), an optimum for every practical purpose; the standard
-# errors come from the objective's curvature there.
+# `converged` says whether the largest gradient component fell below 1e-6. On this data
+# set SciPy's BFGS stops with "precision loss" after 21 iterations (its line search
+# compares objective values, which jump by ~1e-12 where a solve's adaptive step count
+# changes) short of it, and Newton steps on the exact gradient then take it to ~1e-9
+# (measured when this tutorial was written; `fit.message` and `fit.max_gradient` print
+# both); the standard errors come from the objective's curvature there.
 #
 # The IV arm pins clearance and volume directly; the absorption effect `eta[:, 0]` is seen
 # only in the oral arm, so half the subjects carry no information on it and its shrinkage
