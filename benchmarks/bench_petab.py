@@ -150,6 +150,8 @@ def fit_row(name: str, n_starts: int) -> dict:
                converged_within_0_1=n_conv, optimiser_converged=int(np.sum(res.converged)),
                failed=int(np.sum(res.status != 0)), iterations=int(res.n_steps),
                fit_wall_s=wall, converged_per_min=60.0 * n_conv / wall,
+               ensemble_records=int(res.n_records), ensemble_evaluations=int(res.n_grad_evals),
+               records_per_start=[int(v) for v in np.asarray(res.n_records_per_start)],
                losses=[float(v) for v in losses])
     return row
 

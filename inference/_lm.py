@@ -25,6 +25,15 @@ parameter in Marquardt's method"), scaled by the curvature's diagonal (Marquardt
 Every start advances in the same compiled step (`LMKernel.step`): one evaluation of
 residuals and their forward-mode Jacobian for all starts (one ensemble of solves); each
 start accepts or rejects its own trial point and keeps its own damping.
+
+Mesh reuse (``mesh_terms``): each start keeps the mesh its solves were last recorded on and
+evaluates its trial points by a replay of that mesh (whose forward-mode derivative is the
+exact derivative of the replayed steps), so most iterations cost a replay, not an adaptive
+record plus a replay. A start's mesh is re-recorded at its trial point when the point moved
+more than ``drift_tol`` from the recording point (largest coordinate, on the parameter
+scale), or when the replay's embedded error estimate exceeds the requested tolerances
+there (then that evaluation is redone on the new mesh): every objective value meets the
+tolerances a fresh solve would.
 """
 
 from __future__ import annotations
@@ -36,9 +45,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["LMState", "LMKernel", "RUNNING", "CONVERGED", "FAILED_START", "STALLED"]
+__all__ = ["LMState", "LMKernel", "MeshTerms", "RUNNING", "CONVERGED", "FAILED_START",
+           "STALLED"]
 
 RUNNING, CONVERGED, FAILED_START, STALLED = 0, 1, 2, 3
+
+
+class MeshTerms(NamedTuple):
+    """Residuals on a kept mesh, for `LMKernel`'s mesh reuse.
+
+    Attributes:
+        record: ``record(x (D,)) -> mesh``: the solves' mesh at ``x`` (a pytree of arrays,
+            no derivative).
+        terms: ``terms(x (D,), mesh) -> (z (m,), s (m,), error_ratio (k,))``: the residuals
+            of `LMKernel`'s ``terms`` by a replay of ``mesh``, forward-mode differentiable
+            in ``x``, and the replay's error estimate per solve in units of the requested
+            tolerances (above 1, or not finite: the mesh is too coarse at ``x``).
+    """
+
+    record: Callable
+    terms: Callable
 
 
 class LMState(NamedTuple):
@@ -51,6 +77,10 @@ class LMState(NamedTuple):
         code: ``(n,)`` `RUNNING`, `CONVERGED`, `FAILED_START` (not finite at the start) or
             `STALLED` (the damping grew past its bound without an accepted step).
         iters: ``(n,)`` iterations done; accepted: ``(n,)`` accepted steps.
+        mesh: with mesh reuse, each start's kept mesh (leading axis ``n``), else ``None``;
+        x_rec: ``(n, D)`` where each was recorded (``None`` without reuse).
+        records: ``(n,)`` how often each start's solves were recorded (with reuse: its
+            mesh records; without: its evaluations).
     """
 
     x: jax.Array
@@ -62,6 +92,9 @@ class LMState(NamedTuple):
     code: jax.Array
     iters: jax.Array
     accepted: jax.Array
+    mesh: object = None
+    x_rec: jax.Array | None = None
+    records: jax.Array | None = None
 
 
 class LMKernel:
@@ -79,23 +112,35 @@ class LMKernel:
             ``ftol * (1 + |F|)``; gtol: or when the projected gradient's largest entry is
             at most ``gtol``.
         lam_max: a start whose damping passes this without an accepted step is `STALLED`.
+        mesh_terms: `MeshTerms`: evaluate on kept meshes (module docstring); ``terms`` is
+            then unused. drift_tol: re-record a start's mesh when its point moved more
+            than this from the recording point.
     """
 
     def __init__(self, terms: Callable, laplace=None, penalty: Callable | None = None, *,
                  lower, upper, ftol: float = 1e-10, gtol: float = 1e-6,
-                 lam_max: float = 1e12):
+                 lam_max: float = 1e12, mesh_terms: MeshTerms | None = None,
+                 drift_tol: float = 0.5):
         self.lower = jnp.asarray(lower, float)
         self.upper = jnp.asarray(upper, float)
         self.ftol, self.gtol, self.lam_max = ftol, gtol, lam_max
+        self.mesh_terms, self.drift_tol = mesh_terms, drift_tol
+        self.n_records = 0  # batched records run (init included)
+        self.n_evals = 0  # batched evaluations (residuals and Jacobians)
         lap = None if laplace is None else jnp.asarray(laplace, bool)
 
-        def local(x):
-            """(F, gradient, curvature) at one point."""
+        def local(x, mesh=None):
+            """(F, gradient, curvature, the solves' largest error ratio) at one point."""
             def zs(x):
-                z, s = terms(x)
-                return jnp.concatenate([z, s])
+                if mesh_terms is None:
+                    z, s = terms(x)
+                    err = jnp.zeros(())
+                else:
+                    z, s, err = mesh_terms.terms(x, mesh)
+                    err = jnp.max(jnp.where(jnp.isfinite(err), err, jnp.inf))
+                return jnp.concatenate([z, s]), err
 
-            v, jac = zs(x), jax.jacfwd(zs)(x)
+            (v, err), jac = zs(x), jax.jacfwd(zs, has_aux=True)(x)[0]
             m = v.shape[0] // 2
             z, s, jz, js = v[:m], v[m:], jac[:m], jac[m:]
             is_lap = jnp.zeros(m, bool) if lap is None else lap
@@ -111,11 +156,13 @@ class LMKernel:
                 f, g = f + p, g + gp
                 h = h + jnp.diag(jnp.maximum(hp, 0.0))
             ok = jnp.isfinite(f) & jnp.all(jnp.isfinite(g)) & jnp.all(jnp.isfinite(h))
-            return jnp.where(ok, f, jnp.inf), g, h
+            return jnp.where(ok, f, jnp.inf), g, h, err
 
         # the evaluation (the ensemble of solves and their Jacobians) is compiled once and
         # shared by init and step; the step's algebra is a second, small program
-        self._local = jax.jit(jax.vmap(local))
+        self._local_jit = jax.jit(jax.vmap(local))
+        if mesh_terms is not None:
+            self._record_jit = jax.jit(jax.vmap(mesh_terms.record))
         self._trial_jit = jax.jit(self._trial)
         self._update_jit = jax.jit(self._update)
 
@@ -127,11 +174,52 @@ class LMKernel:
     def init(self, x) -> LMState:
         """The state at the starts ``x (n, D)`` (clipped into the bounds): one evaluation."""
         x = jnp.clip(jnp.asarray(x, float), self.lower, self.upper)
-        f, g, h = self._local(x)
         n = x.shape[0]
+        mesh = x_rec = None
+        if self.mesh_terms is not None:
+            mesh, x_rec = self._record_jit(x), x
+            self.n_records += 1
+        f, g, h, _ = self._local_jit(x, mesh)
+        self.n_evals += 1
         code = jnp.where(jnp.isfinite(f), RUNNING, FAILED_START)
         return LMState(x=x, f=f, g=g, h=h, lam=jnp.full(n, 1e-3), nu=jnp.full(n, 2.0),
-                       code=code, iters=jnp.zeros(n, int), accepted=jnp.zeros(n, int))
+                       code=code, iters=jnp.zeros(n, int), accepted=jnp.zeros(n, int),
+                       mesh=mesh, x_rec=x_rec, records=jnp.ones(n, int))
+
+    def _rerecord(self, s: LMState, x, rows):
+        """``s`` with the meshes of ``rows`` (host bool ``(n,)``) recorded at ``x``."""
+        new = self._record_jit(x)
+        self.n_records += 1
+        rows_j = jnp.asarray(rows)
+        mesh = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(rows_j.reshape(rows_j.shape + (1,) * (a.ndim - 1)), a, b),
+            new, s.mesh)
+        return s._replace(mesh=mesh, x_rec=jnp.where(rows_j[:, None], x, s.x_rec),
+                          records=s.records + rows_j)
+
+    def _evaluate(self, s: LMState, x_new):
+        """(state with refreshed meshes, F, gradient, curvature) at the trial points."""
+        self.n_evals += 1
+        if self.mesh_terms is None:
+            return (s._replace(records=s.records + (s.code == RUNNING)),
+                    *self._local_jit(x_new)[:3])
+        running = np.asarray(s.code) == RUNNING
+        moved = np.max(np.abs(np.asarray(x_new) - np.asarray(s.x_rec)), axis=1)
+        due = running & ~(moved <= self.drift_tol)
+        if due.any():
+            # a batched record costs about the same for one row as for all: refresh all
+            due = running
+            s = self._rerecord(s, x_new, due)
+        f, g, h, err = self._local_jit(x_new, s.mesh)
+        coarse = running & ~due & ~(np.asarray(err) <= 1.0)
+        if coarse.any():
+            s = self._rerecord(s, x_new, coarse)
+            self.n_evals += 1
+            f2, g2, h2, _ = self._local_jit(x_new, s.mesh)
+            c = jnp.asarray(coarse)
+            f, g, h = (jnp.where(c.reshape(c.shape + (1,) * (a.ndim - 1)), a, b)
+                       for a, b in ((f2, f), (g2, g), (h2, h)))
+        return s, f, g, h
 
     def _trial(self, s: LMState):
         """Each start's projected damped step ``d (n, D)`` and its predicted decrease."""
@@ -165,13 +253,16 @@ class LMKernel:
         no_move = running & ~accept & (jnp.max(jnp.abs(d), axis=1) == 0.0)
         code = jnp.where(running & (small_f | small_g | no_move), CONVERGED, s.code)
         code = jnp.where((code == RUNNING) & (lam > self.lam_max), STALLED, code)
-        return LMState(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code,
-                       iters=s.iters + running, accepted=s.accepted + accept)
+        return s._replace(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code,
+                          iters=s.iters + running, accepted=s.accepted + accept)
 
     def step(self, s: LMState) -> LMState:
         """One iteration of every running start (one evaluation of all trial points)."""
         x_new, d, pred = self._trial_jit(s)
-        return self._update_jit(s, x_new, d, pred, *self._local(x_new))
+        s, f, g, h = self._evaluate(s, x_new)
+        # the meshes stay out of the update's program (nothing to copy there)
+        out = self._update_jit(s._replace(mesh=None), x_new, d, pred, f, g, h)
+        return out._replace(mesh=s.mesh)
 
     def run(self, x, max_iter: int, callback: Callable | None = None) -> tuple[LMState, list]:
         """Iterate from ``x (n, D)`` until no start is running or ``max_iter`` iterations;

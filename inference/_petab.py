@@ -8,7 +8,10 @@ as one ensemble (`models.PetabProblem.log_likelihood`); `inference.fit` and
 all starts advance together, each evaluation one ensemble of every start and every
 condition (the solves under ``jax.vmap`` fold into one ensemble). Where every noise model is
 normal, Levenberg–Marquardt on the noise-weighted residuals (`inference._lm`; Fisher
-scoring when noise parameters are estimated); otherwise SciPy's L-BFGS-B, start by start.
+scoring when noise parameters are estimated), each start's solves replaying a kept mesh
+(recorded at half the tolerances, re-recorded when the start moved or the replay's error
+estimate exceeds the tolerances; the reported objectives are fresh solves'); otherwise
+SciPy's L-BFGS-B, start by start.
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import numpy as np
 
 import gradsolve as gs
 
-from ._lm import CONVERGED, FAILED_START, LMKernel
+from ._lm import CONVERGED, FAILED_START, LMKernel, MeshTerms
 from ._progress import progress_bar
 from ._result import FAILED, FitResult
 
 __all__ = ["is_petab", "latin_hypercube", "fit_petab", "sample_petab"]
+
+_RECORD_TOL_FACTOR = 0.5
+"""LM fits record their meshes this much tighter than the problem's tolerances."""
 
 
 def is_petab(model) -> bool:
@@ -94,17 +100,35 @@ def _objective_parts(problem, objective: str):
 def _fit_lm(problem, x0, objective, max_iter, progress):
     terms, lap, penalty, const = _objective_parts(problem, objective)
     lo, hi = problem.bounds
-    kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi)
+    # every iteration replays each start's kept mesh, recorded at half the tolerances so
+    # that it meets them in a neighbourhood (error ratios below in requested units)
+    def terms_on(x, mesh):
+        z, s, err = problem._residuals_on(x, mesh)
+        return z, s, err * _RECORD_TOL_FACTOR
+
+    mesh_terms = MeshTerms(lambda x: problem._record(x, _RECORD_TOL_FACTOR), terms_on)
+    # Fides' default stop (pyPESTO's optimiser on these problems): an accepted step that
+    # lowers F by at most 1e-8 (1 + |F|) (its fatol = frtol = 1e-8), or max |g| <= 1e-6
+    kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi, mesh_terms=mesh_terms,
+                      ftol=1e-8, gtol=1e-6)
     bar = progress_bar(progress, total=max_iter, done=0, desc="fit PEtab (LM)")
     try:
         s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
     finally:
         bar.close()
-    losses = np.asarray(s.f) - const
+    # the reported objective is a fresh solve's at each final point (the iterations'
+    # values came from replays of kept meshes, equal to within the tolerances)
+    def fresh(x):
+        value = -problem._loglik(x)
+        if penalty is not None:
+            value = value + penalty(x)
+        return value
+
+    losses = np.asarray(jax.jit(jax.vmap(fresh))(s.x))
     code = np.asarray(s.code)
     hist = np.stack(history) - const
-    return np.asarray(s.x), losses, code == CONVERGED, code == FAILED_START, hist, \
-        np.asarray(s.iters) + 1
+    counts = (np.asarray(s.records), kernel.n_records, kernel.n_evals)
+    return np.asarray(s.x), losses, code == CONVERGED, code == FAILED_START, hist, counts
 
 
 def _fit_lbfgs(problem, x0, objective, max_iter, progress):
@@ -145,7 +169,7 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
     width = max(len(h) for h in history)
     hist = np.stack([np.pad(h, (0, width - len(h)), mode="edge") for h in history], axis=1)
     return (np.stack(xs), np.asarray(losses), np.asarray(conv), np.asarray(failed), hist,
-            np.asarray(n_eval))
+            (np.asarray(n_eval), int(np.sum(n_eval)), int(np.sum(n_eval))))
 
 
 def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
@@ -182,15 +206,14 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
     if method == "auto":
         method = "lbfgs" if lap.any() else "lm"
     run = _fit_lm if method == "lm" else _fit_lbfgs
-    x, losses, converged, failed, hist, n_eval = run(problem, x0, objective, int(max_iter),
-                                                     progress)
+    # (records per start, ensemble records, ensemble evaluations)
+    x, losses, converged, failed, hist, (per_start, n_records, n_evals) = run(
+        problem, x0, objective, int(max_iter), progress)
     losses = np.where(failed | ~np.isfinite(losses), np.inf, losses)
     if not np.isfinite(losses).any():
         warnings.warn("inference.fit: no start ended with a finite objective", RuntimeWarning,
                       stacklevel=3)
     order = np.argsort(losses, kind="stable")
-    # LM: every iteration is one ensemble evaluation; L-BFGS-B: one evaluation per call
-    n_records = int(n_eval.max() if method == "lm" else n_eval.sum())
     ids = problem.parameter_ids
     xs = x[order]
     n = len(order)
@@ -198,7 +221,7 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         params={p: float(xs[0, i]) for i, p in enumerate(ids)},
         all_params={p: xs[:, i] for i, p in enumerate(ids)}, losses=losses[order],
         loss_history=hist[:, order], n_records=n_records,
-        n_records_per_start=n_eval[order].astype(np.int64), n_grad_evals=n_records,
+        n_records_per_start=per_start[order].astype(np.int64), n_grad_evals=n_evals,
         wall_time=time.perf_counter() - t0, best_index=0,
         status=np.where(failed[order], FAILED, 0).astype(np.int32), objective=objective,
         n_steps=len(hist) - 1, max_error_ratio=np.zeros(n), starts=x0[order],

@@ -588,8 +588,9 @@ class PetabProblem:
             return None
         return self._residual_jit(self._as_vector(x))
 
-    def _solve(self, x):
-        """(states at ``ts`` ``(n, k, d)``, model parameters ``(n, n_p)``, theta)."""
+    def _inputs(self, x):
+        """(``y0 (n, d')``, model parameters ``(n, n_p)``, theta, jumps or None) of the
+        ensemble at ``x`` (pre-equilibration solved here)."""
         theta = self._theta_lin(x)
         full = self._fill(self._sim_slots, theta)
         p = full[:, :self._n_p]
@@ -601,13 +602,33 @@ class PetabProblem:
         if self._n_switch_states:
             s0, jumps = self._switch_jumps(p)
             y0 = jnp.concatenate([y0, s0], axis=1)
-        sol = gs.solve(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
-                       solver=self.solver, rtol=self.rtol, atol=self.atol,
-                       max_steps=self.max_steps, tstops=self._tstops_static, jumps=jumps)
-        return sol.ys[..., :self._d], p, theta
+        return y0, p, theta, jumps
 
-    def _observe(self, x):
-        ys, p, theta = self._solve(x)
+    def _record(self, x, tol_factor: float = 1.0):
+        """The ensemble's mesh at ``x`` (`gradsolve.record`, no derivative), recorded at
+        ``tol_factor`` times the tolerances, for `_solve` to replay at nearby points."""
+        y0, p, _, jumps = jax.lax.stop_gradient(self._inputs(x))
+        return gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
+                         solver=self.solver, rtol=self.rtol * tol_factor,
+                         atol=self.atol * tol_factor,
+                         max_steps=self.max_steps, tstops=self._tstops_static, jumps=jumps,
+                         throw=False)
+
+    def _solve(self, x, mesh=None):
+        """(states at ``ts`` ``(n, k, d)``, model parameters ``(n, n_p)``, theta, the
+        solve's error ratio ``(n,)``): a fresh solve, or the replay of ``mesh`` (from
+        `_record`) whose error ratio says whether it still meets the tolerances at ``x``."""
+        y0, p, theta, jumps = self._inputs(x)
+        if mesh is None:
+            sol = gs.solve(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
+                           solver=self.solver, rtol=self.rtol, atol=self.atol,
+                           max_steps=self.max_steps, tstops=self._tstops_static, jumps=jumps)
+        else:
+            sol = gs.replay(self.vector_field, mesh, y0, p, jumps=jumps)
+        return sol.ys[..., :self._d], p, theta, sol.error_ratio
+
+    def _observe(self, x, mesh=None):
+        ys, p, theta, err = self._solve(x, mesh)
         out = []
         for g in self._groups:
             yr = ys[g["traj"], g["tidx"]]
@@ -621,14 +642,20 @@ class PetabProblem:
 
             h, sigma = jax.vmap(one)(jnp.asarray(g["t"]), yr, pr, oph, nph)
             out.append((h, sigma))
-        return out
+        return out, err
 
     def _predict(self, x):
-        return self._observe(x)
+        return self._observe(x)[0]
 
     def _residuals(self, x):
+        return self._residuals_on(x, None)[:2]
+
+    def _residuals_on(self, x, mesh):
+        """``(z, log_sigma, error ratio (n,))`` at ``x``, by a fresh solve (``mesh`` None)
+        or a replay of ``mesh``."""
         zs, logs = [], []
-        for g, (h, sigma) in zip(self._groups, self._observe(x)):
+        obs, err = self._observe(x, mesh)
+        for g, (h, sigma) in zip(self._groups, obs):
             m = jnp.asarray(g["meas"])
             if g["trans"] == "log":
                 r = jnp.log(m) - jnp.log(h)
@@ -638,7 +665,7 @@ class PetabProblem:
                 r = m - h
             zs.append(r / sigma)
             logs.append(jnp.log(jnp.abs(sigma)))
-        return jnp.concatenate(zs), jnp.concatenate(logs)
+        return jnp.concatenate(zs), jnp.concatenate(logs), err
 
     def _residual_constants(self):
         """(laplace mask (m,), the log-likelihood's constant), in `_residuals`' order."""
@@ -734,7 +761,7 @@ class PetabProblem:
                           f"{bad} (residuals {np.asarray(res).max():.3g} > 1, see "
                           "preequilibration_residual)", stacklevel=2)
         if self._at_steady_state.any() and not self._n_switch_states:
-            ys, p, _ = self._solve(self._as_vector(x))
+            ys, p, _, _ = self._solve(self._as_vector(x))
             y = ys[:, int(np.searchsorted(self.ts, _STEADY_STATE_T))]
             dy = jax.vmap(self.vector_field, in_axes=(None, 0, 0))(_STEADY_STATE_T, y, p)
             r = np.sqrt(np.mean(np.asarray(dy / (self.atol + self.rtol * jnp.abs(y))) ** 2, -1))
