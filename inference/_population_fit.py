@@ -47,6 +47,7 @@ __all__ = ["fit_population", "PopulationFit"]
 
 METHODS = ("foce-i", "laplace")
 GTOL = 1e-6  # the outer optimiser's tolerance on max |gradient| (unconstrained scale)
+L_NOISE = 1e-8  # relative falls of l_i the mode search takes for the solve's noise
 
 
 class PopulationFit(NamedTuple):
@@ -70,7 +71,7 @@ class PopulationFit(NamedTuple):
         method: ``"foce-i"`` or ``"laplace"``.
         converged: whether the largest gradient component fell below ``1e-6``: SciPy's
             BFGS reported success, or it stopped on "precision loss" (its line search
-            compares values, which jump by ~1e-12 where a solve's step count changes) and
+            compares values, which jump where a solve's adaptive step count changes) and
             up to 3 Newton steps on the exact gradient, with the standard errors' Hessian,
             got there; `message` says which, `max_gradient` how far.
         n_iterations: outer iterations.
@@ -166,7 +167,7 @@ def fit_population(
     *,
     method: str = "foce-i",
     init: Mapping[str, Any] | None = None,
-    rtol: float | None = None,
+    rtol: float = 1e-8,
     atol: float = 1e-10,
     solver=None,
     max_iterations: int = 500,
@@ -191,11 +192,7 @@ def fit_population(
             optimiser differentiates an objective that includes a Hessian); ``driver`` as
             ``gs.solve``'s. ``solver`` defaults to the model's, except that FOCE-I on the
             sensitivity route (`PopulationFit.route`) takes ``gs.Vern7()`` for a non-stiff
-            model (fewer steps at these tolerances). ``rtol`` defaults to ``1e-8``, and to
-            ``1e-10`` with that default ``gs.Vern7()``: every evaluation adapts its own
-            mesh, so the objective jumps where a step count changes, and at ``1e-8``
-            Vern7's jumps (about ``2e-11`` on a 200-subject objective, against ``1e-13``
-            for Tsit5) stop the outer line search short of convergence.
+            model (fewer steps at these tolerances).
         max_iterations: of the outer optimiser (SciPy's BFGS on the unconstrained scale).
         inner_iterations: Newton iterations per conditional-mode search.
         seed: for the draw that reveals the sites' shapes.
@@ -381,8 +378,7 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
          seed, driver) -> PopulationFit:
     t_start = time.perf_counter()
     pb = _problem(model, data, method, init, seed)
-    default_solver, default_rtol = solver is None, rtol is None
-    rtol = 1e-8 if rtol is None else rtol
+    default_solver = solver is None
     solver = model.solver if solver is None else solver
     refusal = sensitivity_refusal(model, data, method, dict(
         pb.unflatten(jnp.asarray(pb.u0)), **{pb.eff: pb.draw[pb.eff]}), pb.eff)
@@ -394,10 +390,6 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
             # at these tolerances Verner's 7th-order pair takes ~3x fewer steps than Tsit5
             # (230 against 635 per subject on the simulated two-compartment study)
             solver = gs.Vern7()
-            if default_rtol:
-                # the objective's jumps where a step count changes: sd 2e-11 at rtol 1e-8
-                # (BFGS stops on precision loss at max|g| 1.5e-5), 8e-13 at 1e-10
-                rtol = 1e-10
         ctx = Context(model, data, pb.eff, pb.eta_shape, pb.q, np.asarray(pb.ts), pb.ys0,
                       pb.seen, pb.t1, dict(solver=solver, rtol=rtol, atol=atol, driver=driver),
                       _effect_logprob)
@@ -426,8 +418,9 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     ofv, g_hat = value_and_grad(jnp.asarray(u_hat), eta_hat)  # no second compile
     Hm = _objective_hessian(fun, u_hat)
     if not converged:
-        # BFGS's line search compares values, which jump by ~1e-12 where a solve's step
-        # count changes; Newton steps on the exact gradient need no comparison of values
+        # BFGS's line search compares values, which jump where a solve's step count changes
+        # (each evaluation adapts its own mesh: sd 2e-11 with Vern7 at rtol 1e-8 on the
+        # 200-subject study, 1e-13 with Tsit5); Newton steps on the gradient compare none
         u_new, g_new = _newton_polish(fun, u_hat, np.asarray(g_hat), Hm)
         if np.max(np.abs(g_new)) < GTOL:
             converged = True
@@ -563,8 +556,8 @@ def _mode_search(newton_step, u, eta, iterations, tol):
                 return None
             base, base_l, ok = trial, l, finite
         else:
-            # a rise, or a fall within rounding of l, is accepted
-            ok = finite & (l >= base_l - 1e-12 * (1.0 + np.abs(base_l)))
+            # a rise, or a fall within the solve's noise in l, is accepted
+            ok = finite & (l >= base_l - L_NOISE * (1.0 + np.abs(base_l)))
         base = np.where(ok[:, None], trial, base)
         base_l = np.where(ok, l, base_l)
         back = base + 0.5 * (trial - base)
