@@ -205,7 +205,7 @@ class ChainKernel:
         init_kernel, sample_kernel = hmc(potential_fn_gen=potential, algo=algo)
 
         def init_one(u, key, mesh, step_size, inverse_mass_matrix):
-            tuned = {} if not retune else dict(
+            tuned = dict(inverse_mass_matrix=inverse_mass_matrix) if not retune else dict(
                 step_size=step_size, inverse_mass_matrix=inverse_mass_matrix,
                 adapt_mass_matrix=False)
             return init_kernel(u, int(num_warmup), dense_mass=dense_mass,
@@ -244,16 +244,23 @@ class ChainKernel:
         """The chains' meshes on device, every leaf with a leading chain axis."""
         return s.mesh.chains(self.C, s.capacity)
 
-    def init(self, u0: np.ndarray, key, s: SampleState, tuned=None):
+    def init(self, u0: np.ndarray, key, s: SampleState, tuned=None, metric=None):
         """NumPyro's initial chain states at ``u0 (C, D)`` (this also builds the kernel's
-        potential, so a resumed run calls it too). A `retune` kernel starts from
-        ``tuned``, NumPyro's adaptation state of the chains (step sizes and mass
-        matrices)."""
+        potential, so a resumed run calls it too), warmup starting from the inverse mass
+        matrix ``metric`` (``(D,)``, or ``(D, D)`` for a dense kernel; default the
+        identity). A `retune` kernel starts from ``tuned``, NumPyro's adaptation state of
+        the chains (step sizes and mass matrices)."""
         keys = jax.random.split(key, self.C)
-        C = self.C
+        C, D = self.C, self.problem.space.dim
         step = jnp.ones(C) if tuned is None else tuned.step_size
-        imm = jnp.ones((C, self.problem.space.dim)) if tuned is None else \
-            tuned.inverse_mass_matrix
+        if tuned is not None:
+            imm = tuned.inverse_mass_matrix
+        elif metric is not None:
+            imm = jnp.broadcast_to(jnp.asarray(metric), (C,) + np.shape(metric))
+        else:
+            imm = jnp.broadcast_to(jnp.eye(D) if self.settings["dense_mass"] else
+                                   jnp.ones(D), (C,) + ((D, D) if self.settings["dense_mass"]
+                                                        else (D,)))
         if imm.ndim == 3 and not self.settings["dense_mass"]:
             # a dense estimate handed to a diagonal kernel (`retuned`): its marginal
             # variances, what a diagonal adaptation estimates

@@ -43,6 +43,7 @@ import gradsolve as gs
 from ._chains import (CHUNK, ChainKernel, SampleInfo, SampleState, capacity, solve_capacity,
                       spaced)
 from ._fit import fit
+from ._metric import curvature_metric
 from ._abstract import AbstractProblem
 from ._space import checked_init
 from ._starts import jittered, prior_draws
@@ -102,8 +103,9 @@ def windows(num_warmup: int) -> list[int]:
 
 
 def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: float, seed: int,
-                  fit_kwargs) -> tuple[np.ndarray, str, dict]:
-    """``(u0 (C, D), how they were chosen, the MAP fit's summary)``."""
+                  fit_kwargs) -> tuple[np.ndarray, str, dict, np.ndarray | None]:
+    """``(u0 (C, D), how they were chosen, the MAP fit's summary, the one point they are
+    jittered around (None for prior draws and per-chain points))``."""
     model, space = problem.model, problem.space
     k_fit, k_jit = jax.random.split(key)
     if isinstance(init, str) and init == "map":
@@ -118,27 +120,41 @@ def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: flo
                 f"steps, best loss {res.loss:.6g}); chains start at its best point plus "
                 f"N(0, {jitter}^2) jitter in unconstrained space")
         centre = np.asarray(space.to_unconstrained(res.params))
-        return jittered(centre, jitter, k_jit, C), desc, info
+        return jittered(centre, jitter, k_jit, C), desc, info, centre
     if isinstance(init, str) and init == "prior":
-        return prior_draws(model, space, k_jit, C), "independent prior draws", {}
+        return prior_draws(model, space, k_jit, C), "independent prior draws", {}, None
     u, n = checked_init(model, space, init)
     if n is None:
         desc = f"given point plus N(0, {jitter}^2) jitter in unconstrained space"
-        return jittered(u, jitter, k_jit, C), desc, {}
+        return jittered(u, jitter, k_jit, C), desc, {}, np.asarray(u, dtype=np.float64)
     if n != C:
         raise ValueError(f"`init` has {n} points but num_chains={C}")
-    return np.asarray(u, dtype=np.float64), "given per-chain points", {}
+    return np.asarray(u, dtype=np.float64), "given per-chain points", {}, None
 
 
 def start(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
           init_jitter: float, seed: int, fit_kwargs: Mapping | None, max_steps: int | None,
-          target_accept: float) -> tuple[np.ndarray, SampleState, SampleInfo]:
-    """Where the chains start (the MAP fit, prior draws or given points), every chain's
-    first mesh (prior starts whose solve fails are re-drawn, up to 20 rounds) and the step
-    capacities: ``(u0 (C, D), the state without NumPyro's chain states, its info)``."""
+          target_accept: float, dense_mass: bool
+          ) -> tuple[np.ndarray, np.ndarray | None, SampleState, SampleInfo]:
+    """Where the chains start (the MAP fit, prior draws or given points), the initial
+    metric (`curvature_metric` at the MAP or the one given point; NumPyro's identity for
+    prior draws and per-chain points), every chain's first mesh (prior starts whose solve
+    fails are re-drawn, up to 20 rounds) and the step capacities: ``(u0 (C, D), the
+    initial inverse mass matrix or None, the state without NumPyro's chain states, its
+    info)``."""
     C, tf = num_chains, policy.record_tol_factor
-    u0, desc, fit_info = _chain_starts(problem, data, init, C, key, init_jitter, seed,
-                                       fit_kwargs)
+    u0, desc, fit_info, centre = _chain_starts(problem, data, init, C, key, init_jitter,
+                                               seed, fit_kwargs)
+    metric = None
+    if centre is not None:
+        metric, how = curvature_metric(problem, centre, dense=dense_mass)
+        desc += f"; initial metric: {how}"
+        if metric is not None and init_jitter > 0:
+            # no coordinate jittered by more than its sd under the metric: a start several
+            # posterior sds out (a rate known to 1 %) begins warmup with divergences
+            sd = np.sqrt(np.diagonal(metric) if metric.ndim == 2 else metric)
+            u0 = centre + (u0 - centre) * np.minimum(1.0, sd / init_jitter)
+            desc += " (jitter capped at each coordinate's sd under it)"
     m0 = problem.record(u0, tf).to_host()
     for _ in range(20 if isinstance(init, str) and init == "prior" else 0):
         if m0.ok.all():
@@ -164,8 +180,8 @@ def start(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
         solve_max_steps=int(max_steps) if max_steps is not None else solve_capacity(need),
         ragged=ragged, iteration=0, window=0, target_accept=float(target_accept), retunes=0,
         sampling_tol_factor=tf, mesh_probes=0)
-    return u0, state, SampleInfo(draws=(), init=desc, init_fit=fit_info,
-                                 sampling_mesh=kind[policy.rerecord])
+    return u0, metric, state, SampleInfo(draws=(), init=desc, init_fit=fit_info,
+                                         sampling_mesh=kind[policy.rerecord])
 
 
 BULK_POINTS = 64
