@@ -85,7 +85,7 @@ def replay(
             ``jit``: NaN and ``Status.INVALID_INPUT``). Save times equal to a jump time
             read the state before the jump; the mesh's ``tstops`` are replayed as
             recorded (their stages recomputed). Every replay driver but
-            `gradsolve.drivers.Diffrax` applies events.
+            `gradsolve.drivers.Diffrax` applies events (its solve does).
         doses: the dose records the mesh was recorded with (`gradsolve.DoseSchedule` or a
             list of records), at new times and amounts if wished; ``y0`` has the model's
             ``d`` states and so has the solution.

@@ -15,7 +15,6 @@ from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
 from .drivers import AbstractDriver, Auto, Diffrax
 from .drivers.auto import resolve
-from .drivers.diffrax import EVENTS_REASON as DIFFRAX_EVENTS
 from .drivers.diffrax import solve_batched
 
 
@@ -60,7 +59,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             jump time reads the state before the jump; a jump at ``t0`` applies to ``y0``;
             ``y1`` is the state after every jump). Differentiable w.r.t. jump sizes and jump
             times (each jump's node moves with its time); tstops are not. Every driver
-            but `gradsolve.drivers.Diffrax` applies them.
+            applies them; `gradsolve.drivers.Diffrax` by one ``diffeqsolve`` per segment
+            between event times (its own adaptive steps, restarted at each event).
         doses: a `gradsolve.DoseSchedule` (or a list of dose records: `gradsolve.Bolus`,
             `gradsolve.Infusion`, `gradsolve.SteadyState`, `gradsolve.Reset`, ...): doses
             as data, merged with ``jumps``; the solution has the model's ``d`` states.
@@ -108,17 +108,9 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             "driver picks."
         )
     if on_diffrax:
-        if events is not None:
-            raise ValueError(
-                f"{where}: known-time events (jumps=, tstops=) need a recorded mesh: "
-                + (f"`driver` Diffrax() does not apply here: {DIFFRAX_EVENTS}"
-                   if isinstance(driver, Diffrax) else f"`solver` {type(solver.solver).__name__} "
-                   "has no error estimate. Use an adaptive solver with gs.drivers.Auto() or "
-                   "Batched().")
-            )
         resolve(Diffrax(), "replay", f, solver, b.y0, b.params, where)  # refuses Vern7, ...
         return solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps, controller, throw,
-                             where)
+                             where, events)
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
                            where, driver, events)
     if b.single:

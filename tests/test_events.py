@@ -279,8 +279,6 @@ def test_drivers_that_refuse_events_say_why(grad_mesh):
     jumps = (DOSE_T, gut_sizes(DOSE))
     with pytest.raises(ValueError, match="known-time events"):
         gs.replay(pk, grad_mesh, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
-    with pytest.raises(ValueError, match="known-time events"):
-        gs.solve(pk, T0, T1, Y0, P, jumps=jumps, driver=gs.drivers.Diffrax())
     y0b, pb = Y0[None], P[None]
     # With events: the kernel (CPU), else the lanes replay (explicit solvers), else the
     # batched driver, as without them.
@@ -292,6 +290,70 @@ def test_drivers_that_refuse_events_say_why(grad_mesh):
         ("gradsolve-kernel" if kernel_builds() else "gradsolve-batched")
     r = gs.replay(pk, grad_mesh, Y0, P, jumps=jumps, driver=gs.drivers.Batched())
     assert r.route == "gradsolve-batched"
+
+
+# The Diffrax driver's solve: jax.vmap(diffrax.diffeqsolve) segment by segment between
+# event times, its own adaptive steps. An ensemble with per-trajectory schedules: a dose at
+# t0 (after the save at t0), pre-dose saves, a dose at t1 (in y1 only), +inf padding; the
+# infusion's switches are tstops.
+DX_TIMES = jnp.array([[0.0, 12.0, 24.0], [6.0, 48.0, jnp.inf]])
+DX_DOSES = jnp.array([[100.0, 100.0, 50.0], [80.0, 30.0, 0.0]])
+DX_GRAD_ROWS = np.searchsorted(np.asarray(TS), np.asarray(TS_GRAD))  # TS_GRAD inside TS
+
+
+def dx_solve(driver, dose_t, dose, p):
+    y0 = jnp.zeros((2, 2))
+    params = jnp.stack([p, p])
+    return gs.solve(pk, T0, T1, y0, params, ts=TS, jumps=(dose_t, gut_sizes(dose)),
+                    tstops=TSTOPS, driver=driver, **TOL)
+
+
+def dx_loss(driver, dose_t, dose, p):
+    sol = dx_solve(driver, dose_t, dose, p)
+    return sum(loss_of(y[DX_GRAD_ROWS]) for y in sol.ys), sol
+
+
+def test_diffrax_driver_solves_between_events_values_and_gradients():
+    vg = jax.value_and_grad(dx_loss, argnums=(1, 2, 3), has_aux=True)
+    (_, sol), g = vg(gs.drivers.Diffrax(), DX_TIMES, DX_DOSES, P)
+    assert sol.route == "diffrax-diffeqsolve" and sol.mesh is None
+    assert np.all(np.asarray(sol.stats["status"]) == gs.Status.OK)
+    for row in range(2):
+        ref = closed_form(TS, DX_TIMES[row], DX_DOSES[row], P)
+        np.testing.assert_allclose(sol.ys[row], ref, rtol=1e-7, atol=1e-7)
+    assert float(sol.ys[0, 0, 0]) == 0.0  # the save at t0 reads y0, before the dose at t0
+    y1_ref = closed_form(jnp.array([T1]), DX_TIMES[1], DX_DOSES[1], P)[0]
+    np.testing.assert_allclose(sol.y1[1], y1_ref + jnp.array([30.0, 0.0]), rtol=1e-7)
+    # Gradients: the closed form's (dose times, doses, ka and ke; the tstops' times in p
+    # carry none, as on every driver), and the default driver's recorded-mesh replay.
+    (_, ref), g_auto = vg(gs.drivers.Auto(), DX_TIMES, DX_DOSES, P)
+    assert ref.route != sol.route
+    closed = lambda t, d, p: sum(loss_closed(t[r], d[r], p) for r in range(2))
+    g_closed = jax.grad(closed, argnums=(0, 1, 2))(DX_TIMES, DX_DOSES, P)
+    live = np.isfinite(np.asarray(DX_TIMES))
+    for a, b, c in zip(g, g_auto, g_closed):
+        a, b, c = np.asarray(a), np.asarray(b), np.asarray(c)
+        if a.shape == (5,):
+            a, b, c = a[[0, 1, 4]], b[[0, 1, 4]], c[[0, 1, 4]]
+        else:
+            assert np.all(a[~live] == 0.0)  # the padded jump is inert
+            a, b, c = a[live], b[live], c[live]
+        # the dose at t1 reaches the loss through no save: zero, up to rounding
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10)
+        np.testing.assert_allclose(a, c, rtol=1e-6, atol=1e-10)
+
+
+def test_diffrax_driver_traced_invalid_events_give_status_and_nan():
+    f = lambda t, y, p: -p * y
+    run = jax.jit(lambda t: gs.solve(f, 0.0, 2.0, jnp.ones(1), jnp.array(0.5),
+                                     jumps=(t, jnp.ones((2, 1))), driver=gs.drivers.Diffrax()))
+    bad = run(jnp.array([1.5, 0.5]))
+    assert int(bad.stats["status"]) == gs.Status.INVALID_INPUT
+    assert bool(jnp.all(jnp.isnan(bad.y1)))
+    good = run(jnp.array([0.5, 1.5]))
+    assert int(good.stats["status"]) == gs.Status.OK
+    e = np.exp(-0.25)  # decay over 0.5 time units
+    np.testing.assert_allclose(good.y1, [((e + 1.0) * e * e + 1.0) * e], rtol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -58,8 +58,8 @@ class Auto(AbstractDriver):
     def choose(self, kind: str, f, solver, y0, params, *, events: bool = False) -> AbstractDriver:
         """The driver that runs the ``kind`` (``"record"`` or ``"replay"``) of ``f`` with
         ``solver`` on batched ``y0 (n, d)`` and ``params``; ``events``: with known-time
-        events (``jumps=``/``tstops=``), which every driver but `gradsolve.drivers.Diffrax`
-        applies."""
+        events (``jumps=``/``tstops=``), which every driver applies but the replay of
+        `gradsolve.drivers.Diffrax`."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
         untranslated = []  # (driver, what its translator did not handle)
         for driver in order:

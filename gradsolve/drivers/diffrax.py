@@ -5,7 +5,8 @@ Two uses. As a reference, it runs what a Diffrax user writes (``jax.vmap`` of
 Diffrax without leaving the API: `Diffrax.replay` steps through a recorded mesh with
 ``diffrax.StepTo`` (so on one mesh it gives the other drivers' values and gradients, to
 rounding), and `solve_batched` runs Diffrax's own adaptive loop (``PIDController`` at the
-same tolerances). As the fallback, it runs solvers without an error estimate (e.g.
+same tolerances; known-time jumps and tstops split it into one ``diffeqsolve`` per
+segment between event times, the jump added in between). As the fallback, it runs solvers without an error estimate (e.g.
 ``diffrax.Euler()``), which cannot record an adaptive mesh, in constant steps ``dt0``.
 
 It records no mesh: Diffrax reaches save times by dense output rather than forcing them as
@@ -61,8 +62,9 @@ def _status(result):
 
 
 EVENTS_REASON = (
-    "its diffrax.StepTo replay does not apply known-time events (jumps= or tstops=); "
-    "gs.drivers.Batched() does, and gs.drivers.Auto() picks it."
+    "its diffrax.StepTo replay of a recorded mesh does not apply known-time events (jumps= "
+    "or tstops=); gs.drivers.Batched() does, and gs.drivers.Auto() picks it. "
+    "gs.solve(..., driver=gs.drivers.Diffrax()) applies them (diffeqsolve between events)."
 )
 
 
@@ -71,9 +73,14 @@ class Diffrax(AbstractDriver):
 
     Replays a mesh with ``diffrax.StepTo`` on its nodes; solves with Diffrax's adaptive loop
     (``gs.solve(..., driver=gs.drivers.Diffrax())``, ``Solution.mesh is None``) or, for a
-    solver without an error estimate, in constant steps ``dt0``. Applies to Diffrax solvers
-    and to `gradsolve.Tsit5` and `gradsolve.Dopri5` (run as their Diffrax twins); records
-    no mesh. ``Solution.route == "diffrax-diffeqsolve"``.
+    solver without an error estimate, in constant steps ``dt0``. The solve applies
+    known-time events (``jumps=``, ``tstops=``, doses): ``jax.lax.scan`` over the segments
+    between event times (per trajectory, ``+inf`` padding as zero-length segments at
+    ``t1``) of ``jax.vmap(diffrax.diffeqsolve)``, each segment restarting the solver and
+    its controller from the state plus the jump, saving the save times it holds by dense
+    output (``SaveAt(ts=...)``); the replay of a recorded mesh refuses events. Applies to
+    Diffrax solvers and to `gradsolve.Tsit5` and `gradsolve.Dopri5` (run as their Diffrax
+    twins); records no mesh. ``Solution.route == "diffrax-diffeqsolve"``.
 
     Example:
         >>> ref = gs.solve(f, 0.0, 10.0, y0, p, ts=ts, driver=gs.drivers.Diffrax())
@@ -133,14 +140,89 @@ class Diffrax(AbstractDriver):
         return ReplayOutput(ys, y1, err, jnp.sum(n_eff).astype(y0.dtype))
 
 
+def _segments(t0, t1, ts, events, n: int, d: int, dtype):
+    """The solve's segments between known-time events, per trajectory: starts and ends
+    ``(B + 1, n)``, the state jump after each ``(B + 1, n, d)`` (zero after a tstop and
+    after the last) and the segment that reads each save time ``(n, k)``. ``B = J + L``:
+    jump times and tstops merged in time order; ``+inf`` padding becomes a zero jump at
+    ``t1`` (a zero-length segment, no steps). A save time equal to an event time is read
+    by the segment that ends there, before the jump."""
+    t0a, t1a = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    if events is None:
+        ends = jnp.zeros((n, 0), dtype)
+        sizes = jnp.zeros((n, 0, d), dtype)
+    else:
+        ends = jnp.concatenate([events.jump_times, events.tstops], 1)
+        sizes = jnp.concatenate(
+            [events.jump_sizes, jnp.zeros(events.tstops.shape + (d,), dtype)], 1)
+        order = jnp.argsort(jax.lax.stop_gradient(ends), axis=1, stable=True)
+        ends = jnp.take_along_axis(ends, order, 1)
+        sizes = jnp.take_along_axis(sizes, order[..., None], 1)
+        live = jnp.isfinite(ends)
+        ends = jnp.where(live, ends, t1a)
+        sizes = jnp.where(live[..., None], sizes, 0.0)
+    owner = jnp.sum(jax.lax.stop_gradient(ends)[:, None, :] < jax.lax.stop_gradient(ts)[..., None],
+                    axis=-1)
+    starts = jnp.concatenate([jnp.broadcast_to(t0a, (n, 1)), ends], 1)
+    ends = jnp.concatenate([ends, jnp.broadcast_to(t1a, (n, 1))], 1)
+    sizes = jnp.concatenate([sizes, jnp.zeros((n, 1, d), dtype)], 1)
+    return starts.T, ends.T, jnp.swapaxes(sizes, 0, 1), owner
+
+
+def _diffeqsolve_segments(term, dsolver, control, dt0, max_steps: int, y0, params, ts,
+                          segments):
+    """``jax.vmap(diffrax.diffeqsolve)`` over the ensemble, one segment after the other
+    (``lax.scan``: one traced solve whatever the number of events): each segment from the
+    state after the previous one's jump, saving (``SaveAt(ts=...)``, dense output) the
+    save times it reads. ``(ys (n, k, d), y1 (n, d), accepted (n,), rejected (n,),
+    status (n,))``; the first failure's status is kept."""
+    import diffrax
+
+    starts, ends, sizes, owner = segments
+
+    def one(y0, p, a, c, ts):
+        # save times of other segments are clamped into this one and not read
+        inside = jnp.where(ts < a, a, jnp.where(ts > c, c, ts))
+        sol = diffrax.diffeqsolve(
+            term, dsolver, a, c, dt0, y0, args=p, saveat=diffrax.SaveAt(ts=inside, t1=True),
+            stepsize_controller=control, max_steps=max_steps,
+            adjoint=diffrax.RecursiveCheckpointAdjoint(), throw=False,
+        )
+        status = _status(sol.result)
+        finite = jnp.all(jnp.isfinite(sol.ys))
+        status = jnp.where((status == Status.OK) & ~finite, Status.NONFINITE, status)
+        return (sol.ys[:-1], sol.ys[-1], sol.stats["num_accepted_steps"].astype(jnp.int32),
+                sol.stats["num_rejected_steps"].astype(jnp.int32), status.astype(jnp.int32))
+
+    def segment(carry, x):
+        y, ys, nacc, nrej, status = carry
+        a, c, size, m = x
+        ys_m, y_end, acc, rej, st = jax.vmap(one)(y, params, a, c, ts)
+        ys = jnp.where((owner == m)[..., None], ys_m, ys)
+        status = jnp.where(status == Status.OK, st, status)
+        return (y_end + size, ys, nacc + acc, nrej + rej, status), None
+
+    if starts.shape[0] == 1:  # no events: one solve over [t0, t1]
+        return jax.vmap(one)(y0, params, starts[0], ends[0], ts)
+    n, k = ts.shape
+    zero = jnp.zeros((n,), jnp.int32)
+    init = (y0, jnp.zeros((n, k) + y0.shape[1:], y0.dtype), zero, zero, zero)
+    xs = (starts, ends, sizes, jnp.arange(starts.shape[0]))
+    (y1, ys, nacc, nrej, status), _ = jax.lax.scan(segment, init, xs)
+    return ys, y1, nacc, nrej, status
+
+
 def solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps: int, controller, throw,
-                  where: str) -> Solution:
+                  where: str, events=None) -> Solution:
     """``gs.solve`` by ``diffrax.diffeqsolve`` on batched inputs ``b`` (`gradsolve._checks.
     batch`): adaptive (``PIDController`` with ``controller``'s coefficients) where the
-    solver has an error estimate, constant steps ``dt0`` otherwise. Failures follow the
-    library's policy: Diffrax runs with ``throw=False`` and its result becomes
-    ``stats["status"]`` with NaN outputs; outside ``jit`` (or with ``throw=True``) a failure
-    raises."""
+    solver has an error estimate, constant steps ``dt0`` otherwise. Known-time ``events``
+    (`gradsolve._events.Events`) split the interval: one ``diffeqsolve`` per segment
+    between event times, the jump added to the state in between (each segment restarts the
+    solver and its step-size controller, as Diffrax does at ``jump_ts``); ``max_steps``
+    bounds each segment. Failures follow the library's policy: Diffrax runs with
+    ``throw=False`` and its result becomes ``stats["status"]`` with NaN outputs; outside
+    ``jit`` (or with ``throw=True``) a failure raises."""
     import diffrax
 
     adaptive = not (isinstance(solver, DiffraxSolver) and not solver.adaptive)
@@ -157,10 +239,10 @@ def solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps: int, control
         except (TypeError, jax.errors.ConcretizationTypeError):
             pass
     rc = runtime_checks(t0, t1, b.ts, rtol if adaptive else 1.0, atol if adaptive else 1.0,
-                        dt0)
+                        dt0, events)
     ts_run = b.ts
     if rc is not None:
-        t0, t1, ts_run, dt0 = rc.t0, rc.t1, rc.ts, rc.dt0
+        t0, t1, ts_run, dt0, events = rc.t0, rc.t1, rc.ts, rc.dt0, rc.events
         if adaptive:
             rtol, atol = rc.rtol, rc.atol
     if adaptive:
@@ -170,20 +252,9 @@ def solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps: int, control
                                         factormax=controller.factormax)
     else:
         control = diffrax.ConstantStepSize()
-
-    def one(y0, p, ts):
-        sol = diffrax.diffeqsolve(
-            term, dsolver, t0, t1, dt0, y0, args=p, saveat=diffrax.SaveAt(ts=ts, t1=True),
-            stepsize_controller=control, max_steps=max_steps,
-            adjoint=diffrax.RecursiveCheckpointAdjoint(), throw=False,
-        )
-        status = _status(sol.result)
-        finite = jnp.all(jnp.isfinite(sol.ys))
-        status = jnp.where((status == Status.OK) & ~finite, Status.NONFINITE, status)
-        return (sol.ys[:-1], sol.ys[-1], sol.stats["num_accepted_steps"],
-                sol.stats["num_rejected_steps"], status.astype(jnp.int32))
-
-    ys, y1, nacc, nrej, status = jax.vmap(one)(b.y0, b.params, ts_run)
+    segments = _segments(t0, t1, ts_run, events, b.n, b.d, b.y0.dtype)
+    ys, y1, nacc, nrej, status = _diffeqsolve_segments(term, dsolver, control, dt0, max_steps,
+                                                       b.y0, b.params, ts_run, segments)
     if rc is not None:
         status = jnp.where(rc.invalid, Status.INVALID_INPUT, status).astype(jnp.int32)
     failed = status != Status.OK
