@@ -4,7 +4,7 @@ and whether the estimates recover the simulated values (within 2 standard errors
 
     python benchmarks/bench_foce.py                 # theophylline, then 200 subjects
     python benchmarks/bench_foce.py --subjects 50   # a smaller study
-    python benchmarks/bench_foce.py --subjects 5 --skip-theophylline --driver diffrax
+    python benchmarks/bench_foce.py --subjects 5 --skip-theophylline --driver diffrax --solver tsit5
                                                     # the same fit, every solve through
                                                     # diffrax.diffeqsolve (vmapped)
     python benchmarks/bench_foce.py --seeds 0 1 2 3 # recovery across simulated studies
@@ -81,6 +81,8 @@ def main() -> None:
                     help="fit the simulated study for each seed and report recovery (|z|)")
     ap.add_argument("--driver", choices=sorted(DRIVERS), default="auto",
                     help="how every solve of the fit runs (gs.drivers.*; default Auto)")
+    ap.add_argument("--solver", choices=("default", "tsit5"), default="default",
+                    help="the fit's solver (default: the route's; Diffrax has no Vern7 twin)")
     args = ap.parse_args()
     import gradsolve as gs
     name = DRIVERS[args.driver]
@@ -93,7 +95,9 @@ def main() -> None:
         report("theophylline (12 subjects)", fit)
     data, _ = models.simulated_study(n_subjects=args.subjects, seed=0)
     t0 = time.perf_counter()
-    fit = inference.fit_population(models.two_compartment_oral(), data, driver=driver)
+    solver = gs.Tsit5() if args.solver == "tsit5" else None
+    fit = inference.fit_population(models.two_compartment_oral(), data, driver=driver,
+                                   solver=solver)
     report(f"simulated study ({args.subjects} subjects, two compartments, six doses each, "
            f"driver {args.driver}; "
            f"{time.perf_counter() - t0:.1f} s)", fit, models.TWO_COMPARTMENT_TRUTH)

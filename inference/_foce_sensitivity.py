@@ -223,8 +223,12 @@ def _perturbed(ctx, phi, eta, logdet, mesh, base=None):
     params = jax.tree_util.tree_map(cat, *[i[2] for i in ins])
     jumps = None if ins[0][3] is None else (cat(*[i[3][0] for i in ins]),
                                             cat(*[i[3][1] for i in ins]))
-    tiled = gs.Mesh.concatenate([mesh] * n)
-    ys = jnp.reshape(_solve(ctx, ins[0][0], z0, params, jumps, tiled).ys,
+    if mesh is None:
+        # a driver that records no mesh (gs.drivers.Diffrax): the copies solve adaptively
+        tiled, sctx = None, ctx._replace(ts=np.tile(ctx.ts, (n,) + (1,) * (ctx.ts.ndim - 1)))
+    else:
+        tiled, sctx = gs.Mesh.concatenate([mesh] * n), ctx
+    ys = jnp.reshape(_solve(sctx, ins[0][0], z0, params, jumps, tiled).ys,
                      (n, S) + ctx.ts.shape[1:] + (-1,))
     gs_, lds = [], []
     for j, h in enumerate(shifts):
