@@ -255,12 +255,10 @@ class ChainKernel:
         step = jnp.ones(C) if tuned is None else tuned.step_size
         if tuned is not None:
             imm = tuned.inverse_mass_matrix
-        elif metric is not None:
-            imm = jnp.broadcast_to(jnp.asarray(metric), (C,) + np.shape(metric))
         else:
-            imm = jnp.broadcast_to(jnp.eye(D) if self.settings["dense_mass"] else
-                                   jnp.ones(D), (C,) + ((D, D) if self.settings["dense_mass"]
-                                                        else (D,)))
+            if metric is None:
+                metric = jnp.eye(D) if self.settings["dense_mass"] else jnp.ones(D)
+            imm = jnp.broadcast_to(jnp.asarray(metric), (C,) + jnp.shape(metric))
         if imm.ndim == 3 and not self.settings["dense_mass"]:
             # a dense estimate handed to a diagonal kernel (`retuned`): its marginal
             # variances, what a diagonal adaptation estimates
