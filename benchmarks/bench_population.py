@@ -124,7 +124,9 @@ def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None
                 max_error_ratio=float(idata.posterior.attrs["max_error_ratio"]),
                 sampling_mesh=idata.posterior.attrs["sampling_mesh"],
                 leapfrog_steps=int(idata.sample_stats["n_steps"].sum()),
-                posterior=summary(idata, pop))
+                warmup_s=float(attrs.get("warmup_time_s", np.nan)),
+                sampling_s=float(attrs.get("sampling_time_s", np.nan)),
+                init=str(attrs.get("init", "")), posterior=summary(idata, pop))
 
 
 def run_numpyro(program, data, warm, draws, chains, seed, pop=POP, target_accept=0.8):
@@ -144,10 +146,11 @@ def run_numpyro(program, data, warm, draws, chains, seed, pop=POP, target_accept
                 leapfrog_steps=int(np.sum(ex["num_steps"])), posterior=summary(idata, pop))
 
 
-def study(warm, draws, chains, seed, subjects):
+def study(warm, draws, chains, seed, subjects, sides=None):
     """The simulated multiple-dose study (`models.simulated_study`): `inference.sample`
     under its default policy and under ``rerecord="warmup"`` (the mesh reused through
-    sampling), and NumPyro + ``gs.solve``; each row with its z-scores against the truth."""
+    sampling), and NumPyro + ``gs.solve`` (``sides``: a subset of those rows' names); each
+    row with its z-scores against the truth."""
     model = models.two_compartment_oral()
     data, _ = models.simulated_study(n_subjects=subjects, seed=0)
     truth = np.concatenate([np.ravel(models.TWO_COMPARTMENT_TRUTH[k]) for k in TWO_CPT])
@@ -160,6 +163,8 @@ def study(warm, draws, chains, seed, subjects):
                                                        TWO_CPT, rerecord="warmup")),
             ("numpyro_gs_solve", lambda: run_numpyro(inference.population_program(model), data,
                                                      warm, draws, chains, seed, TWO_CPT))):
+        if sides is not None and name not in sides:
+            continue
         r = run()
         est = np.array([v[:2] for v in r["posterior"].values()])
         r["max_abs_z"] = float(np.max(np.abs((est[:, 0] - truth) / est[:, 1])))
@@ -167,7 +172,9 @@ def study(warm, draws, chains, seed, subjects):
         out[name] = r
         print(f"  {name:17s} {r['total_s']:7.1f} s, min ESS {r['min_ess']:6.0f}, "
               f"{r['ess_per_s']:6.2f} ESS/s, {r['divergences']} divergences, max |z| vs truth "
-              f"{r['max_abs_z']:.2f}, max R-hat {r['max_r_hat']:.3f}", flush=True)
+              f"{r['max_abs_z']:.2f}, max R-hat {r['max_r_hat']:.3f}"
+              + (f" (warmup {r['warmup_s']:.0f} s, sampling {r['sampling_s']:.0f} s)"
+                 if "warmup_s" in r else ""), flush=True)
     return out
 
 
@@ -276,6 +283,8 @@ def main(argv=None):
                          "gs.solve")
     ap.add_argument("--study-gradient", type=int, default=0, metavar="S",
                     help="run only the S-subject study's gradient, kernel against XLA drivers")
+    ap.add_argument("--sides", default="gradsolve,gradsolve_warmup,numpyro_gs_solve",
+                    help="with --study: which rows to run (comma-separated)")
     a = ap.parse_args(argv)
     if a.study_gradient:
         res = dict(config=_config(0, 0, 4, a.seed, subjects=a.study_gradient),
@@ -285,7 +294,7 @@ def main(argv=None):
     if a.study:
         sw, sd = (200, 300) if a.quick else (500, 500)
         res = dict(config=_config(sw, sd, 4, a.seed, subjects=a.study),
-                   **study(sw, sd, 4, a.seed, a.study))
+                   **study(sw, sd, 4, a.seed, a.study, a.sides.split(",")))
         _write(res, f"bench_population_study_{a.study}{'_quick' if a.quick else ''}")
         return
     warm, draws, chains = (200, 300, 4) if a.quick else (500, 1000, 4)

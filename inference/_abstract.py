@@ -4,13 +4,14 @@ Two problems implement it: `inference._problem.Problem` (an `ODEModel` and its d
 ODE, one mesh) and `inference._program.ProgramProblem` (any NumPyro program with
 `inference.ode` sites: a mesh per site). The chains, the mesh policies, checkpoints and
 the MAP start talk to this interface only, and the sampler's defaults that depend on the
-kind of problem are its class attributes, so no caller asks which class it holds.
+kind of problem are its attributes (a class's, or an instance's where the problem's structure
+decides them), so no caller asks which class it holds.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import Any
 
 import jax
 
@@ -49,10 +50,10 @@ class AbstractProblem(abc.ABC):
 
     space: Any
     source: Any
-    default_rerecord: ClassVar[str]
-    default_target_accept: ClassVar[float]
-    dense_mass_by_default: ClassVar[bool]
-    count_failures_by_default: ClassVar[bool]
+    default_rerecord: str
+    default_target_accept: float
+    dense_mass_by_default: bool
+    count_failures_by_default: bool
 
     @abc.abstractmethod
     def fingerprint(self) -> dict:

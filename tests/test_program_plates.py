@@ -52,3 +52,37 @@ def test_a_population_programs_subjects():
     # the random effects are the only per-subject latent sites of this model
     assert set(members) == {"eta"} and members["eta"] == "subjects"
     assert dict(pb.plates["eta"])["subjects"] == data.n_subjects
+
+
+def test_sampler_defaults_follow_the_programs_structure():
+    """A program with per-trajectory latent sites keeps the population defaults (re-record
+    at every proposal, diagonal metric); one whose parameters are shared by every trajectory
+    (an ODE model written as a program, an ensemble of conditions) gets an ODE model's."""
+    from inference._problem import Problem
+
+    ts = jnp.linspace(0.5, 4.0, 5)
+    obs = jnp.exp(-jnp.outer(jnp.array([0.5, 0.8, 1.1]), ts))
+    hier = problem_for(program, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
+    assert hier.hierarchical
+    assert (hier.default_rerecord, hier.dense_mass_by_default) == ("always", False)
+
+    def shared(data):
+        ts, obs = data
+        k = numpyro.sample("k", dist.LogNormal(0.0, 0.5))
+        sol = inference.ode("decay", decay, 0.0, 4.0, jnp.ones((3, 1)),
+                            {"k": jnp.full(3, k)}, ts=ts, solver=gs.Tsit5())
+        numpyro.sample("obs", dist.Normal(sol.ys[..., 0], 0.05), obs=obs)
+
+    flat = problem_for(shared, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
+    assert not flat.hierarchical
+    assert (flat.default_rerecord, flat.default_target_accept,
+            flat.dense_mass_by_default) == (Problem.default_rerecord,
+                                            Problem.default_target_accept,
+                                            Problem.dense_mass_by_default)
+    lynx = problem_for(inference.numpyro_model(models.lynx_hare()),
+                       models.load_dataset("lynx_hare"), rtol=1e-6, atol=1e-8,
+                       max_steps=None)
+    assert not lynx.hierarchical and lynx.default_rerecord == "warmup"
+    theo = problem_for(models.theophylline(), models.load_dataset("theophylline"),
+                       rtol=1e-6, atol=1e-8, max_steps=None)
+    assert theo.hierarchical and theo.default_rerecord == "always"
