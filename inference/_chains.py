@@ -26,7 +26,8 @@ import gradsolve as gs
 from ._policy import MeshPolicy
 from ._abstract import AbstractProblem
 
-__all__ = ["SampleState", "SampleInfo", "Draws", "ChainKernel", "CHUNK", "spaced"]
+__all__ = ["SampleState", "SampleInfo", "Draws", "ChainKernel", "CHUNK", "spaced",
+           "chain_devices"]
 
 CHUNK = 100  # iterations per compiled loop call (the length of its draw buffers)
 
@@ -165,6 +166,46 @@ class _FailureCounter:
         self.count += int(np.sum(np.asarray(failed)))
 
 
+def chain_devices(chain_method: str, num_chains: int) -> int:
+    """How many devices the chains are split over: ``1`` for ``"vectorized"``; for
+    ``"parallel"`` the most local devices that divide ``num_chains`` evenly; ``"auto"`` is
+    ``"parallel"`` on CPU devices when there are several (each CPU device runs its chains on
+    a core of its own), ``"vectorized"`` otherwise."""
+    if chain_method not in ("auto", "parallel", "vectorized"):
+        raise ValueError(f"`chain_method` must be 'auto', 'parallel' or 'vectorized'; got "
+                         f"{chain_method!r}")
+    devices = jax.local_devices()
+    if chain_method == "vectorized" or (chain_method == "auto"
+                                        and devices[0].platform != "cpu"):
+        return 1
+    k = max(d for d in range(1, min(len(devices), num_chains) + 1) if num_chains % d == 0)
+    if chain_method == "parallel" and k < 2:
+        raise ValueError(
+            f"`chain_method`='parallel' needs at least two devices that share the "
+            f"{num_chains} chains evenly; JAX has {len(devices)} ({devices[0].platform}). "
+            "On a CPU, ask JAX for one device per core before it starts: "
+            "jax.config.update('jax_num_cpu_devices', os.cpu_count()) (or "
+            "numpyro.set_host_device_count), first thing in the program.")
+    return k
+
+
+def _over_devices(loop, devices: int):
+    """``loop`` with its chains split over the first ``devices`` local devices
+    (``jax.shard_map``, no communication between them): each device runs its own chains'
+    iterations. Vectorised on one device, a NUTS step waits for the longest tree among all
+    chains and runs on one core; apart, each device waits only for its own chains, on a
+    core of its own."""
+    if devices < 2:
+        return loop
+    from jax.sharding import Mesh as DeviceMesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = DeviceMesh(np.array(jax.local_devices()[:devices]), ("chains",))
+    c = P("chains")
+    return jax.shard_map(loop, mesh=mesh, in_specs=(c, c, P(), c), out_specs=(c, c),
+                         check_vma=False)
+
+
 class ChainKernel:
     """NumPyro NUTS/HMC over ``C`` vectorised chains on the potential of ``problem``.
 
@@ -173,6 +214,7 @@ class ChainKernel:
         num_chains, num_warmup: ``C`` and the warmup length (NumPyro's adaptation schedule).
         algo: ``"NUTS"`` or ``"HMC"``; target_accept, dense_mass, max_tree_depth: NumPyro's.
         count_failures: count failed potential evaluations with a host callback.
+        devices: how many local devices the chains are split over (`chain_devices`).
         retune: a re-adaptation of the step size only: `init` then starts from given
             step sizes and mass matrices, which it keeps.
     """
@@ -180,14 +222,14 @@ class ChainKernel:
     def __init__(self, problem: AbstractProblem, policy: MeshPolicy, *, num_chains: int,
                  num_warmup: int, algo: str, target_accept: float, dense_mass: bool,
                  max_tree_depth: int, count_failures: bool, solve_max_steps: int,
-                 retune: bool = False):
+                 devices: int = 1, retune: bool = False):
         from numpyro.infer.hmc import hmc
 
         self.problem, self.policy, self.C = problem, policy, num_chains
         self.target_accept, self.retune = float(target_accept), bool(retune)
         self.settings = dict(num_warmup=num_warmup, algo=algo, dense_mass=dense_mass,
                              max_tree_depth=max_tree_depth, count_failures=count_failures,
-                             solve_max_steps=solve_max_steps)
+                             solve_max_steps=solve_max_steps, devices=int(devices))
         self.failures = _FailureCounter()
         solve = policy.solves_each_evaluation
 
@@ -235,7 +277,7 @@ class ChainKernel:
             return jax.lax.fori_loop(0, n, body, (state, buf))
 
         self._init = jax.jit(jax.vmap(init_one))
-        self._loop = jax.jit(loop)
+        self._loop = jax.jit(_over_devices(loop, int(devices)))
         self._own_error_ratio = jax.jit(jax.vmap(problem.error_ratio))
         self._error_ratio = jax.jit(lambda u, m: jax.vmap(
             lambda uu: problem.error_ratio(uu, m))(u))

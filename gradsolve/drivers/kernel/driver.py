@@ -11,6 +11,7 @@ adjoint, forward mode and second derivatives the batched driver.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from functools import partial
@@ -137,13 +138,29 @@ def _too_many_variants(f, variant_key, source: str) -> bool:
     return False
 
 
+def call_threads(threads: int) -> np.int32:
+    """The ``threads`` attribute of a kernel call: ``threads`` where given; inside a caller's
+    ``shard_map`` (e.g. a sampler's chains split over CPU devices, each device a thread of
+    its own) the CPUs this process may use shared among those devices, so the calls do not
+    start more threads than there are cores; otherwise ``0`` (the kernel decides)."""
+    if threads:
+        return np.int32(threads)
+    am = jax.sharding.get_abstract_mesh()
+    if not am.manual_axes:
+        return np.int32(0)
+    k = int(np.prod([am.shape[a] for a in am.manual_axes]))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return np.int32(max(1, (cpus or 1) // k))
+
+
 def spread(make_call, n: int):
     """``make_call(n_local)`` (an FFI call on ``n_local`` trajectories) run on every device's
     share of the ensemble axis (``shard_map`` over `gradsolve.ensemble_sharding`'s mesh), so
     a sharded ensemble stays where it lives and every device works; with one device (or
     ``n`` not divisible by the device count) the plain call."""
     devices = jax.devices()
-    if len(devices) <= 1 or n % len(devices):
+    if len(devices) <= 1 or n % len(devices) or jax.sharding.get_abstract_mesh().manual_axes:
+        # inside a caller's shard_map (e.g. chains split over devices) the call is local
         return make_call(n)
     from jax.sharding import PartitionSpec
 
@@ -225,7 +242,7 @@ def kernel_replay(prefix: str, f, solver, nodes: ReplayNodes, y0, params, rtol, 
         wide = m * s1 * (d + 1) * jnp.dtype(dtype).itemsize
         return d + 1 if wide <= _WIDE_ROWS_MAX_BYTES else d
 
-    attrs = dict(threads=np.int32(threads))
+    attrs = dict(threads=call_threads(threads))
     fwd_ffi = spread(lambda m: partial(jax.ffi.ffi_call(
         f"{prefix}_fwd",
         (jax.ShapeDtypeStruct((m, k, d), dtype), jax.ShapeDtypeStruct((m, d), dtype),
@@ -298,7 +315,7 @@ def kernel_record(prefix: str, f, solver, controller, t0, t1, y0, params, ts, rt
          jax.ShapeDtypeStruct((m, d), dtype), jax.ShapeDtypeStruct((m, J), i32),
          jax.ShapeDtypeStruct((m, L), i32)),
         vmap_method="broadcast_all",
-    ), fill=bool(fill), threads=np.int32(threads)), n)
+    ), fill=bool(fill), threads=call_threads(threads)), n)
     sg = jax.lax.stop_gradient
     times, n_steps, n_rej, status, save_index, dt_next, y_last, jump_index, tstop_index = call(
         t01, y0, pflat, ts.astype(dtype), tol, dt0, ctrl, sg(ev.jump_times).astype(dtype),
