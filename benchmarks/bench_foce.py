@@ -8,6 +8,9 @@ and whether the estimates recover the simulated values (within 2 standard errors
                                                     # the same fit, every solve through
                                                     # diffrax.diffeqsolve (vmapped)
     python benchmarks/bench_foce.py --seeds 0 1 2 3 # recovery across simulated studies
+    python benchmarks/bench_foce.py --profile --seeds 0 7
+                                                    # Wald and likelihood-profile 95%
+                                                    # intervals beside the truth
 """
 
 from __future__ import annotations
@@ -70,6 +73,44 @@ def recovery(seeds, subjects, driver) -> None:
           f"per-seed max |z| {np.round(zs.max(axis=1), 2).tolist()}")
 
 
+def profile(seeds, subjects, driver) -> None:
+    """Fit the simulated study for each seed, then `inference.profile_intervals` of every
+    population parameter; print the Wald (estimate +- 1.96 SE) and the profile 95%
+    intervals beside the truth, whether each covers it, and the wall times."""
+    truth = models.TWO_COMPARTMENT_TRUTH
+    model = models.two_compartment_oral()
+    for seed in seeds:
+        data, _ = models.simulated_study(n_subjects=subjects, seed=seed)
+        fit = inference.fit_population(model, data, driver=driver)
+        ci = inference.profile_intervals(fit, model, data, driver=driver)
+        print(f"\nseed {seed}, {subjects} subjects: fit {fit.wall_time:.1f} s (OFV "
+              f"{fit.ofv:.3f}, converged {fit.converged}), profiles {ci.wall_time:.1f} s "
+              f"({ci.n_evaluations} objective evaluations)")
+        print(f"  {'param':<12}{'truth':>8}{'estimate':>10}  {'Wald 95%':<20}{'in':>4}  "
+              f"{'profile 95%':<20}{'in':>4}  {'prof/Wald width':>15}")
+        n_wald = n_prof = n = 0
+        for k in truth:
+            t, est = np.atleast_1d(truth[k]), np.atleast_1d(fit.params[k])
+            se = np.atleast_1d(fit.se[k])
+            lo, hi = np.atleast_1d(ci.lower[k]), np.atleast_1d(ci.upper[k])
+            for i in range(t.size):
+                label = f"{k}[{i}]" if t.size > 1 else k
+                wl, wh = est[i] - 1.96 * se[i], est[i] + 1.96 * se[i]
+                in_w = wl <= t[i] <= wh
+                # a bound not found: the profile stays inside up to a boundary or step limit
+                pl = lo[i] if np.isfinite(lo[i]) else -np.inf
+                ph = hi[i] if np.isfinite(hi[i]) else np.inf
+                in_p = pl <= t[i] <= ph
+                n, n_wald, n_prof = n + 1, n_wald + in_w, n_prof + in_p
+                ratio = (ph - pl) / (wh - wl)
+                print(f"  {label:<12}{t[i]:8.4f}{est[i]:10.4f}  [{wl:7.4f}, {wh:7.4f}]  "
+                      f"{'yes' if in_w else 'NO':>4}  [{pl:7.4f}, {ph:7.4f}]  "
+                      f"{'yes' if in_p else 'NO':>4}  {ratio:15.2f}", flush=True)
+        print(f"  covered: Wald {n_wald} of {n}, profile {n_prof} of {n}")
+        for note in ci.notes:
+            print(f"  note: {note}")
+
+
 DRIVERS = {"auto": None, "diffrax": "Diffrax", "lanes": "Lanes", "kernel": "Kernel"}
 
 
@@ -79,6 +120,9 @@ def main() -> None:
     ap.add_argument("--skip-theophylline", action="store_true")
     ap.add_argument("--seeds", type=int, nargs="+",
                     help="fit the simulated study for each seed and report recovery (|z|)")
+    ap.add_argument("--profile", action="store_true",
+                    help="Wald and likelihood-profile intervals beside the truth, for each "
+                         "of --seeds (default 0)")
     ap.add_argument("--driver", choices=sorted(DRIVERS), default="auto",
                     help="how every solve of the fit runs (gs.drivers.*; default Auto)")
     ap.add_argument("--solver", choices=("default", "tsit5"), default="default",
@@ -87,6 +131,9 @@ def main() -> None:
     import gradsolve as gs
     name = DRIVERS[args.driver]
     driver = None if name is None else getattr(gs.drivers, name)()
+    if args.profile:
+        profile(args.seeds or [0], args.subjects, driver)
+        return
     if args.seeds:
         recovery(args.seeds, args.subjects, driver)
         return

@@ -8,7 +8,8 @@
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
 - `fit_population`, `PopulationFit`: population maximum likelihood, random effects
-  integrated by the Laplace approximation (FOCE-I or Laplace), all subjects one ensemble.
+  integrated by the Laplace approximation (FOCE-I or Laplace), all subjects one ensemble;
+  `profile_intervals`, `ProfileIntervals`: its likelihood-profile confidence intervals.
 - `vpc`, `VPC`, `plot_vpc`, `plot_dv_pred`, `plot_cwres`, `population_table`: a
   population fit's diagnostics (visual predictive check, DV against PRED/IPRED, CWRES) and
   its long-form table.
@@ -56,6 +57,7 @@ from ._least_squares import fit_least_squares
 from ._ode import ode
 from ._policy import MeshPolicy
 from ._population_fit import PopulationFit, fit_population
+from ._population_profile import ProfileIntervals, profile_intervals
 from ._predictive import predictive
 from ._problem import TOLERANCES as _TOLERANCES
 from ._problem import InferenceModel
@@ -95,6 +97,8 @@ __all__ = [
     "predictive",
     "fit_population",
     "PopulationFit",
+    "profile_intervals",
+    "ProfileIntervals",
     "vpc",
     "VPC",
     "plot_vpc",

@@ -374,13 +374,23 @@ def _second_order_functions(pb: _Problem, solve_kw: dict):
     return newton_step, objective, tables
 
 
-def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner_iterations,
-         seed, driver) -> PopulationFit:
-    t_start = time.perf_counter()
-    pb = _problem(model, data, method, init, seed)
+class _Objective(NamedTuple):
+    """The population objective `_objective` builds for a laid-out problem."""
+
+    fun: Any              # u -> (OFV, gradient (P,)) with the modes re-found (numpy)
+    modes: Any            # u -> eta* (S, q), warm-started at the last modes found
+    value_and_grad: Any   # (u, eta*) -> (OFV, gradient), jitted
+    tables: Any           # (u, eta) -> PRED, IPRED, d IPRED / d eta
+    route: str
+
+
+def _objective(pb: _Problem, *, rtol, atol, solver, inner_iterations, driver) -> _Objective:
+    """The objective ``-2 log L`` of the unconstrained population vector ``u`` (the modes
+    found inside), on the sensitivity route where it applies (`PopulationFit.route`)."""
+    model, data = pb.model, pb.data
     default_solver = solver is None
     solver = model.solver if solver is None else solver
-    refusal = sensitivity_refusal(model, data, method, dict(
+    refusal = sensitivity_refusal(model, data, pb.method, dict(
         pb.unflatten(jnp.asarray(pb.u0)), **{pb.eff: pb.draw[pb.eff]}), pb.eff)
     route = "sensitivities" if refusal is None else f"second-order ({refusal})"
     if refusal is None:
@@ -410,6 +420,16 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
             return 1e300, np.zeros_like(g)
         return v, g
 
+    return _Objective(fun, modes, value_and_grad, tables, route)
+
+
+def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner_iterations,
+         seed, driver) -> PopulationFit:
+    t_start = time.perf_counter()
+    pb = _problem(model, data, method, init, seed)
+    fun, modes, value_and_grad, tables, route = _objective(
+        pb, rtol=rtol, atol=atol, solver=solver, inner_iterations=inner_iterations,
+        driver=driver)
     from scipy.optimize import minimize
     res = minimize(fun, pb.u0, jac=True, method="BFGS",
                    options=dict(maxiter=int(max_iterations), gtol=GTOL))
