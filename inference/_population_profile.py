@@ -99,11 +99,16 @@ def profile_intervals(
     ridge, its first inverse Hessian from the estimate's). From the estimate the bound is
     sought in steps starting at the Wald bound ``sqrt(chi2) SE`` (SE on the unconstrained
     scale, at most 1), each next step where a quadratic through the last point would cross
-    (1.5 to 4 times the last), until ``OFV_p - OFV_min`` passes ``chi2_1(level)``; then
+    (1.5 to 4 times the last; halfway back where the objective is not finite, e.g. a
+    variance overflowing), until ``OFV_p - OFV_min`` passes ``chi2_1(level)``; then
     regula falsi (Illinois) on ``sqrt(OFV_p - OFV_min) - sqrt(chi2)``, nearly linear in
     ``u_j``, to ``|OFV_p - OFV_min - chi2| < tol``. A side where the profile stays below
     the threshold for ``max_steps`` steps or up to 30 units on the unconstrained scale (a
     variance whose profile is flat down to zero) is reported not found, not extrapolated.
+    Where BFGS stops short (a subject's conditional mode changing branch makes the
+    objective jump) the point is minimised again from the nearest point nearer the
+    estimate, and the lower of the two kept. The profile follows the estimate's branch: a
+    separate, lower region of the objective is found only if the profile runs into it.
 
     Why: Wald intervals take the objective as quadratic at the estimate; on a ridge
     (absorption against volume) or near a variance's zero bound they can be far too narrow
@@ -381,6 +386,8 @@ def _refine(ctx, pts, inside, outside, iterations=20):
             if last == "outside":
                 za /= 2
             last = "outside"
-    best = min((inside, outside), key=lambda p: abs(p.rise - c2))
-    return None, (f"regula falsi did not reach |rise - chi2| < {ctx.tol} in {iterations} "
-                  f"steps (closest {best.rise:.4f} at u_j {ctx.u_hat[ctx.j] + best.delta:.6g}).")
+    a, b = sorted((ctx.u_hat[ctx.j] + inside.delta, ctx.u_hat[ctx.j] + outside.delta))
+    return None, (f"the profile jumps across the threshold between u_j {a:.6g} and {b:.6g} "
+                  f"(rise {inside.rise:.4f} to {outside.rise:.4f}; regula falsi, "
+                  f"{iterations} steps): a discontinuity, where the other parameters' "
+                  "minimum changes branch, or a profile point BFGS did not minimise.")
