@@ -76,6 +76,20 @@ def test_bounds_lie_where_the_exact_profile_crosses_chi2(linear_fit):
     assert np.all(np.diff(vals) > 0) and rise.min() == pytest.approx(0.0, abs=1e-9)
 
 
+def test_laplace_route_bounds_against_the_exact_profile():
+    """The same check through method='laplace' (the second-order route: exact Hessians of
+    the solve), for the mean's intercept and the between-subject sd."""
+    data = linear_data(np.random.default_rng(0))
+    fit = inference.fit_population(linear_model(), data, method="laplace", init=INIT)
+    ci = inference.profile_intervals(fit, linear_model(), data, names=["a", "omega"])
+    m2ll = exact_m2ll(np.stack([s.ys for s in data.subjects]))
+    x_hat = np.array([unconstrained(k, fit.params[k]) for k in ("a", "b", "omega", "sigma")])
+    for j, k in ((0, "a"), (2, "omega")):
+        for bound in (ci.lower[k], ci.upper[k]):
+            rise = exact_profile(m2ll, j, unconstrained(k, bound), x_hat) - m2ll(x_hat)
+            assert rise == pytest.approx(C2, abs=0.02), (k, bound, rise)
+
+
 def test_near_quadratic_interval_is_the_wald_interval(linear_fit):
     """b (the slope) enters the predictions linearly: its profile is nearly quadratic, so
     the profile interval is estimate +- 1.96 SE within a few percent; omega's (a standard
