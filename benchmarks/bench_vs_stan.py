@@ -21,6 +21,11 @@ leapfrog steps, divergences, ESS/s; then the posteriors side by side. Usage::
 
     python benchmarks/bench_vs_stan.py                    # both models
     python benchmarks/bench_vs_stan.py --models lynx_hare --quick
+    python benchmarks/bench_vs_stan.py --cpu-devices 1     # our chains on one device
+
+gradsolve's worker gives JAX one CPU device per core (``--cpu-devices``, default
+``os.cpu_count()``), the one line a user adds (``jax.config.update("jax_num_cpu_devices",
+n)``), and ``inference.sample`` splits the chains over them.
 
 PyStan is an optional dependency (``pip install pystan``); without it only gradsolve runs.
 """
@@ -157,10 +162,15 @@ def _summary(idata, names, t_build, t_warm, t_samp, t_total, steps, div):
                 mean=summ["mean"].to_dict(), sd=summ["sd"].to_dict())
 
 
-def worker_gradsolve(model: str, quick: bool, seed: int) -> dict:
+def worker_gradsolve(model: str, quick: bool, seed: int, cpu_devices: int = 1) -> dict:
     t0 = time.perf_counter()
     import jax
 
+    if cpu_devices > 1:
+        # the user's one line that gives JAX a device per core, before anything else:
+        # inference.sample then splits the chains over them (as Stan runs its chains in
+        # parallel processes)
+        jax.config.update("jax_num_cpu_devices", cpu_devices)
     jax.config.update("jax_enable_x64", True)
     import inference
 
@@ -176,7 +186,8 @@ def worker_gradsolve(model: str, quick: bool, seed: int) -> dict:
     out = _summary(idata, PARAMS[model], 0.0, a["warmup_time_s"], a["sampling_time_s"], total,
                    idata.sample_stats["n_steps"].sum(), idata.sample_stats["diverging"].sum())
     out.update(import_s=t_import, init_fit_s=a.get("init_fit_wall_time_s", 0.0),
-               mass_matrix=a.get("mass_matrix", ""))
+               mass_matrix=a.get("mass_matrix", ""), chain_method=a.get("chain_method", ""),
+               chain_devices=int(a.get("chain_devices", 1)))
     return out
 
 
@@ -204,9 +215,11 @@ def worker_stan(model: str, quick: bool, seed: int) -> dict:
     return out
 
 
-def _spawn(side: str, model: str, quick: bool, seed: int, env: dict) -> dict:
+def _spawn(side: str, model: str, quick: bool, seed: int, env: dict,
+           cpu_devices: int = 1) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--models", model,
-           "--seed", str(seed)] + (["--quick"] if quick else [])
+           "--seed", str(seed), "--cpu-devices", str(cpu_devices)] + (
+               ["--quick"] if quick else [])
     proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
@@ -222,7 +235,9 @@ def _table(rows: dict, draws: int) -> None:
               ("min bulk ESS", lambda r: f"{r['min_ess']:.0f}"),
               ("ESS/s, total", lambda r: f"{r['min_ess'] / r['total_s']:.1f}"),
               ("leapfrog steps a draw", lambda r: f"{r['leapfrog_steps'] / draws:.1f}"),
-              ("divergences", lambda r: str(r["divergences"]))]
+              ("divergences", lambda r: str(r["divergences"])),
+              ("chains", lambda r: (f"{r['chain_method']} on {r['chain_devices']} devices"
+                                    if "chain_method" in r else "parallel processes"))]
     out = [[""] + cols]
     for name, fn in fields:
         out.append([name] + [fn(rows[c]) if "error" not in rows[c] else "failed" for c in cols])
@@ -236,11 +251,19 @@ def main() -> None:
     ap.add_argument("--models", default="lynx_hare,theophylline")
     ap.add_argument("--quick", action="store_true", help="200 warmup + 300 draws")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
+                    help="JAX CPU devices of gradsolve's process (default: one per core; "
+                         "1: every chain vectorised on one device)")
+    ap.add_argument("--sides", default="gradsolve,stan",
+                    help="which sides to run (comma-separated)")
     ap.add_argument("--worker", choices=["gradsolve", "stan"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        fn = worker_gradsolve if args.worker == "gradsolve" else worker_stan
-        print(json.dumps(fn(args.models, args.quick, args.seed)))
+        if args.worker == "gradsolve":
+            out = worker_gradsolve(args.models, args.quick, args.seed, args.cpu_devices)
+        else:
+            out = worker_stan(args.models, args.quick, args.seed)
+        print(json.dumps(out))
         return
     try:
         import stan  # noqa: F401
@@ -258,9 +281,10 @@ def main() -> None:
             st_env = {"XDG_CACHE_HOME": st_dir}
             rows = {}
             for run in ("first", "second"):
-                rows[f"gradsolve {run}"] = _spawn("gradsolve", model, args.quick, args.seed,
-                                                  gs_env)
-                if have_stan:
+                if "gradsolve" in args.sides:
+                    rows[f"gradsolve {run}"] = _spawn("gradsolve", model, args.quick,
+                                                      args.seed, gs_env, args.cpu_devices)
+                if have_stan and "stan" in args.sides:
                     rows[f"Stan {run}"] = _spawn("stan", model, args.quick, args.seed, st_env)
         print(f"\n{model}: {s['chains']} chains x ({200 if args.quick else s['warmup']} warmup"
               f" + {300 if args.quick else s['draws']} draws), 2-core CPU")
@@ -268,7 +292,7 @@ def main() -> None:
         for k, r in rows.items():
             if "error" in r:
                 print(f"{k} failed:\n{r['error']}")
-        if have_stan and all("error" not in r for r in rows.values()):
+        if len(rows) == 4 and all("error" not in r for r in rows.values()):
             for run in ("first", "second"):
                 g, st = rows[f"gradsolve {run}"], rows[f"Stan {run}"]
                 print(f"ESS/s ratio, {run} runs (gradsolve / Stan): "

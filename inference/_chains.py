@@ -189,6 +189,18 @@ def chain_devices(chain_method: str, num_chains: int) -> int:
     return k
 
 
+def _chain_sharding(devices: int):
+    """The sharding that splits a leading chain axis over the first ``devices`` local
+    devices (``None`` for one)."""
+    if devices < 2:
+        return None
+    from jax.sharding import Mesh as DeviceMesh
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = DeviceMesh(np.array(jax.local_devices()[:devices]), ("chains",))
+    return NamedSharding(mesh, PartitionSpec("chains"))
+
+
 def _over_devices(loop, devices: int):
     """``loop`` with its chains split over the first ``devices`` local devices
     (``jax.shard_map``, no communication between them): each device runs its own chains'
@@ -197,13 +209,11 @@ def _over_devices(loop, devices: int):
     core of its own."""
     if devices < 2:
         return loop
-    from jax.sharding import Mesh as DeviceMesh
     from jax.sharding import PartitionSpec as P
 
-    mesh = DeviceMesh(np.array(jax.local_devices()[:devices]), ("chains",))
     c = P("chains")
-    return jax.shard_map(loop, mesh=mesh, in_specs=(c, c, P(), c), out_specs=(c, c),
-                         check_vma=False)
+    return jax.shard_map(loop, mesh=_chain_sharding(devices).mesh, in_specs=(c, c, P(), c),
+                         out_specs=(c, c), check_vma=False)
 
 
 class ChainKernel:
@@ -278,6 +288,7 @@ class ChainKernel:
 
         self._init = jax.jit(jax.vmap(init_one))
         self._loop = jax.jit(_over_devices(loop, int(devices)))
+        self._sharding = _chain_sharding(int(devices))
         self._own_error_ratio = jax.jit(jax.vmap(problem.error_ratio))
         self._error_ratio = jax.jit(lambda u, m: jax.vmap(
             lambda uu: problem.error_ratio(uu, m))(u))
@@ -328,7 +339,13 @@ class ChainKernel:
         C, D = self.C, self.problem.space.dim
         buf = Draws(jnp.zeros((C, CHUNK, D), f), jnp.zeros((C, CHUNK), bool),
                     jnp.zeros((C, CHUNK), jnp.int32), *(jnp.zeros((C, CHUNK), f),) * 4)
-        chains, out = self._loop(s.chains, self.meshes(s), n, buf)
+        args = (s.chains, self.meshes(s), buf)
+        if self._sharding is not None:
+            # every call on chain-sharded inputs: a jit specialises on its inputs'
+            # placement, and NumPyro's initial states live on one device (a second
+            # compile of the loop, ~4 s, when the next call gets the first one's output)
+            args = jax.device_put(args, self._sharding)
+        chains, out = self._loop(args[0], args[1], n, args[2])
         jax.block_until_ready(chains.z)
         draws = Draws(*(np.asarray(b)[:, :n] for b in out))
         return s._replace(chains=chains, iteration=s.iteration + n), draws, self.failures.count
