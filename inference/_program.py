@@ -368,8 +368,8 @@ class ProgramProblem(AbstractProblem):
     # site's trajectories, e.g. random effects in a subjects plate): a subject's step count
     # varies widely across the posterior (a frozen mesh would not hold), the funnel-shaped
     # hierarchy wants smaller steps, and NumPyro's dense adaptation left a chain stuck on
-    # theophylline in one run of six. A program with no such sites gets an ODE model's
-    # defaults in `__init__` (see `hierarchical`).
+    # theophylline in one run of six. A program with no latent site in a plate gets an
+    # ODE model's defaults in `__init__` (see `hierarchical`).
     default_rerecord = "always"
     default_target_accept = 0.9
     dense_mass_by_default = False
@@ -401,7 +401,9 @@ class ProgramProblem(AbstractProblem):
         self._record_many = jax.jit(jax.vmap(self._record_point, in_axes=(0, None)),
                                     static_argnums=1)
         self._constrained = jax.jit(self.space.from_unconstrained)
-        self.hierarchical = any(self.members(site) for site in self.sites)
+        # latent sites in a plate: random effects (of an ode site's trajectories or not,
+        # e.g. eight schools' funnel)
+        self.hierarchical = any(self.plates.get(name) for name in self.space.names)
         if not self.hierarchical:
             # one set of parameters for every trajectory (lynx-hare as a program, a PEtab
             # problem's conditions): the step counts move little across the posterior, so

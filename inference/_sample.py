@@ -33,9 +33,9 @@ Mesh policy (``rerecord``; `MeshPolicy`), and why each is exact:
   for warmup and sampling.
 
 The default (``rerecord=None``) is ``"warmup"`` for an `ODEModel` and ``"always"`` for a
-population model or a NumPyro program with per-trajectory latent sites (random effects in
-a plate over an ode site's ensemble); a program whose parameters every trajectory shares
-gets an `ODEModel`'s defaults (``"warmup"``, 0.8, dense). A population's posterior spans a wide range of
+population model or a NumPyro program with latent sites in a plate (random effects, e.g.
+per subject); a program without (its parameters shared by every trajectory) gets an
+`ODEModel`'s defaults (``"warmup"``, 0.8, dense). A population's posterior spans a wide range of
 every subject's own time scales (a subject's absorption rate varies by several times
 across it), and NUTS trajectories reach beyond the warmup's draws; a fixed explicit mesh
 is then too coarse, even unstable, where a subject's dynamics are faster, and the
@@ -326,10 +326,10 @@ def sample(
             CPU devices: sampling 1.7x faster).
         kernel: ``"nuts"`` or ``"hmc"``.
         rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
-            for an `ODEModel` or a program whose parameters every trajectory shares,
-            ``"always"`` for a population model or a program with per-trajectory latent
-            sites (random effects in a subjects plate; see the module docstring for why each
-            keeps the sampler exact).
+            for an `ODEModel` or a program with no latent site in a plate, ``"always"``
+            for a population model or a program with such sites (random effects, e.g. in
+            a subjects plate; see the module docstring for why each keeps the sampler
+            exact).
         seed: seeds initialisation and the chains.
         init: ``"map"`` (multi-start MAP fit, jittered), ``"prior"`` (prior draws), or a
             constrained parameter dict (one point, jittered, or leaves with a leading axis
@@ -339,12 +339,12 @@ def sample(
             path resumes and gives the same draws as an uninterrupted run.
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept: NUTS/HMC's target acceptance probability; ``None``: 0.8 (NumPyro's
-            and Stan's default) for an `ODEModel` or a program without per-trajectory
-            latent sites, 0.9 for a population model or program with them (why: the module
+            and Stan's default) for an `ODEModel` or a program with no latent site in a
+            plate, 0.9 for a population model or program with them (why: the module
             docstring).
         dense_mass: a dense (``True``) or diagonal (``False``) mass matrix, adapted in warmup
-            as NumPyro's; ``None``: dense for an `ODEModel` (or a program without
-            per-trajectory latent sites) with at most ``max(10, num_warmup // 10)``
+            as NumPyro's; ``None``: dense for an `ODEModel` (or a program with no latent
+            site in a plate) with at most ``max(10, num_warmup // 10)``
             unconstrained parameters, diagonal otherwise
             (why: the module docstring). A dense metric whose late warmup diverges is
             replaced by its diagonal when the step size is re-adapted; the attribute

@@ -55,8 +55,8 @@ def test_a_population_programs_subjects():
 
 
 def test_sampler_defaults_follow_the_programs_structure():
-    """A program with per-trajectory latent sites keeps the population defaults (re-record
-    at every proposal, diagonal metric); one whose parameters are shared by every trajectory
+    """A program with latent sites in a plate keeps the population defaults (re-record at
+    every proposal, diagonal metric); one whose parameters are shared by every trajectory
     (an ODE model written as a program, an ensemble of conditions) gets an ODE model's."""
     from inference._problem import Problem
 
@@ -86,3 +86,4 @@ def test_sampler_defaults_follow_the_programs_structure():
     theo = problem_for(models.theophylline(), models.load_dataset("theophylline"),
                        rtol=1e-6, atol=1e-8, max_steps=None)
     assert theo.hierarchical and theo.default_rerecord == "always"
+
