@@ -482,6 +482,7 @@ def _warm_started_modes(newton_step, S, q, iterations, tol):
         state["eta"] = eta
         return eta
 
+    modes.state = state  # the warm start, which a caller continuing a path may set
     return modes
 
 

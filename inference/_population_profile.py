@@ -73,6 +73,7 @@ class _Point(NamedTuple):
     delta: float    # distance from the estimate on the unconstrained scale, signed
     rise: float     # OFV_p - ofv_min
     u: np.ndarray   # the full unconstrained vector at the profile's minimum
+    eta: Any        # (S, q) the conditional modes there
 
 
 def profile_intervals(
@@ -149,6 +150,7 @@ def profile_intervals(
 
     u_hat = np.asarray(pb.u0, float)
     ofv_min = fun(u_hat)[0]
+    eta_hat = obj.modes.state["eta"]
     if not abs(ofv_min - fit.ofv) < max(tol, 1e-6 * abs(fit.ofv)):
         raise ValueError(
             f"inference.profile_intervals: the objective at `fit`'s estimate is {ofv_min:.6f}, "
@@ -162,9 +164,9 @@ def profile_intervals(
     profiles, notes = {}, []
     for site, i, label in targets:
         ctx = _Profile(fun, Hm, u_hat, _offset(pb, site) + i, threshold, tol, int(max_steps),
-                       ofv_min)
+                       ofv_min, obj.modes.state)
         element = lambda u: np.ravel(np.asarray(pb.unflatten(jnp.asarray(u))[site]))[i]
-        pts = [_Point(0.0, 0.0, u_hat)]
+        pts = [_Point(0.0, 0.0, u_hat, eta_hat)]
         for side in (-1, 1):
             bound, why = _bound(ctx, side, pts)
             if bound is not None:
@@ -251,6 +253,7 @@ class _Profile(NamedTuple):
     tol: float
     max_steps: int
     ofv_min: float
+    modes: dict         # the objective's warm start of the conditional modes ("eta")
 
     @property
     def free(self):
@@ -287,8 +290,8 @@ def _minimise(ctx: _Profile, delta: float, starts: list) -> _Point:
     BFGS stops short of the gradient tolerance (its line search lost: a jump in the
     objective where a subject's conditional mode changes branch); the lowest kept."""
     best = None
-    for start in starts:
-        p, ok = _bfgs(ctx, delta, start)
+    for start, eta in starts:
+        p, ok = _bfgs(ctx, delta, start, eta)
         if best is None or p.rise < best.rise:
             best = p
         if ok:
@@ -296,13 +299,19 @@ def _minimise(ctx: _Profile, delta: float, starts: list) -> _Point:
     return best
 
 
-def _bfgs(ctx: _Profile, delta: float, start: np.ndarray) -> tuple[_Point, bool]:
+def _bfgs(ctx: _Profile, delta: float, start: np.ndarray, eta) -> tuple[_Point, bool]:
+    """BFGS from ``start``, the conditional modes' search warm-started at ``eta`` (a
+    subject with two local modes stays on the start point's branch: the profile is
+    continued in the modes too)."""
     f, x = ctx.free, ctx.u_hat[ctx.j] + delta
+    ctx.modes["eta"] = eta
+    seen = {}
 
     def g(v):
         u = np.array(start, float)
         u[f], u[ctx.j] = v, x
         val, grad = ctx.fun(u)
+        seen[np.asarray(v).tobytes()] = ctx.modes["eta"]
         return val, grad[f]
 
     res = minimize(g, np.asarray(start, float)[f], jac=True, method="BFGS",
@@ -310,13 +319,15 @@ def _bfgs(ctx: _Profile, delta: float, start: np.ndarray) -> tuple[_Point, bool]
     u = np.array(start, float)
     u[f], u[ctx.j] = res.x, x
     ok = bool(res.success) or np.max(np.abs(res.jac)) < 10 * INNER_GTOL
-    return _Point(float(delta), float(res.fun) - ctx.ofv_min, u), ok
+    eta_end = seen.get(np.asarray(res.x).tobytes(), ctx.modes["eta"])
+    return _Point(float(delta), float(res.fun) - ctx.ofv_min, u, eta_end), ok
 
 
 def _starts(ctx: _Profile, pts: list, delta: float) -> list:
-    """Where to start the profile's minimisation at ``delta``: the line through the two
-    computed points nearest to it (one point: along the estimate's ridge); then the
-    nearest point on the estimate's side, as it is."""
+    """Where to start the profile's minimisation at ``delta``, ``(u, eta)`` pairs: the
+    line through the two computed points nearest to it (one point: along the estimate's
+    ridge) with the nearest point's modes; then the nearest point on the estimate's side,
+    as it is, with its modes."""
     near = sorted(pts, key=lambda p: abs(p.delta - delta))[:2]
     if len(near) == 1 or near[0].delta == near[1].delta:
         s = np.zeros_like(ctx.u_hat)
@@ -326,14 +337,15 @@ def _starts(ctx: _Profile, pts: list, delta: float) -> list:
         a, b = near
         first = a.u + (b.u - a.u) * (delta - a.delta) / (b.delta - a.delta)
     closer = [p for p in pts if abs(p.delta) < abs(delta) and p.delta * delta >= 0]
-    return [first, min(closer, key=lambda p: abs(p.delta - delta)).u]
+    c = min(closer, key=lambda p: abs(p.delta - delta))
+    return [(first, near[0].eta), (c.u, c.eta)]
 
 
 def _bound(ctx: _Profile, side: int, pts: list) -> tuple[_Point | None, str]:
     """The bound on one side (``side`` -1 or 1): steps out, then regula falsi. Appends every
     point computed to ``pts``; returns ``(point, "")`` or ``(None, why)``."""
     c2 = ctx.threshold
-    inside = _Point(0.0, 0.0, ctx.u_hat)
+    inside = pts[0]
     step = side * np.sqrt(c2) * ctx.unit()
     outside = None
     for _ in range(ctx.max_steps):
