@@ -201,18 +201,18 @@ def _chain_sharding(devices: int):
     return NamedSharding(mesh, PartitionSpec("chains"))
 
 
-def _over_devices(loop, devices: int):
-    """``loop`` with its chains split over the first ``devices`` local devices
-    (``jax.shard_map``, no communication between them): each device runs its own chains'
-    iterations. Vectorised on one device, a NUTS step waits for the longest tree among all
-    chains and runs on one core; apart, each device waits only for its own chains, on a
-    core of its own."""
-    if devices < 2:
+def _over_devices(loop, sharding):
+    """``loop`` with its chains split over ``sharding``'s devices (`_chain_sharding`;
+    ``None``: ``loop`` itself) by ``jax.shard_map``, no communication between them: each
+    device runs its own chains' iterations. Vectorised on one device, a NUTS step waits for
+    the longest tree among all chains and runs on one core; apart, each device waits only
+    for its own chains, on a core of its own."""
+    if sharding is None:
         return loop
     from jax.sharding import PartitionSpec as P
 
     c = P("chains")
-    return jax.shard_map(loop, mesh=_chain_sharding(devices).mesh, in_specs=(c, c, P(), c),
+    return jax.shard_map(loop, mesh=sharding.mesh, in_specs=(c, c, P(), c),
                          out_specs=(c, c), check_vma=False)
 
 
@@ -287,8 +287,8 @@ class ChainKernel:
             return jax.lax.fori_loop(0, n, body, (state, buf))
 
         self._init = jax.jit(jax.vmap(init_one))
-        self._loop = jax.jit(_over_devices(loop, int(devices)))
         self._sharding = _chain_sharding(int(devices))
+        self._loop = jax.jit(_over_devices(loop, self._sharding))
         self._own_error_ratio = jax.jit(jax.vmap(problem.error_ratio))
         self._error_ratio = jax.jit(lambda u, m: jax.vmap(
             lambda uu: problem.error_ratio(uu, m))(u))
