@@ -364,8 +364,8 @@ class ProgramProblem(AbstractProblem):
             own (``rtol = 1e-6``, ``atol = 1e-8``, 16,384 steps, ``gs.Tsit5()``).
     """
 
-    # The class defaults are a population program's (latent sites that belong to an ode
-    # site's trajectories, e.g. random effects in a subjects plate): a subject's step count
+    # The class defaults are a population program's (latent sites in a plate, e.g. random
+    # effects in a subjects plate): a subject's step count
     # varies widely across the posterior (a frozen mesh would not hold), the funnel-shaped
     # hierarchy wants smaller steps, and NumPyro's dense adaptation left a chain stuck on
     # theophylline in one run of six. A program with no latent site in a plate gets an
