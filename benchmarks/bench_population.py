@@ -26,6 +26,7 @@ Usage::
     python benchmarks/bench_population.py --diffrax   # also NumPyro + Diffrax NUTS
     python benchmarks/bench_population.py --study 200 # the simulated 200-subject study
     python benchmarks/bench_population.py --study-gradient 200  # its gradient, kernel vs XLA
+    python benchmarks/bench_population.py --study 200 --cpu-devices 2  # chains on 2 devices
 
 Writes ``benchmarks/results/bench_population[_quick].json``.
 """
@@ -126,7 +127,8 @@ def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None
                 leapfrog_steps=int(idata.sample_stats["n_steps"].sum()),
                 warmup_s=float(attrs.get("warmup_time_s", np.nan)),
                 sampling_s=float(attrs.get("sampling_time_s", np.nan)),
-                init=str(attrs.get("init", "")), posterior=summary(idata, pop))
+                init=str(attrs.get("init", "")), chain_method=str(attrs.get("chain_method", "")),
+                chain_devices=int(attrs.get("chain_devices", 1)), posterior=summary(idata, pop))
 
 
 def run_numpyro(program, data, warm, draws, chains, seed, pop=POP, target_accept=0.8):
@@ -260,6 +262,7 @@ def driver_gradient_times(subjects, reps=20):
 
 def _config(warm, draws, chains, seed, **extra):
     return dict(warmup=warm, draws=draws, chains=chains, seed=seed, **extra,
+                devices=jax.device_count(),
                 date=time.strftime("%Y-%m-%d"), machine=platform.platform(), cpus=os.cpu_count())
 
 
@@ -285,7 +288,13 @@ def main(argv=None):
                     help="run only the S-subject study's gradient, kernel against XLA drivers")
     ap.add_argument("--sides", default="gradsolve,gradsolve_warmup,numpyro_gs_solve",
                     help="with --study: which rows to run (comma-separated)")
+    ap.add_argument("--cpu-devices", type=int, default=1,
+                    help="JAX CPU devices (jax_num_cpu_devices): above 1, inference.sample "
+                         "runs its chains in parallel over them")
     a = ap.parse_args(argv)
+    if a.cpu_devices > 1:
+        # before any computation: JAX fixes its devices when the backend starts
+        jax.config.update("jax_num_cpu_devices", a.cpu_devices)
     if a.study_gradient:
         res = dict(config=_config(0, 0, 4, a.seed, subjects=a.study_gradient),
                    gradient=driver_gradient_times(a.study_gradient))
