@@ -50,6 +50,9 @@ __all__ = ["LMState", "LMKernel", "MeshTerms", "RUNNING", "CONVERGED", "FAILED_S
 
 RUNNING, CONVERGED, FAILED_START, STALLED = 0, 1, 2, 3
 
+_LAM_DOWN = 1.0 / 3.0  # the largest decrease of the damping after one accepted step
+_CONVERGED_LAM = 1.0  # the largest damping of a step whose small decrease means converged
+
 
 class MeshTerms(NamedTuple):
     """Residuals on a kept mesh, for `LMKernel`'s mesh reuse.
@@ -108,9 +111,9 @@ class LMKernel:
         penalty: ``penalty(x) -> scalar`` added to the objective (separable in ``x``), or
             ``None``.
         lower, upper: ``(D,)`` bounds (finite or infinite).
-        ftol: converged when an accepted step lowers ``F`` by at most
-            ``ftol * (1 + |F|)``; gtol: or when the projected gradient's largest entry is
-            at most ``gtol``.
+        ftol: converged when an accepted step taken at damping at most 1 (relative to
+            the curvature's diagonal) lowers ``F`` by at most ``ftol * (1 + |F|)``; gtol:
+            or when the projected gradient's largest entry is at most ``gtol``.
         lam_max: a start whose damping passes this without an accepted step is `STALLED`.
         mesh_terms: `MeshTerms`: evaluate on kept meshes (module docstring); ``terms`` is
             then unused. drift_tol: re-record a start's mesh when its point moved more
@@ -241,14 +244,17 @@ class LMKernel:
         decrease = s.f - f_new
         rho = decrease / jnp.where(pred > 0, pred, jnp.inf)
         accept = running & jnp.isfinite(f_new) & (decrease > 0) & (rho > 1e-4)
-        lam_acc = s.lam * jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3)
+        lam_acc = s.lam * jnp.maximum(_LAM_DOWN, 1.0 - (2.0 * rho - 1.0) ** 3)
         lam = jnp.where(accept, lam_acc, jnp.where(running, s.lam * s.nu, s.lam))
         nu = jnp.where(accept, 2.0, jnp.where(running, s.nu * 2.0, s.nu))
         pick = lambda new, old: jnp.where(  # noqa: E731
             accept.reshape(accept.shape + (1,) * (new.ndim - 1)), new, old)
         x, f, g, h = pick(x_new, s.x), pick(f_new, s.f), pick(g_new, s.g), pick(h_new, s.h)
         pg = jnp.where(self._free(x, g), g, 0.0)
-        small_f = accept & (decrease <= self.ftol * (1.0 + jnp.abs(f)))
+        # a small decrease means converged only where the step was not damped far below a
+        # Gauss-Newton step (a heavily damped step is short wherever it is)
+        small_f = accept & (decrease <= self.ftol * (1.0 + jnp.abs(f))) & \
+            (s.lam <= _CONVERGED_LAM)
         small_g = jnp.max(jnp.abs(pg), axis=1) <= self.gtol
         no_move = running & ~accept & (jnp.max(jnp.abs(d), axis=1) == 0.0)
         code = jnp.where(running & (small_f | small_g | no_move), CONVERGED, s.code)

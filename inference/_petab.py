@@ -10,8 +10,12 @@ condition (the solves under ``jax.vmap`` fold into one ensemble). Where every no
 normal, Levenberg–Marquardt on the noise-weighted residuals (`inference._lm`; Fisher
 scoring when noise parameters are estimated), each start's solves replaying a kept mesh
 (recorded at half the tolerances, re-recorded when the start moved or the replay's error
-estimate exceeds the tolerances; the reported objectives are fresh solves'); otherwise
-SciPy's L-BFGS-B, start by start.
+estimate exceeds the tolerances; the reported objectives are fresh solves'). The LM runs
+twice: first with the solves at 100 times the problem's tolerances, to a decrease below
+1e-6 (1 + |F|) (far from an optimum a path needs descent directions, not eight digits, and
+a stiff solve at 100x looser tolerances takes about a third of the steps), then from there
+at the problem's tolerances to Fides' default stop. Otherwise SciPy's L-BFGS-B, start by
+start.
 """
 
 from __future__ import annotations
@@ -33,7 +37,14 @@ from ._result import FAILED, FitResult
 __all__ = ["is_petab", "latin_hypercube", "fit_petab", "sample_petab"]
 
 _RECORD_TOL_FACTOR = 0.5
-"""LM fits record their meshes this much tighter than the problem's tolerances."""
+"""LM fits record their meshes this much tighter than the tolerances they iterate at."""
+
+_LOOSE_TOL_FACTOR = 100.0
+"""LM fits first iterate with the solves at this many times the problem's tolerances, then
+polish at the tolerances."""
+
+_LOOSE_FTOL = 1e-6
+"""The loose pass stops where an accepted step lowers F by at most this times (1 + |F|)."""
 
 
 def is_petab(model) -> bool:
@@ -97,25 +108,49 @@ def _objective_parts(problem, objective: str):
             float(ref.constant))
 
 
-def _fit_lm(problem, x0, objective, max_iter, progress):
-    terms, lap, penalty, const = _objective_parts(problem, objective)
+def _lm_pass(problem, x0, objective, max_iter, bar, tol_factor: float, ftol: float):
+    """One batched LM run from ``x0`` with the solves at ``tol_factor`` times the problem's
+    tolerances: (final state, objective history, the kernel)."""
+    terms, lap, penalty, _ = _objective_parts(problem, objective)
     lo, hi = problem.bounds
-    # every iteration replays each start's kept mesh, recorded at half the tolerances so
-    # that it meets them in a neighbourhood (error ratios below in requested units)
+    record_factor = tol_factor * _RECORD_TOL_FACTOR
+
+    # every iteration replays each start's kept mesh, recorded at half the pass's
+    # tolerances so that it meets them in a neighbourhood (error ratios below in the
+    # pass's units)
     def terms_on(x, mesh):
         z, s, err = problem._residuals_on(x, mesh)
         return z, s, err * _RECORD_TOL_FACTOR
 
-    mesh_terms = MeshTerms(lambda x: problem._record(x, _RECORD_TOL_FACTOR), terms_on)
-    # Fides' default stop (pyPESTO's optimiser on these problems): an accepted step that
-    # lowers F by at most 1e-8 (1 + |F|) (its fatol = frtol = 1e-8), or max |g| <= 1e-6
+    mesh_terms = MeshTerms(lambda x: problem._record(x, record_factor), terms_on)
     kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi, mesh_terms=mesh_terms,
-                      ftol=1e-8, gtol=1e-6)
+                      ftol=ftol, gtol=1e-6)
+    s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
+    return s, history, kernel
+
+
+def _fit_lm(problem, x0, objective, max_iter, progress):
+    _, _, penalty, const = _objective_parts(problem, objective)
+    loose = _LOOSE_TOL_FACTOR
     bar = progress_bar(progress, total=max_iter, done=0, desc="fit PEtab (LM)")
     try:
-        s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
+        passes = []
+        x = x0
+        if loose > 1.0:
+            # far from an optimum the path needs descent directions, not the tolerances'
+            # digits: iterate at ``loose`` times the tolerances, then polish
+            passes.append(_lm_pass(problem, x, objective, max_iter, bar, loose,
+                                   _LOOSE_FTOL))
+            x = np.asarray(passes[-1][0].x)
+        # Fides' default stop (pyPESTO's optimiser on these problems): an accepted step
+        # that lowers F by at most 1e-8 (1 + |F|) (its fatol = frtol = 1e-8), or
+        # max |g| <= 1e-6
+        passes.append(_lm_pass(problem, x, objective, max_iter, bar, 1.0, 1e-8))
     finally:
         bar.close()
+    s = passes[-1][0]
+    failed = np.asarray(passes[0][0].code) == FAILED_START
+
     # the reported objective is a fresh solve's at each final point (the iterations'
     # values came from replays of kept meshes, equal to within the tolerances)
     def fresh(x):
@@ -126,9 +161,11 @@ def _fit_lm(problem, x0, objective, max_iter, progress):
 
     losses = np.asarray(jax.jit(jax.vmap(fresh))(s.x))
     code = np.asarray(s.code)
-    hist = np.stack(history) - const
-    counts = (np.asarray(s.records), kernel.n_records, kernel.n_evals)
-    return np.asarray(s.x), losses, code == CONVERGED, code == FAILED_START, hist, counts
+    hist = np.concatenate([np.stack(h) for _, h, _ in passes]) - const
+    counts = (sum(np.asarray(p[0].records) for p in passes),
+              sum(p[2].n_records for p in passes), sum(p[2].n_evals for p in passes))
+    return (np.asarray(s.x), losses, code == CONVERGED, failed | (code == FAILED_START), hist,
+            counts)
 
 
 def _fit_lbfgs(problem, x0, objective, max_iter, progress):
