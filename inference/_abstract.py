@@ -28,9 +28,11 @@ class AbstractProblem(abc.ABC):
             ratio) suits one small ODE; ``"always"`` (record at every proposal) suits
             programs whose sites' step counts vary widely across the posterior.
         default_target_accept: NUTS's target acceptance rate when the user gives none.
+        dense_target_accept: the target instead where the metric is dense, or ``None``
+            (the same): a random-effects hierarchy's dense metric takes longer steps
+            along its correlations into the curvature of its funnel.
         dense_mass_by_default: whether a dense mass matrix is adapted by default where
-            the dimension is small (random-effects hierarchies keep a diagonal one:
-            NumPyro's dense adaptation left a chain stuck on one).
+            the dimension is small.
         count_failures_by_default: whether solver failures are counted at every
             evaluation under ``rerecord="always"`` (a host callback per evaluation).
 
@@ -52,6 +54,7 @@ class AbstractProblem(abc.ABC):
     source: Any
     default_rerecord: str
     default_target_accept: float
+    dense_target_accept: float | None = None
     dense_mass_by_default: bool
     count_failures_by_default: bool
 

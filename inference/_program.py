@@ -365,14 +365,15 @@ class ProgramProblem(AbstractProblem):
     """
 
     # The class defaults are a population program's (latent sites in a plate, e.g. random
-    # effects in a subjects plate): a subject's step count
-    # varies widely across the posterior (a frozen mesh would not hold), the funnel-shaped
-    # hierarchy wants smaller steps, and NumPyro's dense adaptation left a chain stuck on
-    # theophylline in one run of six. A program with no latent site in a plate gets an
-    # ODE model's defaults in `__init__` (see `hierarchical`).
+    # effects in a subjects plate): a subject's step count varies widely across the
+    # posterior (a frozen mesh would not hold), and the funnel-shaped hierarchy wants
+    # smaller steps, smaller still with a dense metric (`sample`'s docstring has the
+    # measurements). A program with no latent site in a plate gets an ODE model's defaults
+    # in `__init__` (see `hierarchical`).
     default_rerecord = "always"
     default_target_accept = 0.9
-    dense_mass_by_default = False
+    dense_target_accept = 0.97
+    dense_mass_by_default = True
     count_failures_by_default = False
 
     def __init__(self, program, data, *, name: str | None = None, solver=None,
@@ -412,6 +413,7 @@ class ProgramProblem(AbstractProblem):
             # 4x faster to the same ESS (lynx-hare, 2 chains x (500 + 1,000))
             self.default_rerecord = Problem.default_rerecord
             self.default_target_accept = Problem.default_target_accept
+            self.dense_target_accept = Problem.dense_target_accept
             self.dense_mass_by_default = Problem.dense_mass_by_default
 
     def members(self, site: str) -> dict[str, str]:

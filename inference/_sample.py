@@ -65,26 +65,30 @@ update (100 iterations in) the identity metric forces the step size of the poste
 narrowest direction on all (theophylline: 32 of 45 s of warmup in trees of 100-300
 leapfrog steps; `inference._metric`). The InferenceData's attributes say so.
 
-Defaults that depend on the problem. ``target_accept``: 0.8 (NumPyro's and Stan's) for an
-`ODEModel`, 0.9 for a population model or program with random effects: a random-effects hierarchy's curvature
-grows with its variances, and at 0.8 NUTS diverges there now and then on an exact
-potential (theophylline, hand-written program, seed 0: one divergence in 4,000 draws,
-every evaluation on its trajectory equal to the closed form's to 1e-4), which a smaller
-step prevents at less cost than re-adapting after warmup. ``dense_mass``: dense for an
-`ODEModel` (any `InferenceModel`) with at most ``max(10, num_warmup // 10)``
-unconstrained parameters (50 at the default warmup), diagonal otherwise. An ODE's
-parameters are correlated (rates that the data identify only through their ratio or
-product), and a diagonal metric makes NUTS take many short steps along those ridges:
-lynx–hare (8 parameters, 2 chains x (500 + 1,000), 2-core CPU) takes 30-33 leapfrog steps
-a draw for a min ESS of ~490 with a diagonal metric (seeds 0, 1), 7 for 1,500-2,350 with a
-dense one (seeds 0-5). The bound keeps the covariance estimable: the last warmup window, a
-little under half of ``num_warmup``, then holds at least four draws per parameter; at
-four, sampling noise alone spreads the estimate's eigenvalues over a factor of about 9
-(Marchenko–Pastur). Random-effects hierarchies stay diagonal: NumPyro's dense adaptation,
-which estimates the metric from its first 25-draw window on, left a chain stuck (min ESS
-7) in one of six runs on theophylline's closed-form posterior (30 parameters, 4 chains,
-seeds 0-5) and in one of two `sample` runs (step size 1.8e-65), where it otherwise gave 3x
-the ESS at 2.5x fewer steps a draw.
+Defaults that depend on the problem. ``dense_mass``: dense with at most ``max(10,
+num_warmup // 10)`` unconstrained parameters (50 at the default warmup), diagonal
+otherwise. An ODE's parameters are correlated (rates that the data identify only through
+their ratio or product), and a diagonal metric makes NUTS take many short steps along those
+ridges: lynx–hare (8 parameters, 2 chains x (500 + 1,000), 2-core CPU) takes 30-33 leapfrog
+steps a draw for a min ESS of ~490 with a diagonal metric (seeds 0, 1), 7 for 1,500-2,350
+with a dense one (seeds 0-5). The bound keeps the covariance estimable: the last warmup
+window, a little under half of ``num_warmup``, then holds at least four draws per
+parameter; at four, sampling noise alone spreads the estimate's eigenvalues over a factor of
+about 9 (Marchenko–Pastur). Random-effects hierarchies under the bound are dense too:
+theophylline (30 parameters, 4 chains x (500 + 1,000)) took 112,000-122,000 leapfrog steps
+in sampling for a min bulk ESS of 775-1,153 with a dense metric at target 0.97 (seeds 0, 1,
+3, 4), against 176,000-186,000 for 680-799 with a diagonal one at 0.9 (seeds 0, 1). (Started
+from NumPyro's identity, the dense adaptation had left a chain stuck in one of six runs
+there; warmup now starts from the curvature at the MAP point, and none stuck in 21 dense
+runs.) ``target_accept``: 0.8 (NumPyro's and Stan's) for an `ODEModel`; for a population
+model or a program with random effects 0.9 with a diagonal metric and 0.97 with a dense
+one. A random-effects hierarchy's curvature grows with its variances, and at 0.8 NUTS
+diverges there now and then on an exact potential (theophylline, hand-written program,
+seed 0: one divergence in 4,000 draws, every evaluation on its trajectory equal to the
+closed form's to 1e-4), which a smaller step prevents at less cost than re-adapting after
+warmup; the dense metric's longer steps along the correlations diverged in up to 11 of
+4,000 draws at 0.9 and in one on 3 of 9 runs at 0.95 (theophylline and the hand-written
+program, seeds 0-5), in none of 6 at 0.97.
 
 Divergences: a step size too large for part of the posterior shows as divergent
 transitions late in warmup or in the first draws. When warmup's terminal step-size
@@ -220,12 +224,13 @@ def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
     o = dict(o)
     if o["rerecord"] is None:
         o["rerecord"] = problem.default_rerecord
-    if o["target_accept"] is None:
-        o["target_accept"] = problem.default_target_accept
     if o["dense_mass"] is None:
         o["dense_mass"] = (problem.dense_mass_by_default
                            and problem.space.dim <= max(10, int(o["num_warmup"]) // 10))
     o["dense_mass"] = bool(o["dense_mass"])
+    if o["target_accept"] is None:
+        dense_target = problem.dense_target_accept if o["dense_mass"] else None
+        o["target_accept"] = dense_target or problem.default_target_accept
     o["devices"] = chain_devices(o["chain_method"], int(o["num_chains"]))
     policy = MeshPolicy.checked("sample", o["rerecord"],
                                 record_tol_factor=float(o["frozen_tol_factor"]))

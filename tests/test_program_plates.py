@@ -56,7 +56,7 @@ def test_a_population_programs_subjects():
 
 def test_sampler_defaults_follow_the_programs_structure():
     """A program with latent sites in a plate keeps the population defaults (re-record at
-    every proposal, diagonal metric); one whose parameters are shared by every trajectory
+    every proposal, target 0.9, 0.97 with a dense metric); one whose parameters are shared by every trajectory
     (an ODE model written as a program, an ensemble of conditions) gets an ODE model's."""
     from inference._problem import Problem
 
@@ -64,7 +64,8 @@ def test_sampler_defaults_follow_the_programs_structure():
     obs = jnp.exp(-jnp.outer(jnp.array([0.5, 0.8, 1.1]), ts))
     hier = problem_for(program, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
     assert hier.hierarchical
-    assert (hier.default_rerecord, hier.dense_mass_by_default) == ("always", False)
+    assert (hier.default_rerecord, hier.dense_mass_by_default) == ("always", True)
+    assert (hier.default_target_accept, hier.dense_target_accept) == (0.9, 0.97)
 
     def shared(data):
         ts, obs = data
@@ -75,9 +76,10 @@ def test_sampler_defaults_follow_the_programs_structure():
 
     flat = problem_for(shared, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
     assert not flat.hierarchical
-    assert (flat.default_rerecord, flat.default_target_accept,
+    assert (flat.default_rerecord, flat.default_target_accept, flat.dense_target_accept,
             flat.dense_mass_by_default) == (Problem.default_rerecord,
                                             Problem.default_target_accept,
+                                            Problem.dense_target_accept,
                                             Problem.dense_mass_by_default)
     lynx = problem_for(inference.numpyro_model(models.lynx_hare()),
                        models.load_dataset("lynx_hare"), rtol=1e-6, atol=1e-8,
