@@ -89,3 +89,25 @@ def test_sampler_defaults_follow_the_programs_structure():
                        rtol=1e-6, atol=1e-8, max_steps=None)
     assert theo.hierarchical and theo.default_rerecord == "always"
 
+
+
+def test_a_small_hierarchy_gets_a_dense_metric_at_a_higher_target():
+    """The sampler's settled options: theophylline's 30 parameters are within the dense
+    bound at the default warmup (dense, 0.97) and past it at 100 warmup iterations
+    (diagonal, 0.9); a target or metric the user gives is kept."""
+    import inspect
+
+    from inference._sample import _settled
+
+    base = {k: p.default for k, p in inspect.signature(inference.sample).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+    model, data = models.theophylline(), models.load_dataset("theophylline")
+    settle = lambda **kw: _settled(model, data, {**base, **kw})[2]  # noqa: E731
+    o = settle()
+    assert (o["dense_mass"], o["target_accept"]) == (True, 0.97)
+    o = settle(num_warmup=100)
+    assert (o["dense_mass"], o["target_accept"]) == (False, 0.9)
+    o = settle(dense_mass=False)
+    assert (o["dense_mass"], o["target_accept"]) == (False, 0.9)
+    o = settle(target_accept=0.85)
+    assert (o["dense_mass"], o["target_accept"]) == (True, 0.85)
