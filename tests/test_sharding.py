@@ -15,7 +15,7 @@ jax.config.update("jax_enable_x64", True)
 import gradsolve as gs
 assert len(jax.devices()) == 4
 f = lambda t, y, p: jnp.stack([p[0]*y[0] - p[1]*y[0]*y[1], -p[2]*y[1] + p[3]*y[0]*y[1]])
-n = 64
+n = 256  # 64 a device: the kernel splits a call only from SPREAD_MIN a device
 p = jnp.array([1.5, 1.0, 3.0, 1.0]) * (1 + 0.2 * jnp.linspace(-1, 1, n)[:, None])
 y0 = jnp.ones((n, 2)); ts = jnp.linspace(0.0, 5.0, 6)
 solve = jax.jit(lambda a, b: gs.solve(f, 0.0, 5.0, a, b, ts=ts).ys)

@@ -153,13 +153,24 @@ def call_threads(threads: int) -> np.int32:
     return np.int32(max(1, (cpus or 1) // k))
 
 
+SPREAD_MIN = 64
+"""Trajectories each device must get before a call in one process is split over the
+devices. The kernel's own threads already use every core; below this the split's transfers
+and synchronisation cost more than they save (theophylline's 48 trajectories under
+NumPyro's vectorised chains, 2 CPU devices: one gradient 1.64 ms split against 0.35 ms on
+one device, and NUTS 3x slower)."""
+
+
 def spread(make_call, n: int):
     """``make_call(n_local)`` (an FFI call on ``n_local`` trajectories) run on every device's
     share of the ensemble axis (``shard_map`` over `gradsolve.ensemble_sharding`'s mesh), so
-    a sharded ensemble stays where it lives and every device works; with one device (or
-    ``n`` not divisible by the device count) the plain call."""
+    a sharded ensemble stays where it lives and every device works; with one device, ``n``
+    not divisible by the device count, or (in one process) fewer than `SPREAD_MIN`
+    trajectories a device, the plain call."""
     devices = jax.devices()
-    if len(devices) <= 1 or n % len(devices) or jax.sharding.get_abstract_mesh().manual_axes:
+    small = jax.process_count() == 1 and n // max(1, len(devices)) < SPREAD_MIN
+    if (len(devices) <= 1 or n % len(devices) or small
+            or jax.sharding.get_abstract_mesh().manual_axes):
         # inside a caller's shard_map (e.g. chains split over devices) the call is local
         return make_call(n)
     from jax.sharding import PartitionSpec
