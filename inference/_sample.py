@@ -345,12 +345,12 @@ def sample(
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept: NUTS/HMC's target acceptance probability; ``None``: 0.8 (NumPyro's
             and Stan's default) for an `ODEModel` or a program with no latent site in a
-            plate, 0.9 for a population model or program with them (why: the module
-            docstring).
+            plate; for a population model or program with them 0.9 with a diagonal
+            metric, 0.97 with a dense one (why: the module docstring).
         dense_mass: a dense (``True``) or diagonal (``False``) mass matrix, adapted in warmup
-            as NumPyro's; ``None``: dense for an `ODEModel` (or a program with no latent
-            site in a plate) with at most ``max(10, num_warmup // 10)``
-            unconstrained parameters, diagonal otherwise
+            as NumPyro's; ``None``: dense with at most ``max(10, num_warmup // 10)``
+            unconstrained parameters (random-effects hierarchies included), diagonal
+            otherwise
             (why: the module docstring). A dense metric whose late warmup diverges is
             replaced by its diagonal when the step size is re-adapted; the attribute
             ``mass_matrix`` is the metric the draws were made with.
