@@ -46,9 +46,18 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["LMState", "LMKernel", "MeshTerms", "RUNNING", "CONVERGED", "FAILED_START",
-           "STALLED"]
+           "STALLED", "REASONS"]
 
 RUNNING, CONVERGED, FAILED_START, STALLED = 0, 1, 2, 3
+
+REASONS = ("running", "ftol", "gtol", "xtol", "damping", "max_iter", "not_finite")
+"""Why each start stopped (`LMState.reason` indexes this): still running; an accepted step
+lowered the objective by at most ``ftol (1 + |F|)``; the projected gradient is at most
+``gtol``; the step vanished (every free coordinate on its bound, or an accepted step no
+longer than ``xtol (1 + |x|)``); the damping passed ``lam_max`` without an accepted step;
+the iteration cap; the objective was not finite at the start. Fides' exit flags, by their
+names."""
+_FTOL, _GTOL, _XTOL, _DAMPING, _MAX_ITER, _NOT_FINITE = range(1, 7)
 
 _LAM_DOWN = 1.0 / 3.0  # the largest decrease of the damping after one accepted step
 _CONVERGED_LAM = 1.0  # the largest damping of a step whose small decrease means converged
@@ -64,10 +73,15 @@ class MeshTerms(NamedTuple):
             of `LMKernel`'s ``terms`` by a replay of ``mesh``, forward-mode differentiable
             in ``x``, and the replay's error estimate per solve in units of the requested
             tolerances (above 1, or not finite: the mesh is too coarse at ``x``).
+        cost: ``cost(meshes) -> (n,)`` what evaluating each of ``n`` kept meshes costs
+            (e.g. its longest trajectory's step count), or ``None``: `LMKernel.run`
+            evaluates starts of similar cost together (a batched replay runs every row
+            to its longest).
     """
 
     record: Callable
     terms: Callable
+    cost: Callable | None = None
 
 
 class LMState(NamedTuple):
@@ -84,6 +98,7 @@ class LMState(NamedTuple):
         x_rec: ``(n, D)`` where each was recorded (``None`` without reuse).
         records: ``(n,)`` how often each start's solves were recorded (with reuse: its
             mesh records; without: its evaluations).
+        reason: ``(n,)`` why each start stopped, an index into `REASONS` (0: running).
     """
 
     x: jax.Array
@@ -98,6 +113,7 @@ class LMState(NamedTuple):
     mesh: object = None
     x_rec: jax.Array | None = None
     records: jax.Array | None = None
+    reason: jax.Array | None = None
 
 
 class LMKernel:
@@ -112,8 +128,10 @@ class LMKernel:
             ``None``.
         lower, upper: ``(D,)`` bounds (finite or infinite).
         ftol: converged when an accepted step taken at damping at most 1 (relative to
-            the curvature's diagonal) lowers ``F`` by at most ``ftol * (1 + |F|)``; gtol:
-            or when the projected gradient's largest entry is at most ``gtol``.
+            the curvature's diagonal) lowers ``F`` by at most ``ftol * (1 + |F|)``; gtol: or
+            when the projected gradient's largest entry is at most ``gtol``; xtol: or when
+            such an accepted step moves no coordinate more than ``xtol * (1 + max |x|)``
+            (0, the default: off, as in Fides).
         lam_max: a start whose damping passes this without an accepted step is `STALLED`.
         mesh_terms: `MeshTerms`: evaluate on kept meshes (module docstring); ``terms`` is
             then unused. drift_tol: re-record a start's mesh when its point moved more
@@ -121,12 +139,12 @@ class LMKernel:
     """
 
     def __init__(self, terms: Callable, laplace=None, penalty: Callable | None = None, *,
-                 lower, upper, ftol: float = 1e-10, gtol: float = 1e-6,
+                 lower, upper, ftol: float = 1e-10, gtol: float = 1e-6, xtol: float = 0.0,
                  lam_max: float = 1e12, mesh_terms: MeshTerms | None = None,
                  drift_tol: float = 0.5):
         self.lower = jnp.asarray(lower, float)
         self.upper = jnp.asarray(upper, float)
-        self.ftol, self.gtol, self.lam_max = ftol, gtol, lam_max
+        self.ftol, self.gtol, self.xtol, self.lam_max = ftol, gtol, xtol, lam_max
         self.mesh_terms, self.drift_tol = mesh_terms, drift_tol
         self.n_records = 0  # batched records run (init included)
         self.n_evals = 0  # batched evaluations (residuals and Jacobians)
@@ -187,7 +205,8 @@ class LMKernel:
         code = jnp.where(jnp.isfinite(f), RUNNING, FAILED_START)
         return LMState(x=x, f=f, g=g, h=h, lam=jnp.full(n, 1e-3), nu=jnp.full(n, 2.0),
                        code=code, iters=jnp.zeros(n, int), accepted=jnp.zeros(n, int),
-                       mesh=mesh, x_rec=x_rec, records=jnp.ones(n, int))
+                       mesh=mesh, x_rec=x_rec, records=jnp.ones(n, int),
+                       reason=jnp.where(jnp.isfinite(f), 0, _NOT_FINITE))
 
     def _rerecord(self, s: LMState, x, rows):
         """``s`` with the meshes of ``rows`` (host bool ``(n,)``) recorded at ``x``."""
@@ -251,15 +270,22 @@ class LMKernel:
             accept.reshape(accept.shape + (1,) * (new.ndim - 1)), new, old)
         x, f, g, h = pick(x_new, s.x), pick(f_new, s.f), pick(g_new, s.g), pick(h_new, s.h)
         pg = jnp.where(self._free(x, g), g, 0.0)
-        # a small decrease means converged only where the step was not damped far below a
-        # Gauss-Newton step (a heavily damped step is short wherever it is)
-        small_f = accept & (decrease <= self.ftol * (1.0 + jnp.abs(f))) & \
-            (s.lam <= _CONVERGED_LAM)
+        # a small decrease (or step) means converged only where the step was not damped far
+        # below a Gauss-Newton step (a heavily damped step is short wherever it is)
+        gn = accept & (s.lam <= _CONVERGED_LAM)
+        small_f = gn & (decrease <= self.ftol * (1.0 + jnp.abs(f)))
         small_g = jnp.max(jnp.abs(pg), axis=1) <= self.gtol
-        no_move = running & ~accept & (jnp.max(jnp.abs(d), axis=1) == 0.0)
-        code = jnp.where(running & (small_f | small_g | no_move), CONVERGED, s.code)
-        code = jnp.where((code == RUNNING) & (lam > self.lam_max), STALLED, code)
-        return s._replace(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code,
+        step = jnp.max(jnp.abs(d), axis=1)
+        small_x = gn & (step <= self.xtol * (1.0 + jnp.max(jnp.abs(x), axis=1)))
+        no_move = running & ~accept & (step == 0.0)
+        why = jnp.where(small_g, _GTOL, jnp.where(small_f, _FTOL, _XTOL))
+        stop = running & (small_f | small_g | small_x | no_move)
+        code = jnp.where(stop, CONVERGED, s.code)
+        reason = jnp.where(stop, why, s.reason)
+        stalled = (code == RUNNING) & (lam > self.lam_max)
+        code = jnp.where(stalled, STALLED, code)
+        reason = jnp.where(stalled, _DAMPING, reason)
+        return s._replace(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code, reason=reason,
                           iters=s.iters + running, accepted=s.accepted + accept)
 
     def step(self, s: LMState) -> LMState:
@@ -272,33 +298,69 @@ class LMKernel:
 
     def run(self, x, max_iter: int, callback: Callable | None = None) -> tuple[LMState, list]:
         """Iterate from ``x (n, D)`` until no start is running or ``max_iter`` iterations;
-        returns the final state and the objective ``(n,)`` after each iteration.
+        returns the final state (starts still running have reason ``"max_iter"``) and the
+        objective ``(n,)`` after each iteration.
 
         Finished starts leave the ensemble: the step runs on the smallest batch of size
         ``n, n/4, n/16, ...`` (at least 4) that holds the running starts (padded with repeats
         of one of them), so that a few slow starts do not carry the cost of all; each size
-        is one more compile."""
-        s = self.init(x)
-        n = int(s.x.shape[0])
+        is one more compile. With ``mesh_terms.cost``, the starts are evaluated in groups of
+        the smallest of these sizes, sorted by the cost of their kept meshes, wherever one
+        batch would cost more than twice the groups (a batched replay runs every row to
+        its longest: on Fujita_SciSignal2010's 20 Latin hypercube starts, meshes of 15-835
+        steps, one batch cost 2.7x the 20 starts one at a time)."""
+        x = jnp.clip(jnp.asarray(x, float), self.lower, self.upper)
+        n = int(x.shape[0])
         sizes, m = [n], n // 4
         while m >= 4:
             sizes.append(m)
             m //= 4
         sizes.sort()
+        grouped = self.mesh_terms is not None and self.mesh_terms.cost is not None
+        group = sizes[0] if grouped else n
+        s = self._in_groups(self.init, x, np.arange(n), group)
         history = [np.asarray(s.f)]
         for _ in range(int(max_iter)):
             running = np.flatnonzero(np.asarray(s.code) == RUNNING)
             if not len(running):
                 break
             size = next(b for b in sizes if b >= len(running))
-            if size == n:
-                s = self.step(s)
-            else:
-                idx = np.concatenate([running, np.full(size - len(running), running[0])])
-                sub = self.step(jax.tree_util.tree_map(lambda a: a[idx], s))
-                s = jax.tree_util.tree_map(lambda a, b: a.at[running].set(b[:len(running)]),
-                                           s, sub)
+            if grouped and len(running) > group:
+                cost = np.asarray(self.mesh_terms.cost(s.mesh), float)[running]
+                order = np.argsort(cost, kind="stable")
+                ends = np.minimum(np.arange(group, len(running) + group, group),
+                                  len(running)) - 1
+                # split where one batch would pad to more than twice the groups' cost
+                if size * cost.max() > 2.0 * group * np.sum(cost[order][ends]):
+                    size, running = group, running[order]
+            s = self._in_groups(self.step, s, running, size, scatter=True)
             history.append(np.asarray(s.f))
             if callback is not None:
                 callback(s)
+        s = s._replace(reason=jnp.where(s.code == RUNNING, _MAX_ITER, s.reason))
         return s, history
+
+    def _in_groups(self, fn, s, rows, size: int, scatter: bool = False):
+        """``fn`` (`init` or `step`) on ``rows`` of ``s`` in consecutive groups of ``size``
+        (the last padded with repeats of its first row). ``scatter``: the results go
+        back into ``s``; else ``s`` is the points ``x (n, D)`` and the groups' states are
+        joined."""
+        out = []
+        for i in range(0, len(rows), size):
+            part = rows[i:i + size]
+            idx = np.concatenate([part, np.full(size - len(part), part[0])])
+            whole = len(idx) == len(rows) and np.array_equal(idx, np.arange(len(idx)))
+            if not scatter:
+                sub = fn(s if whole else s[idx])
+                out.append(sub if whole else jax.tree_util.tree_map(
+                    lambda a, k=len(part): a[:k], sub))
+            elif whole and len(idx) == s.x.shape[0]:
+                s = fn(s)
+            else:
+                sub = fn(jax.tree_util.tree_map(lambda a: a[idx], s))
+                s = jax.tree_util.tree_map(
+                    lambda a, b, part=part: a.at[part].set(b[:len(part)]), s, sub)
+        if scatter:
+            return s
+        return out[0] if len(out) == 1 else jax.tree_util.tree_map(
+            lambda *a: jnp.concatenate(a), *out)

@@ -30,7 +30,7 @@ import numpy as np
 
 import gradsolve as gs
 
-from ._lm import CONVERGED, FAILED_START, LMKernel, MeshTerms
+from ._lm import CONVERGED, FAILED_START, REASONS, LMKernel, MeshTerms
 from ._progress import progress_bar
 from ._result import FAILED, FitResult
 
@@ -122,7 +122,9 @@ def _lm_pass(problem, x0, objective, max_iter, bar, tol_factor: float, ftol: flo
         z, s, err = problem._residuals_on(x, mesh)
         return z, s, err * _RECORD_TOL_FACTOR
 
-    mesh_terms = MeshTerms(lambda x: problem._record(x, record_factor), terms_on)
+    # starts are evaluated in groups of similar mesh length (their longest condition's)
+    mesh_terms = MeshTerms(lambda x: problem._record(x, record_factor), terms_on,
+                           cost=lambda mesh: np.max(np.asarray(mesh.n_steps), axis=-1))
     kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi, mesh_terms=mesh_terms,
                       ftol=ftol, gtol=1e-6)
     s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
@@ -164,8 +166,9 @@ def _fit_lm(problem, x0, objective, max_iter, progress):
     hist = np.concatenate([np.stack(h) for _, h, _ in passes]) - const
     counts = (sum(np.asarray(p[0].records) for p in passes),
               sum(p[2].n_records for p in passes), sum(p[2].n_evals for p in passes))
-    return (np.asarray(s.x), losses, code == CONVERGED, failed | (code == FAILED_START), hist,
-            counts)
+    failed = failed | (code == FAILED_START)
+    reasons = np.where(failed, "not_finite", np.asarray(REASONS)[np.asarray(s.reason)])
+    return (np.asarray(s.x), losses, code == CONVERGED, failed, hist, counts, reasons)
 
 
 def _fit_lbfgs(problem, x0, objective, max_iter, progress):
@@ -179,7 +182,7 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
 
     vg = jax.jit(jax.value_and_grad(loss))
     lo, hi = (np.asarray(b, float) for b in problem.bounds)
-    xs, losses, conv, failed, history, n_eval = [], [], [], [], [], []
+    xs, losses, conv, failed, history, n_eval, why = [], [], [], [], [], [], []
     bar = progress_bar(progress, total=len(x0), done=0, desc="fit PEtab (L-BFGS-B)")
     for x in x0:
         trace = []
@@ -194,11 +197,13 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
         v0 = fun(x)[0]
         if not np.isfinite(v0):
             xs.append(x), losses.append(np.inf), conv.append(False), failed.append(True)
+            why.append("not_finite")
         else:
             res = minimize(fun, x, jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi)),
                            options=dict(maxiter=max_iter))
             xs.append(res.x), losses.append(float(res.fun)), conv.append(bool(res.success))
             failed.append(False)
+            why.append(_lbfgs_reason(res))
         n_eval.append(len(trace))
         history.append(np.minimum.accumulate(np.asarray(trace)))
         bar.update(1)
@@ -206,7 +211,19 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
     width = max(len(h) for h in history)
     hist = np.stack([np.pad(h, (0, width - len(h)), mode="edge") for h in history], axis=1)
     return (np.stack(xs), np.asarray(losses), np.asarray(conv), np.asarray(failed), hist,
-            (np.asarray(n_eval), int(np.sum(n_eval)), int(np.sum(n_eval))))
+            (np.asarray(n_eval), int(np.sum(n_eval)), int(np.sum(n_eval))), np.asarray(why))
+
+
+def _lbfgs_reason(res) -> str:
+    """SciPy's L-BFGS-B exit message as one of `FitResult.exit_reasons`' names."""
+    msg = str(res.message).upper()
+    if "REDUCTION" in msg:
+        return "ftol"
+    if "GRADIENT" in msg:
+        return "gtol"
+    if "ITERATIONS" in msg or "EVALUATIONS" in msg:
+        return "max_iter"
+    return "abnormal"
 
 
 def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
@@ -244,7 +261,7 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         method = "lbfgs" if lap.any() else "lm"
     run = _fit_lm if method == "lm" else _fit_lbfgs
     # (records per start, ensemble records, ensemble evaluations)
-    x, losses, converged, failed, hist, (per_start, n_records, n_evals) = run(
+    x, losses, converged, failed, hist, (per_start, n_records, n_evals), reasons = run(
         problem, x0, objective, int(max_iter), progress)
     losses = np.where(failed | ~np.isfinite(losses), np.inf, losses)
     if not np.isfinite(losses).any():
@@ -262,7 +279,8 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         wall_time=time.perf_counter() - t0, best_index=0,
         status=np.where(failed[order], FAILED, 0).astype(np.int32), objective=objective,
         n_steps=len(hist) - 1, max_error_ratio=np.zeros(n), starts=x0[order],
-        converged=converged[order], parameter_ids=tuple(ids), method=method)
+        converged=converged[order], parameter_ids=tuple(ids), method=method,
+        exit_reasons=reasons[order])
 
 
 def _unbounded(x, lo, hi):

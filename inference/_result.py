@@ -44,6 +44,12 @@ class FitResult:
             test (PEtab fits; else ``None``).
         parameter_ids: the order of a row of ``starts`` (PEtab fits; else ``None``).
         method: the optimiser (``"lm"``, ``"lbfgs"``; PEtab fits; else ``None``).
+        exit_reasons: ``(n_starts,)`` why each start stopped (PEtab fits; else ``None``),
+            Fides' names: ``"ftol"`` (a converged step's decrease at most ``1e-8 (1 +
+            |F|)``), ``"gtol"`` (projected gradient at most ``1e-6``), ``"xtol"`` (no step
+            left inside the bounds), ``"damping"`` (the LM damping grew past ``1e12``
+            without a decrease), ``"max_iter"``, ``"not_finite"`` (the solve failed at
+            the start), ``"abnormal"`` (L-BFGS-B's line search failed).
 
     A PEtab fit (`fit` of a `models.PetabProblem`) orders its starts by final objective,
     best first (``losses`` is the waterfall); ``params`` is a dict by parameter id on the
@@ -75,6 +81,7 @@ class FitResult:
     converged: np.ndarray | None = None
     parameter_ids: tuple | None = None
     method: str | None = None
+    exit_reasons: np.ndarray | None = None
 
     @property
     def loss(self) -> float:

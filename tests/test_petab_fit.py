@@ -23,7 +23,7 @@ libsbml = pytest.importorskip("libsbml")
 import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
-from inference._lm import CONVERGED, LMKernel, MeshTerms  # noqa: E402
+from inference._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
 REFERENCE = json.loads((DATA / "amici_reference.json").read_text())["llh"]
@@ -100,6 +100,81 @@ def test_lm_does_not_stop_on_the_small_decrease_of_a_heavily_damped_step():
                                  ftol=1e-15, gtol=1e-15)
     assert np.all(np.asarray(s.code) == CONVERGED)
     np.testing.assert_allclose(np.asarray(s.f), ref.cost, rtol=1e-6)
+
+
+def test_lm_grouped_by_mesh_cost_takes_the_same_path_as_one_batch():
+    # 16 starts: with a mesh cost of wide spread the kernel evaluates them in groups of 4
+    # sorted by that cost; each start's iterations are its own, so the path equals one batch's (a "mesh"
+    # here is the recording point, replayed exactly), and both reach SciPy's optimum
+    def terms(x):
+        r = (Y - _model(x)) / 0.05
+        return r, jnp.zeros_like(r)
+
+    def on_mesh(x, mesh):
+        return (*terms(x), jnp.zeros(1))
+
+    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
+    starts = np.random.default_rng(3).uniform([0.5, 0.2, -1.0], [4.0, 4.0, 1.0], (16, 3))
+    runs = []
+    # a cost spread over 6 orders of magnitude at the starts (one batch would pad to it)
+    for cost in (None, lambda mesh: np.exp(3.0 * np.asarray(mesh)[:, 1])):
+        kernel = LMKernel(None, lower=lower, upper=upper,
+                          mesh_terms=MeshTerms(lambda x: x, on_mesh, cost))
+        runs.append((kernel.run(starts, 300)[0], kernel.n_evals))
+    (one, evals_one), (grouped, evals_grouped) = runs
+    assert evals_grouped > evals_one  # 4 groups an iteration while more than 4 run
+    np.testing.assert_allclose(np.asarray(grouped.x), np.asarray(one.x), rtol=1e-12,
+                               atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(grouped.iters), np.asarray(one.iters))
+    ref = optimize.least_squares(lambda x: (Y - _model(x)) / 0.05, starts[0], xtol=1e-15,
+                                 ftol=1e-15, gtol=1e-15)
+    np.testing.assert_allclose(np.asarray(grouped.f), ref.cost, rtol=1e-8)
+
+
+def _why(s):
+    return [REASONS[i] for i in np.asarray(s.reason)]
+
+
+def test_lm_xtol_stops_a_degenerate_minimum_that_ftol_and_gtol_do_not():
+    # r = 10 (x0 - 1)^2: a quartic minimum at x0 = 1, F = 50 (x0 - 1)^4, where each
+    # Gauss-Newton step halves the distance (linear convergence, F and g vanishing as
+    # its 4th and 3rd power); x1 - 2 is solved in one step. With ftol and gtol off only
+    # the step size can stop it: steps of (x0 - 1) / 2 <= xtol (1 + |x|) stop within
+    # ~ 4 xtol of the closed-form minimum (1, 2); without xtol it runs to the cap
+    def terms(x):
+        r = jnp.stack([10.0 * (x[0] - 1.0) ** 2, x[1] - 2.0])
+        return r, jnp.zeros_like(r)
+
+    starts = np.array([[3.0, 0.0], [-1.0, 5.0]])
+    lo, hi = np.full(2, -10.0), np.full(2, 10.0)
+    s, _ = LMKernel(terms, lower=lo, upper=hi, ftol=0.0, gtol=0.0, xtol=1e-6).run(starts, 200)
+    assert _why(s) == ["xtol", "xtol"] and np.all(np.asarray(s.code) == CONVERGED)
+    err = np.abs(np.asarray(s.x) - [1.0, 2.0])
+    assert np.all(err[:, 0] <= 1e-5) and np.all(err[:, 0] >= 1e-7)  # stopped by the step
+    assert np.all(err[:, 1] <= 1e-12)
+    s, _ = LMKernel(terms, lower=lo, upper=hi, ftol=0.0, gtol=0.0).run(starts, 15)
+    assert _why(s) == ["max_iter", "max_iter"] and np.all(np.asarray(s.code) == RUNNING)
+    assert np.all(np.asarray(s.iters) == 15)
+
+
+def test_lm_reports_why_each_start_stopped():
+    # one start on the flat tail of a logistic (|g| ~ e^-40: stopped by gtol at the
+    # plateau F = 0.5^2 / 2), one in the curved part (F falls to 0: ftol or gtol), one
+    # whose every trial point is not finite (damping), one not finite at the start
+    def terms(x):
+        r = jnp.where(x[1] > 1.5, jnp.where(x[0] == 0.3, x[0], jnp.nan),
+                      jax.nn.sigmoid(x[0]) - 0.5 + 0.0 * x[1])
+        r = jnp.where(x[1] > 2.5, jnp.nan, r)
+        return r[None], jnp.zeros(1)
+
+    starts = np.array([[-40.0, 0.0], [2.0, 0.0], [0.3, 2.0], [0.0, 3.0]])
+    kernel = LMKernel(terms, lower=[-50.0, 0.0], upper=[50.0, 3.0], ftol=1e-10)
+    s, _ = kernel.run(starts, 100)
+    why = _why(s)
+    assert why[0] == "gtol" and np.asarray(s.f)[0] == pytest.approx(0.125, rel=1e-12)
+    assert why[1] in ("ftol", "gtol") and np.asarray(s.f)[1] <= 1e-10
+    assert why[2] == "damping" and np.asarray(s.code)[2] == STALLED
+    assert why[3] == "not_finite"
 
 
 # ----------------------------------------------------------------- a one-state PEtab problem
@@ -182,6 +257,8 @@ def test_petab_multistart_reaches_the_closed_form_optimum(decay, decay_fit):
     x_best = np.array([res.params[p] for p in decay.parameter_ids])
     np.testing.assert_allclose(x_best, x_ref, atol=1e-5)
     assert res.converged[0] and np.all(res.status == 0)
+    # each start says why it stopped: every start here converges (Fides' ftol or gtol)
+    assert len(res.exit_reasons) == 6 and set(res.exit_reasons) <= {"ftol", "gtol"}
 
 
 def test_petab_waterfall_is_sorted_and_each_loss_is_the_log_likelihood_there(decay,
@@ -229,6 +306,7 @@ def test_petab_laplace_noise_fits_by_lbfgs(tmp_path):
     problem = _decay_problem(tmp_path, noise="laplace")
     res = inference.fit(problem, n_starts=4, seed=0)
     assert res.method == "lbfgs"
+    assert set(res.exit_reasons) <= {"ftol", "gtol", "max_iter", "abnormal"}
 
     # Laplace: at fixed (A0, k) the scale's optimum is mean |r|; the rest by Nelder-Mead
     def nll(p):
