@@ -354,7 +354,9 @@ class LMKernel:
                 sub = fn(s if whole else s[idx])
                 out.append(sub if whole else jax.tree_util.tree_map(
                     lambda a, k=len(part): a[:k], sub))
-            elif whole and len(idx) == s.x.shape[0]:
+            elif size == s.x.shape[0]:
+                # one batch of all starts: finished ones are held by their codes (cheaper
+                # than gathering and scattering the kept meshes)
                 s = fn(s)
             else:
                 sub = fn(jax.tree_util.tree_map(lambda a: a[idx], s))
