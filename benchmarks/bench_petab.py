@@ -152,6 +152,7 @@ def fit_row(name: str, n_starts: int) -> dict:
                fit_wall_s=wall, converged_per_min=60.0 * n_conv / wall,
                ensemble_records=int(res.n_records), ensemble_evaluations=int(res.n_grad_evals),
                records_per_start=[int(v) for v in np.asarray(res.n_records_per_start)],
+               exit_reasons=[str(v) for v in res.exit_reasons],
                losses=[float(v) for v in losses])
     return row
 
