@@ -33,6 +33,9 @@ class AbstractProblem(abc.ABC):
             along its correlations into the curvature of its funnel.
         dense_mass_by_default: whether a dense mass matrix is adapted by default where
             the dimension is small.
+        default_init: where the chains start when the user does not say: ``"map"`` (the
+            MAP point, jittered) or ``"advi"`` (draws from a mean-field variational fit
+            started there: a random-effects hierarchy's mode lies far from its draws).
         count_failures_by_default: whether solver failures are counted at every
             evaluation under ``rerecord="always"`` (a host callback per evaluation).
 
@@ -56,6 +59,7 @@ class AbstractProblem(abc.ABC):
     default_target_accept: float
     dense_target_accept: float | None = None
     dense_mass_by_default: bool
+    default_init: str = "map"
     count_failures_by_default: bool
 
     @abc.abstractmethod

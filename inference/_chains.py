@@ -97,7 +97,8 @@ class SampleInfo(NamedTuple):
     Attributes:
         draws: the sampling phase's `Draws`, one per loop call.
         init: how the chains' starting points were chosen (words); init_fit: the MAP
-            fit's summary (``init="map"``).
+            fit's summary (``init="map"``; with ``init="advi"`` also the variational fit's,
+            keys ``advi_*``).
         n_records, record_failures, failures_warmup, failures_sampling: counters.
         warmup_time, sampling_time: seconds.
         sampling_mesh: which mesh the sampling phase uses (words).

@@ -367,13 +367,15 @@ class ProgramProblem(AbstractProblem):
     # The class defaults are a population program's (latent sites in a plate, e.g. random
     # effects in a subjects plate): a subject's step count varies widely across the
     # posterior (a frozen mesh would not hold), and the funnel-shaped hierarchy wants
-    # smaller steps, smaller still with a dense metric (`sample`'s docstring has the
-    # measurements). A program with no latent site in a plate gets an ODE model's defaults
+    # smaller steps, smaller still with a dense metric, and its joint mode lies far from
+    # its draws, so the chains start at draws of a variational fit (`sample`'s docstring
+    # and `inference._advi` have the measurements). A program with no latent site in a plate gets an ODE model's defaults
     # in `__init__` (see `hierarchical`).
     default_rerecord = "always"
     default_target_accept = 0.9
     dense_target_accept = 0.97
     dense_mass_by_default = True
+    default_init = "advi"
     count_failures_by_default = False
 
     def __init__(self, program, data, *, name: str | None = None, solver=None,
@@ -415,6 +417,7 @@ class ProgramProblem(AbstractProblem):
             self.default_target_accept = Problem.default_target_accept
             self.dense_target_accept = Problem.dense_target_accept
             self.dense_mass_by_default = Problem.dense_mass_by_default
+            self.default_init = Problem.default_init
 
     def members(self, site: str) -> dict[str, str]:
         """The latent sites that belong, element by element, to the trajectories of the ode

@@ -65,6 +65,15 @@ update (100 iterations in) the identity metric forces the step size of the poste
 narrowest direction on all (theophylline: 32 of 45 s of warmup in trees of 100-300
 leapfrog steps; `inference._metric`). The InferenceData's attributes say so.
 
+A random-effects hierarchy (a population model, a program with latent sites in a plate)
+starts elsewhere by default (``init="advi"``): its joint mode lies far from its draws (the
+prior on the random effects pulls them towards zero and their scales up), so after the MAP
+fit a mean-field ADVI fit from its best point moves into the typical set, and the chains
+start at independent draws from it, warmup at its variances (`inference._advi`). On the
+simulated 200-subject study (610 parameters, 4 chains, 2 CPU devices) the first 30 warmup
+iterations took 311 s from the MAP point (trees of 350-720 leapfrog steps at step sizes
+0.009-0.07) and 24 s from the ADVI draws (26-30 steps at 0.14-0.18), the fit itself ~30 s.
+
 Defaults that depend on the problem. ``dense_mass``: dense with at most ``max(10,
 num_warmup // 10)`` unconstrained parameters (50 at the default warmup), diagonal
 otherwise. An ODE's parameters are correlated (rates that the data identify only through
@@ -186,9 +195,10 @@ def _checked_sample_args(o: dict) -> None:
         raise ValueError(f"`target_accept` must lie in (0, 1), got {target_accept!r}")
     if not (isinstance(init_jitter, (int, float, np.number)) and init_jitter >= 0):
         raise ValueError(f"`init_jitter` must be a non-negative number, got {init_jitter!r}")
-    if (isinstance(init, str) and init not in ("map", "prior")) or not isinstance(
-            init, (str, Mapping)):
-        raise ValueError(f"`init` must be 'map', 'prior' or a parameter dict, got {init!r}")
+    if init is not None and ((isinstance(init, str) and init not in ("map", "advi", "prior"))
+                             or not isinstance(init, (str, Mapping))):
+        raise ValueError(
+            f"`init` must be None, 'map', 'advi', 'prior' or a parameter dict, got {init!r}")
     if num_warmup == 0:
         warnings.warn(
             "inference.sample: num_warmup=0 adapts neither the step size nor the mass matrix "
@@ -208,7 +218,11 @@ def _sample_petab(problem, data, o: dict):
                              "data; no checkpoints)")
     if kernel != "nuts":
         raise ValueError(f"`kernel`={kernel!r}: a PEtab problem is sampled with 'nuts'")
-    return sample_petab(problem, init="fit" if isinstance(init, str) and init == "map" else init,
+    if isinstance(init, str) and init == "advi":
+        raise ValueError("`init`='advi' does not apply to a PEtab problem: 'map', 'prior' "
+                         "or points")
+    return sample_petab(problem, init="fit" if init is None or (
+                            isinstance(init, str) and init == "map") else init,
                         target_accept=0.8 if target_accept is None else target_accept,
                         dense_mass=True if dense_mass is None else dense_mass, **options)
 
@@ -222,6 +236,8 @@ def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
     problem = problem_for(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
                           max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
     o = dict(o)
+    if o["init"] is None:
+        o["init"] = problem.default_init
     if o["rerecord"] is None:
         o["rerecord"] = problem.default_rerecord
     if o["dense_mass"] is None:
@@ -299,7 +315,7 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
 
 def sample(
     model, data=None, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2,
-    kernel: str = "nuts", rerecord: str | None = None, seed: int = 0, init: Any = "map",
+    kernel: str = "nuts", rerecord: str | None = None, seed: int = 0, init: Any = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
     progress: bool | None = None, target_accept: float | None = None,
     rtol: float = TOLERANCES.rtol, atol: float = TOLERANCES.atol, solver=None,
@@ -336,9 +352,12 @@ def sample(
             a subjects plate; see the module docstring for why each keeps the sampler
             exact).
         seed: seeds initialisation and the chains.
-        init: ``"map"`` (multi-start MAP fit, jittered), ``"prior"`` (prior draws), or a
-            constrained parameter dict (one point, jittered, or leaves with a leading axis
-            ``num_chains``).
+        init: ``"map"`` (multi-start MAP fit, jittered), ``"advi"`` (the MAP fit, then a
+            mean-field ADVI fit from its best point; the chains start at draws from it),
+            ``"prior"`` (prior draws), or a constrained parameter dict (one point,
+            jittered, or leaves with a leading axis ``num_chains``); ``None``: ``"advi"``
+            for a population model or a program with latent sites in a plate, ``"map"``
+            otherwise (why: the module docstring).
         checkpoint: a file path; the state is saved at every warmup re-record, at the end
             of warmup and about every ``checkpoint_every`` draws; a later call with the same
             path resumes and gives the same draws as an uninterrupted run.
@@ -365,7 +384,8 @@ def sample(
         frozen_tol_factor: meshes are recorded at this times ``rtol``/``atol``.
         init_jitter: standard deviation of the per-chain jitter in unconstrained space
             (capped per coordinate at its sd under the initial metric).
-        fit_kwargs: overrides for the MAP fit of ``init="map"`` (e.g. ``n_starts``).
+        fit_kwargs: overrides for the MAP fit of ``init="map"`` or ``"advi"`` (e.g.
+            ``n_starts``).
         count_failures: count failed potential evaluations with a host callback (about
             doubles the cost of a gradient on CPU); default: only for ``rerecord="always"`` on an
             `ODEModel`.

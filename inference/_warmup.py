@@ -45,6 +45,7 @@ from ._chains import (CHUNK, ChainKernel, SampleInfo, SampleState, capacity, sol
 from ._fit import fit
 from ._metric import curvature_metric
 from ._abstract import AbstractProblem
+from ._advi import advi_start
 from ._space import checked_init
 from ._starts import jittered, prior_draws
 
@@ -108,7 +109,7 @@ def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: flo
     jittered around (None for prior draws and per-chain points))``."""
     model, space = problem.model, problem.space
     k_fit, k_jit = jax.random.split(key)
-    if isinstance(init, str) and init == "map":
+    if isinstance(init, str) and init in ("map", "advi"):
         kw = dict(n_starts=16, steps=300, seed=seed, rtol=problem.rtol, atol=problem.atol,
                   solver=problem.solver, max_steps=problem.max_steps, progress=False)
         kw.update(fit_kwargs or {})
@@ -117,8 +118,10 @@ def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: flo
                     best_loss=float(res.loss), n_records=int(res.n_records),
                     n_grad_evals=int(res.n_grad_evals), wall_time_s=float(res.wall_time))
         desc = (f"MAP fit (inference.fit, {kw['n_starts']} starts, {kw['steps']} Adam "
-                f"steps, best loss {res.loss:.6g}); chains start at its best point plus "
-                f"N(0, {jitter}^2) jitter in unconstrained space")
+                f"steps, best loss {res.loss:.6g})")
+        if init == "map":
+            desc += (f"; chains start at its best point plus N(0, {jitter}^2) jitter in "
+                     "unconstrained space")
         centre = np.asarray(space.to_unconstrained(res.params))
         return jittered(centre, jitter, k_jit, C), desc, info, centre
     if isinstance(init, str) and init == "prior":
@@ -149,7 +152,10 @@ def start(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
     if centre is not None:
         metric, how = curvature_metric(problem, centre, dense=dense_mass)
         desc += f"; initial metric: {how}"
-        if metric is not None and init_jitter > 0:
+        if isinstance(init, str) and init == "advi":
+            u0, metric, desc, fit_info = _typical_starts(
+                problem, u0, centre, metric, key, max_steps, dense_mass, desc, fit_info)
+        elif metric is not None and init_jitter > 0:
             # no coordinate jittered by more than its sd under the metric: a start several
             # posterior sds out (a rate known to 1 %) begins warmup with divergences
             sd = np.sqrt(np.diagonal(metric) if metric.ndim == 2 else metric)
@@ -182,6 +188,27 @@ def start(problem: AbstractProblem, policy, data, *, init, num_chains: int, key,
         sampling_tol_factor=tf, mesh_probes=0)
     return u0, metric, state, SampleInfo(draws=(), init=desc, init_fit=fit_info,
                                          sampling_mesh=kind[policy.rerecord])
+
+
+def _typical_starts(problem: AbstractProblem, u0: np.ndarray, centre: np.ndarray, metric,
+                    key, max_steps: int | None, dense_mass: bool, desc: str, fit_info: dict):
+    """``init="advi"``: the chains start at draws from a mean-field ADVI fit from the MAP
+    point ``centre`` (`advi_start`), whose variances are the initial metric (the diagonal
+    of a dense one); ``(u0 (C, D), metric, description, fit summary)``. Where the fit
+    fails, the jittered MAP starts ``u0`` and the curvature ``metric`` are kept."""
+    D, C = centre.shape[0], u0.shape[0]
+    var = (np.ones(D) if metric is None else
+           np.diagonal(metric) if metric.ndim == 2 else np.asarray(metric))
+    starts, var, adv = advi_start(problem, centre, var, jax.random.fold_in(key, 1), C,
+                                  max_steps=max_steps)
+    fit_info = dict(fit_info, **{f"advi_{k}": v for k, v in adv.items()})
+    if not adv["ok"]:
+        return u0, metric, desc + ("; the mean-field ADVI fit failed, so chains start at "
+                                   "its best point plus jitter"), fit_info
+    desc += (f"; then mean-field ADVI from its best point ({adv['steps']} Adam steps, "
+             f"{adv['draws']} draws a step, negative ELBO {adv['negative_elbo']:.6g}): "
+             "chains start at independent draws from it, warmup at its variances")
+    return starts, (np.diag(var) if dense_mass else var), desc, fit_info
 
 
 BULK_POINTS = 64

@@ -66,6 +66,7 @@ def test_sampler_defaults_follow_the_programs_structure():
     assert hier.hierarchical
     assert (hier.default_rerecord, hier.dense_mass_by_default) == ("always", True)
     assert (hier.default_target_accept, hier.dense_target_accept) == (0.9, 0.97)
+    assert hier.default_init == "advi"
 
     def shared(data):
         ts, obs = data
@@ -77,10 +78,9 @@ def test_sampler_defaults_follow_the_programs_structure():
     flat = problem_for(shared, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
     assert not flat.hierarchical
     assert (flat.default_rerecord, flat.default_target_accept, flat.dense_target_accept,
-            flat.dense_mass_by_default) == (Problem.default_rerecord,
-                                            Problem.default_target_accept,
-                                            Problem.dense_target_accept,
-                                            Problem.dense_mass_by_default)
+            flat.dense_mass_by_default, flat.default_init) == (
+                Problem.default_rerecord, Problem.default_target_accept,
+                Problem.dense_target_accept, Problem.dense_mass_by_default, "map")
     lynx = problem_for(inference.numpyro_model(models.lynx_hare()),
                        models.load_dataset("lynx_hare"), rtol=1e-6, atol=1e-8,
                        max_steps=None)
@@ -104,7 +104,8 @@ def test_a_small_hierarchy_gets_a_dense_metric_at_a_higher_target():
     model, data = models.theophylline(), models.load_dataset("theophylline")
     settle = lambda **kw: _settled(model, data, {**base, **kw})[2]  # noqa: E731
     o = settle()
-    assert (o["dense_mass"], o["target_accept"]) == (True, 0.97)
+    assert (o["dense_mass"], o["target_accept"], o["init"]) == (True, 0.97, "advi")
+    assert settle(init="map")["init"] == "map"
     o = settle(num_warmup=100)
     assert (o["dense_mass"], o["target_accept"]) == (False, 0.9)
     o = settle(dense_mass=False)
