@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-import pytest
 
 import gradsolve as gs
 import inference
