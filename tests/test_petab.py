@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("petab")
 libsbml = pytest.importorskip("libsbml")
 
+import gradsolve as gs  # noqa: E402
 import models  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
@@ -200,10 +201,10 @@ def test_steady_state_measurements_match_the_collections_simulation():
     assert np.all(np.isfinite(np.asarray(g)))
 
 
-def _lag_problem(tmp_path, per_condition: bool):
+def _lag_problem(tmp_path, per_condition: bool, estimate_tau: bool = True, k: float = 2.0):
     """A PEtab problem written here: ``dx/dt = piecewise(k, t >= tau, 0) - d x``, x(0) = 0,
     observed as x with noise sigma = 0.1; ``tau`` estimated (per condition, through the
-    condition table, where ``per_condition``)."""
+    condition table, where ``per_condition``) or fixed."""
     doc = libsbml.SBMLDocument(3, 1)
     m = doc.createModel()
     m.setId("lag")
@@ -212,7 +213,7 @@ def _lag_problem(tmp_path, per_condition: bool):
     x = m.createSpecies()
     x.setId("x"), x.setCompartment("cell"), x.setInitialConcentration(0.0)
     x.setHasOnlySubstanceUnits(False), x.setBoundaryCondition(False), x.setConstant(False)
-    for pid, v in (("k", 2.0), ("d", 0.5), ("tau", 1.5)):
+    for pid, v in (("k", k), ("d", 0.5), ("tau", 1.5)):
         p = m.createParameter()
         p.setId(pid), p.setValue(v), p.setConstant(True)
     r = m.createRateRule()
@@ -233,8 +234,9 @@ def _lag_problem(tmp_path, per_condition: bool):
     (tmp_path / "measurements.tsv").write_text("\n".join(meas) + "\n")
     taus = [f"tau_{cid}" for cid in conds] if per_condition else ["tau"]
     pars = ["parameterId\tparameterScale\tlowerBound\tupperBound\tnominalValue\testimate",
-            "k\tlin\t0.1\t10\t2.0\t1", "d\tlin\t0.01\t5\t0.5\t1"]
-    pars += [f"{t}\tlin\t0.1\t3\t{1.2 + 0.6 * i}\t1" for i, t in enumerate(taus)]
+            f"k\tlin\t0.1\t{10 * k}\t{k}\t1", "d\tlin\t0.01\t5\t0.5\t1"]
+    pars += [f"{t}\tlin\t0.1\t3\t{1.2 + 0.6 * i}\t{int(estimate_tau)}"
+             for i, t in enumerate(taus)]
     (tmp_path / "parameters.tsv").write_text("\n".join(pars) + "\n")
     (tmp_path / "lag.yaml").write_text(
         "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n- condition_files:\n"
@@ -252,6 +254,26 @@ def _lag_llh(k, d, taus, times, n_conds):
             z = (0.3 * j + 0.1 * i - x) / 0.1
             llh += -0.5 * z * z - np.log(0.1) - 0.5 * np.log(2 * np.pi)
     return llh
+
+
+@pytest.mark.parametrize("solver", ["auto", "rodas5p"])
+def test_a_large_switch_at_a_fixed_time_is_solved_exactly(tmp_path, solver):
+    # A step that lands on a switch time must not see the new branch in its last stages
+    # (they are evaluated at the switch time itself): a switch of 1e6 there fails the
+    # step's error test at every step size (Isensee_JCB2018's stimuli did so, NaN).
+    k = 1e6
+    path, times, conds = _lag_problem(tmp_path, True, estimate_tau=False, k=k)
+    problem = models.load_petab(path, rtol=1e-10, atol=1e-12,
+                                solver=gs.Rodas5P() if solver == "rodas5p" else "auto")
+    x0 = np.asarray(problem.nominal, float)
+    ids = list(problem.parameter_ids)
+    assert ids == ["k", "d"]
+    exact = lambda v: _lag_llh(v[0], v[1], [1.2, 1.8], times, len(conds))
+    assert float(problem.log_likelihood(x0)) == pytest.approx(exact(x0), rel=1e-8)
+    g = np.asarray(jax.grad(problem.log_likelihood)(x0))
+    fd = np.array([(exact(x0 + h * e) - exact(x0 - h * e)) / (2 * h)
+                   for h, e in zip((1e-2, 1e-7), np.eye(2))])
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
 
 
 @pytest.mark.parametrize("per_condition", [False, True], ids=["tau", "tau per condition"])

@@ -42,8 +42,11 @@ def _is_nan(v) -> bool:
 
 def _unscale(x, scale):
     """Parameter-scale values ``x`` to linear values (``scale`` an int array: 0 lin, 1 log,
-    2 log10)."""
-    return jnp.where(scale == 1, jnp.exp(x), jnp.where(scale == 2, 10.0 ** x, x))
+    2 log10). The exponentials see 0 in place of a linear-scale value: a linear value
+    above ~308 would overflow ``10 ** x`` to inf, and ``where``'s reverse-mode gradient,
+    0 times the inf derivative of the branch not taken, would be NaN."""
+    e = jnp.where(scale == 0, 0.0, x)
+    return jnp.where(scale == 1, jnp.exp(e), jnp.where(scale == 2, 10.0 ** e, x))
 
 
 def _placeholders(formula: sp.Expr, kind: str, obs_id: str) -> list[sp.Symbol]:
@@ -181,7 +184,7 @@ class PetabProblem:
         within `EXPLICIT_STEP_BUDGET` steps (not stiff there: an explicit step costs a
         fraction of a Rosenbrock step, and runs on the compiled kernel), else
         `gradsolve.Rodas5P`; the choice and its reason in `solver` and `solver_reason`."""
-        if self._n_switch_states or self._has_preeq:
+        if self._switches_move() or self._has_preeq:
             self.solver_reason = ("gs.Rodas5P(): pre-equilibration or moving switch times "
                                   "(not probed)")
             return
@@ -191,6 +194,10 @@ class PetabProblem:
         p = full[:, :self._n_p]
         y0 = jnp.where(jnp.asarray(self._sim_slots[3]), full[:, self._n_p:],
                        jax.vmap(self._y0)(p))
+        jumps = None
+        if self._n_switch_states:
+            s0, jumps = self._switch_jumps(p)
+            y0 = jnp.concatenate([y0, s0], axis=1)
         budget = min(self.EXPLICIT_STEP_BUDGET, self.max_steps)
         # First the cheap bound: an explicit step stays stable only while h * rho(J) is
         # below ~3.5 (Tsit5's stability interval on the negative real axis), so a
@@ -207,7 +214,7 @@ class PetabProblem:
             return
         mesh = gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                          solver=gs.Tsit5(), rtol=self.rtol, atol=self.atol, max_steps=budget,
-                         tstops=self._tstops_static, throw=False)
+                         tstops=self._tstops_static, jumps=jumps, throw=False)
         steps = int(np.max(np.asarray(mesh.n_steps)))
         if bool(np.all(np.asarray(mesh.status) == 0)):
             self.solver = gs.Tsit5()
@@ -360,14 +367,16 @@ class PetabProblem:
         self._switch_jax = (sp.lambdify([psyms], switch, modules="jax") if switch else None)
         rhs = list(odes.rhs)
         self._n_switch_states = 0
-        if self._switches_move():
-            # Each moving switch is a state s_j (0 before, 1 after, ds_j/dt = 0) that jumps
-            # at its time: a solver's stages never see the switch inside a step (the step
-            # landing on it sees s_j = 0, the next one s_j = 1), and the jump's node moves
-            # with the time, so the gradient w.r.t. a lag is the exact discrete adjoint.
-            # (A solver stop would leave the stage at the landing node on the new branch and
-            # carry no gradient.)
-            if self._has_preeq:
+        if switch:
+            # Each switch is a state s_j (0 before, 1 after, ds_j/dt = 0) that jumps at its
+            # time: a solver's stages never see the switch inside a step (the step landing
+            # on it sees s_j = 0, the next one s_j = 1), and where the time is estimated the
+            # jump's node moves with it, so the gradient w.r.t. a lag is the exact discrete
+            # adjoint. A solver stop at the time would not do: the landing step's last
+            # stages are evaluated AT the switch time, on the new branch, so a large switch
+            # (Isensee_JCB2018's stimuli) fails that step's error test down to a step size
+            # underflow, and a moving stop carries no gradient.
+            if self._has_preeq and self._switches_move():
                 raise NotImplementedError(
                     f"switch times {switch} that depend on estimated parameters, in a "
                     "problem with pre-equilibration")
@@ -536,7 +545,7 @@ class PetabProblem:
         """Switch times of piecewise functions of time, per trajectory ``(n, L)``, from the
         nominal parameters: the solver stops there. ``None`` where there are none, or
         where they move with the estimated parameters (`_switch_jumps` then)."""
-        if self._switch_fn is None or self._switches_move():
+        if self._switch_fn is None or self._n_switch_states:
             return None
         theta = np.asarray(self._theta_lin(jnp.asarray(self.nominal)))
         is_ref, idx, const, _ = self._sim_slots
@@ -545,15 +554,17 @@ class PetabProblem:
         vals = np.clip(vals, 0.0, self._t1)
         return jnp.asarray(np.sort(vals, axis=1))
 
-    def _switch_jumps(self, p):
-        """``(initial switch states (n, L), jumps)``: each moving switch state starts at 1
-        where its time is <= 0 (already switched), else at 0 and jumps by 1 at its time
-        (``(n, L)`` times, ``+inf`` past ``t1``; sizes ``(n, L, d + L)``)."""
+    def _switch_jumps(self, p, t1=None):
+        """``(initial switch states (n, L), jumps)``: each switch state starts at 1 where
+        its time is <= 0 (already switched), else at 0 and jumps by 1 at its time (``(n,
+        L)`` times, ``+inf`` past ``t1``, default the last measurement time; sizes ``(n, L,
+        d + L)``)."""
+        t1 = self._t1 if t1 is None else t1
         times = jax.vmap(lambda pi: jnp.stack([jnp.asarray(v, p.dtype) * jnp.ones((), p.dtype)
                                                for v in self._switch_jax(pi)]))(p)
         n, L = times.shape
         s0 = (times <= 0.0).astype(p.dtype)
-        at = jnp.where((times > 0.0) & (times <= self._t1), times, jnp.inf)
+        at = jnp.where((times > 0.0) & (times <= t1), times, jnp.inf)
         order = jnp.argsort(at, axis=1)
         at = jnp.take_along_axis(at, order, axis=1)
         sizes = jax.nn.one_hot(self._d + order, self._d + L, dtype=p.dtype)
@@ -567,14 +578,29 @@ class PetabProblem:
         pp = pre_full[:, :self._n_p]
         povr = jnp.asarray(self._pre_slots[3])
         y_pre0 = jnp.where(povr, pre_full[:, self._n_p:], jax.vmap(self._y0)(pp))
+        jumps = None
+        if self._n_switch_states:
+            s0, jumps = self._switch_jumps(pp, _STEADY_STATE_T)
+            y_pre0 = jnp.concatenate([y_pre0, s0], axis=1)
         pre = gs.solve(self.vector_field, 0.0, _STEADY_STATE_T, y_pre0, pp,
                        solver=self.solver, rtol=self.rtol, atol=self.atol,
-                       max_steps=self.max_steps)
-        return pre.y1, pp
+                       max_steps=self.max_steps, jumps=jumps)
+        return pre.y1[:, :self._d], pp
+
+    def _with_switch_states(self, y, p, t: float):
+        """States ``y (n, d)`` with the switch states at time ``t`` appended (each 1 where
+        its switch time is <= t), the vector field's input."""
+        if not self._n_switch_states:
+            return y
+        times = jax.vmap(lambda pi: jnp.stack([jnp.asarray(v, p.dtype) * jnp.ones((), p.dtype)
+                                               for v in self._switch_jax(pi)]))(p)
+        return jnp.concatenate([y, (times <= t).astype(y.dtype)], axis=1)
 
     def _preeq_residual(self, x):
         y, pp = self._preequilibrate(self._theta_lin(x))
+        y = self._with_switch_states(y, pp, _STEADY_STATE_T)
         dy = jax.vmap(self.vector_field, in_axes=(None, 0, 0))(_STEADY_STATE_T, y, pp)
+        y, dy = y[:, :self._d], dy[:, :self._d]
         w = dy / (self.atol + self.rtol * jnp.abs(y))
         return jnp.sqrt(jnp.mean(w ** 2, axis=-1))
 
@@ -760,10 +786,12 @@ class PetabProblem:
             warnings.warn(f"pre-equilibration did not reach a steady state by t = 1e5 for "
                           f"{bad} (residuals {np.asarray(res).max():.3g} > 1, see "
                           "preequilibration_residual)", stacklevel=2)
-        if self._at_steady_state.any() and not self._n_switch_states:
+        if self._at_steady_state.any():
             ys, p, _, _ = self._solve(self._as_vector(x))
             y = ys[:, int(np.searchsorted(self.ts, _STEADY_STATE_T))]
+            y = self._with_switch_states(y, p, _STEADY_STATE_T)
             dy = jax.vmap(self.vector_field, in_axes=(None, 0, 0))(_STEADY_STATE_T, y, p)
+            y, dy = y[:, :self._d], dy[:, :self._d]
             r = np.sqrt(np.mean(np.asarray(dy / (self.atol + self.rtol * jnp.abs(y))) ** 2, -1))
             if not np.all(r <= 1.0):
                 bad = [self.condition_ids[i] for i in np.flatnonzero(~(r <= 1.0))]
