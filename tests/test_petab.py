@@ -113,6 +113,107 @@ def test_event_raises_naming_it(tmp_path):
         models.load_petab(path)
 
 
+def test_unsupported_events_raise_naming_them(tmp_path):
+    def add_events(m):
+        m.getParameter("Epo_degradation_BaF3").setConstant(False)
+        ev = m.createEvent()
+        ev.setId("my_threshold")
+        ev.setUseValuesFromTriggerTime(True)
+        trig = ev.createTrigger()
+        trig.setInitialValue(False), trig.setPersistent(True)
+        trig.setMath(libsbml.parseL3Formula("STAT5A < 1"))
+        ea = ev.createEventAssignment()
+        ea.setVariable("Epo_degradation_BaF3")
+        ea.setMath(libsbml.parseL3Formula("0"))
+
+    path = _with_modified_sbml(tmp_path, add_events)
+    with pytest.raises(NotImplementedError, match="my_threshold.*time-triggered"):
+        models.load_petab(path)
+
+
+def _event_problem(tmp_path):
+    """A PEtab problem written here: ``dx/dt = k S - d x``, x(0) = 0, with ``S`` a boundary
+    species set by two time-triggered events, ``S = 5`` at ``time >= t_on`` (per condition)
+    and ``S = 0`` at ``time >= 4``; ``S``'s initial value per condition."""
+    doc = libsbml.SBMLDocument(3, 1)
+    m = doc.createModel()
+    m.setId("stimulus")
+    c = m.createCompartment()
+    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
+    for sid, boundary in (("x", False), ("S", True)):
+        sp_ = m.createSpecies()
+        sp_.setId(sid), sp_.setCompartment("cell"), sp_.setInitialConcentration(0.0)
+        sp_.setHasOnlySubstanceUnits(False), sp_.setBoundaryCondition(boundary)
+        sp_.setConstant(False)
+    for pid, v in (("k", 2.0), ("d", 0.5), ("t_on", 1.0)):
+        p = m.createParameter()
+        p.setId(pid), p.setValue(v), p.setConstant(True)
+    r = m.createRateRule()
+    r.setVariable("x")
+    r.setMath(libsbml.parseL3Formula("k * S - d * x"))
+    for eid, trigger, value in (("on", "time >= t_on", "5"), ("off", "time >= 4", "0")):
+        ev = m.createEvent()
+        ev.setId(eid), ev.setUseValuesFromTriggerTime(True)
+        trig = ev.createTrigger()
+        trig.setInitialValue(False), trig.setPersistent(True)
+        trig.setMath(libsbml.parseL3Formula(trigger))
+        ea = ev.createEventAssignment()
+        ea.setVariable("S"), ea.setMath(libsbml.parseL3Formula(value))
+    libsbml.writeSBMLToFile(doc, str(tmp_path / "model.xml"))
+    conds = {"c1": (1.0, 0.0), "c2": (2.0, 1.0), "c3": (5.0, 1.0)}   # t_on, S(0)
+    (tmp_path / "conditions.tsv").write_text("conditionId\tt_on\tS\n" + "".join(
+        f"{cid}\t{t_on}\t{s0}\n" for cid, (t_on, s0) in conds.items()))
+    (tmp_path / "observables.tsv").write_text(
+        "observableId\tobservableFormula\tnoiseFormula\nobs_x\tx\t0.1\n")
+    times = [0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 7.0]
+    meas = ["observableId\tsimulationConditionId\tmeasurement\ttime"]
+    meas += [f"obs_x\t{cid}\t{0.5 * j + 0.2 * i}\t{t}" for i, cid in enumerate(conds)
+             for j, t in enumerate(times)]
+    (tmp_path / "measurements.tsv").write_text("\n".join(meas) + "\n")
+    (tmp_path / "parameters.tsv").write_text(
+        "parameterId\tparameterScale\tlowerBound\tupperBound\tnominalValue\testimate\n"
+        "k\tlog10\t0.01\t100\t2.0\t1\nd\tlin\t0.01\t5\t0.5\t1\n")
+    (tmp_path / "events.yaml").write_text(
+        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n- condition_files:\n"
+        "  - conditions.tsv\n  measurement_files:\n  - measurements.tsv\n"
+        "  observable_files:\n  - observables.tsv\n  sbml_files:\n  - model.xml\n")
+    return tmp_path / "events.yaml", times, conds
+
+
+def _event_llh(k, d, times, conds):
+    """The closed form: S piecewise constant (the latest event fired, whatever the order of
+    the trigger times), x exponential towards k S / d between switches."""
+    llh = 0.0
+    for i, (t_on, s0) in enumerate(conds.values()):
+        switches = sorted([(t_on, 5.0), (4.0, 0.0)])
+        for j, t in enumerate(times):
+            x, s, t_prev = 0.0, s0, 0.0
+            for ts, v in switches + [(np.inf, None)]:
+                end = min(ts, t)
+                x = x * np.exp(-d * (end - t_prev)) + k * s / d * (1 - np.exp(-d * (end - t_prev)))
+                t_prev = end
+                if ts > t:
+                    break
+                s = v
+            z = (0.5 * j + 0.2 * i - x) / 0.1
+            llh += -0.5 * z * z - np.log(0.1) - 0.5 * np.log(2 * np.pi)
+    return llh
+
+
+def test_time_triggered_events_against_the_closed_form(tmp_path):
+    # the events fire in either order (c3: t_on = 5 after the event at 4), S's initial
+    # value comes from the condition table, and the gradient is exact
+    path, times, conds = _event_problem(tmp_path)
+    problem = models.load_petab(path, rtol=1e-10, atol=1e-12)
+    assert list(problem.parameter_ids) == ["k", "d"]
+    x0 = np.asarray(problem.nominal, float)
+    exact = lambda v: _event_llh(10.0 ** v[0], v[1], times, conds)
+    assert float(problem.log_likelihood(x0)) == pytest.approx(exact(x0), rel=1e-8)
+    g = np.asarray(jax.grad(problem.log_likelihood)(x0))
+    fd = np.array([(exact(x0 + 1e-6 * e) - exact(x0 - 1e-6 * e)) / 2e-6 for e in np.eye(2)])
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
 def test_algebraic_rule_raises_naming_it(tmp_path):
     def add_rule(m):
         q = m.createParameter()

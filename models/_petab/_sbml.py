@@ -40,6 +40,9 @@ class SbmlOdes:
         rules: assignment-rule targets (and parameters set by initial assignments) mapped to
             expressions in state and parameter symbols, for observables that use them.
         species_ids: ids of the species (all of them are states).
+        events: the targets of time-triggered events (boundary species, non-constant
+            parameters) mapped to their value as a piecewise function of `TIME`, already in
+            ``rhs``; `resolve` puts it in the expressions it returns.
     """
 
     model_id: str
@@ -50,14 +53,17 @@ class SbmlOdes:
     param_values: list[float]
     rules: dict[str, sp.Expr]
     species_ids: list[str]
+    events: dict[str, sp.Expr] = dataclasses.field(default_factory=dict)
 
     def symbols(self) -> dict[str, sp.Symbol]:
         """Every id this model defines, mapped to its SymPy symbol."""
         return {i: sp.Symbol(i) for i in (*self.state_ids, *self.param_ids, *self.rules)}
 
     def resolve(self, expr: sp.Expr) -> sp.Expr:
-        """``expr`` with assignment-rule targets replaced by their expressions (recursively)."""
-        return _substitute_rules(expr, {sp.Symbol(k): v for k, v in self.rules.items()})
+        """``expr`` with assignment-rule targets replaced by their expressions (recursively)
+        and the targets of events by their piecewise values."""
+        expr = _substitute_rules(expr, {sp.Symbol(k): v for k, v in self.rules.items()})
+        return expr.xreplace({sp.Symbol(k): v for k, v in self.events.items()})
 
 
 def _substitute_rules(expr, rules: dict) -> sp.Expr:
@@ -131,6 +137,83 @@ def _rules(m):
     init_assign = {ia.getSymbol(): _math(ia, "initial assignment", ia.getSymbol())
                    for ia in m.getListOfInitialAssignments()}
     return rate_rules, assign_rules, init_assign
+
+
+def _trigger_time(ev) -> sp.Expr:
+    """The time at which a trigger ``time >= T`` (or ``>``, ``T <= time``, ...) becomes
+    true, ``T`` an expression in parameters; ``NotImplementedError`` for any other
+    trigger."""
+    eid = ev.getId()
+    if ev.getTrigger() is None:
+        raise ValueError(f"SBML event '{eid}' has no trigger")
+    cond = _math(ev.getTrigger(), "event trigger", eid)
+    if not isinstance(cond, sp.core.relational.Relational) or TIME not in cond.free_symbols:
+        raise NotImplementedError(
+            f"SBML events whose trigger is not a comparison of time with a parameter "
+            f"expression are not supported (event '{eid}', trigger {cond}): only "
+            "time-triggered events are")
+    d = sp.expand(cond.lhs - cond.rhs)
+    a = d.diff(TIME)
+    rest = sp.simplify(d - a * TIME)
+    greater = isinstance(cond, (sp.GreaterThan, sp.StrictGreaterThan))
+    less = isinstance(cond, (sp.LessThan, sp.StrictLessThan))
+    if a == 0 or a.free_symbols or TIME in rest.free_symbols or not (greater or less) \
+            or greater != bool(a > 0):
+        raise NotImplementedError(
+            f"SBML event '{eid}': trigger {cond} does not become true at one time as time "
+            "increases (only 'time >= T' is supported)")
+    return -rest / a
+
+
+def _time_events(m, species_by_id, rate_rules, assign_rules, init_assign
+                 ) -> dict[str, sp.Expr]:
+    """Time-triggered events as piecewise functions of time: target id -> its value.
+
+    An event ``time >= T_k`` that sets ``X = v_k`` (``v_k`` in parameters) where nothing
+    else changes ``X`` (a boundary species, a non-constant parameter: no reaction, rule or
+    other assignment) makes ``X`` at time ``t`` the value of the latest event fired by
+    ``t``, or ``X``'s own value before the first: ``Piecewise((v_k, t >= T_k and every
+    other T_m <= T_k or t < T_m), ..., (X, True))``, which needs no order of the ``T_k``
+    (they may differ between conditions). Each switch then becomes a solver switch state
+    (`models.PetabProblem`). Events that reset a state changed by reactions, use the
+    state, are delayed or are triggered by the state raise ``NotImplementedError``."""
+    by_target: dict[str, list] = {}
+    params = {p.getId(): p for p in m.getListOfParameters()}
+    for ev in m.getListOfEvents():
+        eid = ev.getId()
+        if ev.isSetDelay():
+            raise NotImplementedError(f"SBML event delays are not supported (event '{eid}')")
+        tau = _trigger_time(ev)
+        for ea in ev.getListOfEventAssignments():
+            x = ea.getVariable()
+            sp_ = species_by_id.get(x)
+            if sp_ is not None and not sp_.getBoundaryCondition():
+                raise NotImplementedError(
+                    f"SBML event '{eid}' assigns species '{x}', which reactions change: "
+                    "state resets are not supported")
+            if sp_ is None and x not in params:
+                raise NotImplementedError(
+                    f"SBML event '{eid}' assigns '{x}' (not a species or parameter): not "
+                    "supported")
+            if x in rate_rules or x in assign_rules:
+                raise NotImplementedError(
+                    f"SBML event '{eid}' assigns '{x}', which a rule also sets: not supported")
+            value = _math(ea, "event assignment", eid)
+            used = {str(s) for s in value.free_symbols}
+            if TIME in value.free_symbols or used & set(species_by_id) or used & set(
+                    rate_rules):
+                raise NotImplementedError(
+                    f"SBML event '{eid}': the value assigned to '{x}' depends on time or the "
+                    "state; only values in parameters are supported")
+            by_target.setdefault(x, []).append((tau, value))
+    out = {}
+    for x, evs in by_target.items():
+        pieces = []
+        for k, (tk, vk) in enumerate(evs):
+            later = [sp.Or(TIME < tm, tm <= tk) for m_, (tm, _) in enumerate(evs) if m_ != k]
+            pieces.append((vk, sp.And(TIME >= tk, *later)))
+        out[x] = sp.Piecewise(*pieces, (sp.Symbol(x), True))
+    return out
 
 
 def _compartment_sizes(m, species, rate_rules, assign_rules, init_assign) -> dict:
@@ -256,13 +339,13 @@ def read_sbml(source) -> SbmlOdes:
     """
     m, path = _document(source)
     mid = m.getId()
-    for ev in m.getListOfEvents():
-        raise NotImplementedError(f"SBML events are not supported (event '{ev.getId()}')")
     for c in m.getListOfConstraints():
         warnings.warn(f"SBML constraint in model '{mid}' is not checked", stacklevel=3)
         break
     rate_rules, assign_rules, init_assign = _rules(m)
     species = list(m.getListOfSpecies())
+    events = _time_events(m, {s.getId(): s for s in species}, rate_rules, assign_rules,
+                          init_assign)
     comp_size = _compartment_sizes(m, species, rate_rules, assign_rules, init_assign)
     species_ids, init = _species_states(m, species, assign_rules, init_assign)
     state_ids = list(species_ids)
@@ -279,7 +362,8 @@ def read_sbml(source) -> SbmlOdes:
         rhs[var] = expr
 
     rule_syms = {sp.Symbol(k): v for k, v in rules.items()}
-    rhs_list = [_substitute_rules(rhs[s], rule_syms) for s in state_ids]
+    event_syms = {sp.Symbol(k): v for k, v in events.items()}
+    rhs_list = [_substitute_rules(rhs[s], rule_syms).xreplace(event_syms) for s in state_ids]
     # Initial values may use other states' initial values and rules evaluated at t = 0.
     init_syms = {sp.Symbol(s): init[s] for s in state_ids}
     both = {**rule_syms, **init_syms}
@@ -291,4 +375,4 @@ def read_sbml(source) -> SbmlOdes:
         if unknown:
             raise ValueError(f"d{s_id}/dt uses undefined symbols {sorted(unknown)}")
     return SbmlOdes(mid, state_ids, rhs_list, init_list, param_ids, param_values, rules,
-                    species_ids)
+                    species_ids, events)
