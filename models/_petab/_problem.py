@@ -119,9 +119,11 @@ class PetabProblem:
     where the problem is stiff at its nominal parameters, as most are, else `gradsolve.Tsit5`:
     see `solver_reason`; rtol 1e-8, atol 1e-12), saved at the union of the
     measurement times (a steady-state measurement, time ``inf``, at ``t = 1e5``, checked by
-    `simulate`); switch times of piecewise functions of time are solver stops, or, where
-    they depend on estimated parameters (a lag time), nodes that move with them (zero-size
-    jumps), so their gradient is exact. A
+    `simulate`). Each switch time of a piecewise function of time (and of a time-triggered
+    SBML event, see `load_petab`) is a state of the solve, 0 before and 1 after, that jumps
+    at that time: no stage of a step sees the new branch before the step ends there, and
+    where the time depends on estimated parameters (a lag time) the jump's node moves with
+    it, so its gradient is exact. A
     pre-equilibration condition is integrated to ``t = 1e5`` and the state reached starts
     the simulation condition (species the simulation condition sets are reset); its gradient
     is that long solve's discrete adjoint, and `preequilibration_residual` says how close to
@@ -879,6 +881,13 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
             every condition at the nominal parameters within 2,000 steps, else
             `gradsolve.Rodas5P`; the choice and why in ``problem.solver_reason``),
             ``rtol`` (1e-8), ``atol`` (1e-12), ``max_steps`` (20,000).
+
+    SBML supported: species, compartments, reactions, assignment and rate rules, initial
+    assignments, function definitions, piecewise functions of time, and time-triggered
+    events (``time >= T``, ``T`` in parameters, possibly per condition) that set a boundary
+    species or a non-constant parameter to a parameter expression: the target is then the
+    value of the latest event fired. Events that reset a state that reactions change, are
+    triggered by the state, or are delayed are not.
 
     Returns:
         A `PetabProblem`.

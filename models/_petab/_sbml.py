@@ -333,8 +333,9 @@ def read_sbml(source) -> SbmlOdes:
 
     Raises:
         NotImplementedError: naming the construct and the element id for what this reader
-            does not support (events, algebraic rules, delays, fast reactions, variable
-            compartments that hold species, stoichiometry math, ...).
+            does not support (events other than time-triggered ones that set a boundary
+            species or a non-constant parameter, algebraic rules, delays, fast reactions,
+            variable compartments that hold species, stoichiometry math, ...).
         ValueError: when libSBML reports errors reading the file.
     """
     m, path = _document(source)
