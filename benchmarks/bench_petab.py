@@ -67,8 +67,9 @@ def _converged_difference(f, x0, i):
     return est[int(np.nanargmin(gaps)) + 1]
 
 
-def one(name: str, fd_coords: int) -> dict:
-    """Every measurement of one problem (run in a child process)."""
+def one(name: str, fd_coords: int, report=lambda row: None) -> dict:
+    """Every measurement of one problem (run in a child process); ``report(row)`` after
+    each stage, so a problem stopped by the time limit keeps what it measured."""
     import jax
     import numpy as np
 
@@ -88,6 +89,8 @@ def one(name: str, fd_coords: int) -> dict:
     row["params"] = len(problem.parameter_ids)
     row["conditions"] = len(problem.condition_ids)
     row["measurements"] = len(problem.petab_problem.measurement_df)
+    row["solver"] = problem.solver_reason
+    report(row)
     vg = jax.jit(jax.value_and_grad(problem.log_likelihood))
     x0 = np.asarray(problem.nominal)
     t = time.perf_counter()
@@ -105,13 +108,17 @@ def one(name: str, fd_coords: int) -> dict:
         ref = REFERENCE[name]
         row["ref"] = ref
         row["matches"] = bool(abs(row["llh"] - ref) <= max(1e-3 * abs(ref), 0.01))
+    row["grad_error"] = "central differences not finished"
+    report(row)
     # Gradient against central differences, both at tight tolerances.
     tight = models.load_petab(COLLECTION / name, rtol=1e-11, atol=1e-14)
     vgt = jax.jit(jax.value_and_grad(tight.log_likelihood))
     gt = np.asarray(vgt(x0)[1])
+    lt = jax.jit(tight.log_likelihood)
     rng = np.random.default_rng(0)
     coords = np.sort(rng.permutation(len(x0))[:fd_coords])
-    fd = np.asarray([_converged_difference(lambda z: float(vgt(z)[0]), x0, i) for i in coords])
+    fd = np.asarray([_converged_difference(lambda z: float(lt(z)), x0, i) for i in coords])
+    del row["grad_error"]
     defined = np.isfinite(fd)
     row["fd_coords"] = int(len(coords))
     row["fd_coords_defined"] = int(defined.sum())
@@ -196,8 +203,8 @@ def table(path: Path) -> str:
             continue
         if "llh" not in r:
             out.append(f"| {r['problem']} | yes | {r['states']} / {r['params']} / "
-                       f"{r['conditions']} / {r['measurements']} | {r.get('error', '')} "
-                       "| | | | | |")
+                       f"{r['conditions']} / {r['measurements']} | "
+                       f"{r.get('error', r.get('grad_error', ''))} | | | | | |")
             continue
         ref = f"{r['ref']:.6f}" if "ref" in r else "none"
         match = ("yes" if r["matches"] else "**no**") if "ref" in r else ""
@@ -231,8 +238,10 @@ def main():
         print(fit_table(a.fit_table))
         return
     if a.child:
-        row = fit_row(a.child, a.fit) if a.fit else one(a.child, a.fd_coords)
-        print("ROW " + json.dumps(row), flush=True)
+        def report(row):
+            print("ROW " + json.dumps(row), flush=True)
+
+        report(fit_row(a.child, a.fit) if a.fit else one(a.child, a.fd_coords, report))
         return
     names = a.only or sorted((p.name for p in COLLECTION.iterdir() if p.is_dir()), key=_size)
     done = set()
@@ -249,11 +258,19 @@ def main():
                                capture_output=True, text=True,
                                timeout=a.timeout)
             rows = [line[4:] for line in p.stdout.splitlines() if line.startswith("ROW ")]
-            row = json.loads(rows[0]) if rows else {
+            row = json.loads(rows[-1]) if rows else {
                 "problem": name, "loads": "crashed: " + p.stderr.strip().splitlines()[-1][:150]
                 if p.stderr.strip() else "crashed"}
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            rows = [line[4:] for line in out.splitlines() if line.startswith("ROW ")]
             row = {"problem": name, "loads": f"not finished within {a.timeout:.0f} s"}
+            if rows:   # what it measured before the limit
+                row = json.loads(rows[-1])
+                row.setdefault("grad_error", f"not finished within {a.timeout:.0f} s")
+                if row.get("grad_error") == "central differences not finished":
+                    row["grad_error"] = (f"central differences not finished within "
+                                         f"{a.timeout:.0f} s")
         row["wall_s"] = time.perf_counter() - t
         print(json.dumps(row), flush=True)
         with a.out.open("a") as f:
