@@ -95,39 +95,32 @@ def _with_modified_sbml(tmp_path, edit):
     return dst
 
 
-def test_event_raises_naming_it(tmp_path):
-    def add_event(m):
-        ev = m.createEvent()
-        ev.setId("my_pulse")
-        ev.setUseValuesFromTriggerTime(True)
-        trig = ev.createTrigger()
-        trig.setInitialValue(False)
-        trig.setPersistent(True)
-        trig.setMath(libsbml.parseL3Formula("time >= 10"))
-        ea = ev.createEventAssignment()
-        ea.setVariable("STAT5A")
-        ea.setMath(libsbml.parseL3Formula("1"))
-
-    path = _with_modified_sbml(tmp_path, add_event)
-    with pytest.raises(NotImplementedError, match="event.*my_pulse"):
-        models.load_petab(path)
+def _add_event(m, eid: str, trigger: str, variable: str, value: str) -> None:
+    """An SBML event ``eid``: when ``trigger`` becomes true, ``variable = value``."""
+    ev = m.createEvent()
+    ev.setId(eid)
+    ev.setUseValuesFromTriggerTime(True)
+    trig = ev.createTrigger()
+    trig.setInitialValue(False)
+    trig.setPersistent(True)
+    trig.setMath(libsbml.parseL3Formula(trigger))
+    ea = ev.createEventAssignment()
+    ea.setVariable(variable)
+    ea.setMath(libsbml.parseL3Formula(value))
 
 
-def test_unsupported_events_raise_naming_them(tmp_path):
-    def add_events(m):
-        m.getParameter("Epo_degradation_BaF3").setConstant(False)
-        ev = m.createEvent()
-        ev.setId("my_threshold")
-        ev.setUseValuesFromTriggerTime(True)
-        trig = ev.createTrigger()
-        trig.setInitialValue(False), trig.setPersistent(True)
-        trig.setMath(libsbml.parseL3Formula("STAT5A < 1"))
-        ea = ev.createEventAssignment()
-        ea.setVariable("Epo_degradation_BaF3")
-        ea.setMath(libsbml.parseL3Formula("0"))
+@pytest.mark.parametrize("eid, trigger, variable, match", [
+    ("my_pulse", "time >= 10", "STAT5A", "my_pulse.*'STAT5A'.*resets"),
+    ("my_threshold", "STAT5A < 1", "Epo_degradation_BaF3", "my_threshold.*time-triggered"),
+], ids=["resets a state", "state-triggered"])
+def test_unsupported_events_raise_naming_them(tmp_path, eid, trigger, variable, match):
+    def edit(m):
+        if m.getParameter(variable) is not None:
+            m.getParameter(variable).setConstant(False)   # an event's target may change
+        _add_event(m, eid, trigger, variable, "1")
 
-    path = _with_modified_sbml(tmp_path, add_events)
-    with pytest.raises(NotImplementedError, match="my_threshold.*time-triggered"):
+    path = _with_modified_sbml(tmp_path, edit)
+    with pytest.raises(NotImplementedError, match=match):
         models.load_petab(path)
 
 
@@ -151,14 +144,8 @@ def _event_problem(tmp_path):
     r = m.createRateRule()
     r.setVariable("x")
     r.setMath(libsbml.parseL3Formula("k * S - d * x"))
-    for eid, trigger, value in (("on", "time >= t_on", "5"), ("off", "time >= 4", "0")):
-        ev = m.createEvent()
-        ev.setId(eid), ev.setUseValuesFromTriggerTime(True)
-        trig = ev.createTrigger()
-        trig.setInitialValue(False), trig.setPersistent(True)
-        trig.setMath(libsbml.parseL3Formula(trigger))
-        ea = ev.createEventAssignment()
-        ea.setVariable("S"), ea.setMath(libsbml.parseL3Formula(value))
+    _add_event(m, "on", "time >= t_on", "S", "5")
+    _add_event(m, "off", "time >= 4", "S", "0")
     libsbml.writeSBMLToFile(doc, str(tmp_path / "model.xml"))
     conds = {"c1": (1.0, 0.0), "c2": (2.0, 1.0), "c3": (5.0, 1.0)}   # t_on, S(0)
     (tmp_path / "conditions.tsv").write_text("conditionId\tt_on\tS\n" + "".join(
