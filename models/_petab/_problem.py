@@ -166,7 +166,6 @@ class PetabProblem:
         self._build_conditions(problem, odes)
         self._build_model_functions(odes)
         self._build_measurements(problem, odes)
-        self._tstops_static = self._build_tstops()
         self._laplace, self._llh_constant = self._residual_constants()
         self._loglik_jit = jax.jit(self._loglik)
         self._residuals_jit = jax.jit(self._residuals)
@@ -216,7 +215,7 @@ class PetabProblem:
             return
         mesh = gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                          solver=gs.Tsit5(), rtol=self.rtol, atol=self.atol, max_steps=budget,
-                         tstops=self._tstops_static, jumps=jumps, throw=False)
+                         jumps=jumps, throw=False)
         steps = int(np.max(np.asarray(mesh.n_steps)))
         if bool(np.all(np.asarray(mesh.status) == 0)):
             self.solver = gs.Tsit5()
@@ -365,7 +364,6 @@ class PetabProblem:
         self._d = len(ysyms)
         switch, relations = self._switch_times(odes)
         self._switch_exprs = switch
-        self._switch_fn = (sp.lambdify([psyms], switch, modules="numpy") if switch else None)
         self._switch_jax = (sp.lambdify([psyms], switch, modules="jax") if switch else None)
         rhs = list(odes.rhs)
         self._n_switch_states = 0
@@ -532,7 +530,7 @@ class PetabProblem:
     def _switches_move(self) -> bool:
         """Whether a switch time depends on an estimated parameter in some condition (a
         lag time estimated per experiment, Beer_MolBioSystems2014's ``tau``)."""
-        if self._switch_fn is None:
+        if not self._switch_exprs:
             return False
         used = set()
         for e in self._switch_exprs:
@@ -543,18 +541,10 @@ class PetabProblem:
         est[list(self._est_pos)] = True
         return bool(np.any(is_ref[:, cols] & est[idx[:, cols]]))
 
-    def _build_tstops(self):
-        """Switch times of piecewise functions of time, per trajectory ``(n, L)``, from the
-        nominal parameters: the solver stops there. ``None`` where there are none, or
-        where they move with the estimated parameters (`_switch_jumps` then)."""
-        if self._switch_fn is None or self._n_switch_states:
-            return None
-        theta = np.asarray(self._theta_lin(jnp.asarray(self.nominal)))
-        is_ref, idx, const, _ = self._sim_slots
-        p = np.where(is_ref, theta[idx], const)[:, :self._n_p]
-        vals = np.stack([np.asarray([float(v) for v in self._switch_fn(pi)]) for pi in p])
-        vals = np.clip(vals, 0.0, self._t1)
-        return jnp.asarray(np.sort(vals, axis=1))
+    def _switch_time_values(self, p):
+        """Each trajectory's switch times ``(n, L)`` from its model parameters ``p``."""
+        return jax.vmap(lambda pi: jnp.stack([jnp.asarray(v, p.dtype) * jnp.ones((), p.dtype)
+                                              for v in self._switch_jax(pi)]))(p)
 
     def _switch_jumps(self, p, t1=None):
         """``(initial switch states (n, L), jumps)``: each switch state starts at 1 where
@@ -562,8 +552,7 @@ class PetabProblem:
         L)`` times, ``+inf`` past ``t1``, default the last measurement time; sizes ``(n, L,
         d + L)``)."""
         t1 = self._t1 if t1 is None else t1
-        times = jax.vmap(lambda pi: jnp.stack([jnp.asarray(v, p.dtype) * jnp.ones((), p.dtype)
-                                               for v in self._switch_jax(pi)]))(p)
+        times = self._switch_time_values(p)
         n, L = times.shape
         s0 = (times <= 0.0).astype(p.dtype)
         at = jnp.where((times > 0.0) & (times <= t1), times, jnp.inf)
@@ -594,8 +583,7 @@ class PetabProblem:
         its switch time is <= t), the vector field's input."""
         if not self._n_switch_states:
             return y
-        times = jax.vmap(lambda pi: jnp.stack([jnp.asarray(v, p.dtype) * jnp.ones((), p.dtype)
-                                               for v in self._switch_jax(pi)]))(p)
+        times = self._switch_time_values(p)
         return jnp.concatenate([y, (times <= t).astype(y.dtype)], axis=1)
 
     def _preeq_residual(self, x):
@@ -639,7 +627,7 @@ class PetabProblem:
         return gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                          solver=self.solver, rtol=self.rtol * tol_factor,
                          atol=self.atol * tol_factor,
-                         max_steps=self.max_steps, tstops=self._tstops_static, jumps=jumps,
+                         max_steps=self.max_steps, jumps=jumps,
                          throw=False)
 
     def _solve(self, x, mesh=None):
@@ -650,7 +638,7 @@ class PetabProblem:
         if mesh is None:
             sol = gs.solve(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                            solver=self.solver, rtol=self.rtol, atol=self.atol,
-                           max_steps=self.max_steps, tstops=self._tstops_static, jumps=jumps)
+                           max_steps=self.max_steps, jumps=jumps)
         else:
             sol = gs.replay(self.vector_field, mesh, y0, p, jumps=jumps)
         return sol.ys[..., :self._d], p, theta, sol.error_ratio
