@@ -67,7 +67,7 @@ class SampleState(NamedTuple):
         sampling_tol_factor: the sampling mesh was recorded at this times
             ``rtol``/``atol`` (the policy's ``record_tol_factor``, or tighter where that
             mesh did not hold at warmup's last draws).
-        mesh_probes: how many times the first draws sent the sampling mesh back to be
+        mesh_probes: how many times the sampling draws sent the sampling mesh back to be
             re-recorded where it did not hold.
 
     Example:
@@ -107,6 +107,12 @@ class SampleInfo(NamedTuple):
             warmup's ``counted_late``).
         adaptations: one ``(target_accept, late divergences)`` pair per finished
             step-size adaptation: the warmup's, then each re-adaptation in response.
+        tail_draws: positions ``(C, n, D)`` of the warmup windows of warmup's second half
+            (and of a probe that left the sampling mesh), one array per window, kept under
+            ``rerecord="warmup"``: where the posterior's tails are judged from when the
+            sampling mesh is frozen.
+        error_ratios: the frozen mesh's error ratios ``(C, n)`` (requested units) at each
+            of ``draws``' draws (empty where every evaluation solves adaptively).
 
     Example:
         >>> inference.sample(model, data, checkpoint="run.pkl")
@@ -127,6 +133,8 @@ class SampleInfo(NamedTuple):
     sampling_time: float = 0.0
     late_steps: tuple = ()
     adaptations: tuple = ()
+    tail_draws: tuple = ()
+    error_ratios: tuple = ()
 
 
 def spaced(n: int, per: int) -> np.ndarray:

@@ -16,7 +16,7 @@ __all__ = ["inference_data", "describe_response"]
 
 def describe_response(adaptations: tuple, dense: bool = False) -> str:
     """Words for the warmup's response to divergences, from `SampleInfo.adaptations`
-    (``(target_accept, divergences late in it or in the first draws after it)`` per
+    (``(target_accept, divergences late in it or in the draws after it that it dropped)`` per
     adaptation); ``dense``: the first adaptation's metric was dense (a re-adaptation
     replaces it by its diagonal)."""
     if not adaptations:
@@ -26,7 +26,7 @@ def describe_response(adaptations: tuple, dense: bool = False) -> str:
         return f"no divergences late in warmup at target_accept {t0:g}"
     plural = lambda n: f"{n} divergence{'s' if n != 1 else ''}"
     out = (f"{plural(n0)} late in warmup (at step sizes near the final one) or in the "
-           f"first draws at target_accept {t0:g}")
+           f"draws after it at target_accept {t0:g}")
     for i, (t, n) in enumerate(rest):
         metric = " on the dense metric's diagonal" if dense and i == 0 else ""
         out += f"; step size re-adapted at {t:g}{metric} ({plural(n)} then)"
@@ -48,6 +48,8 @@ def inference_data(kernel: ChainKernel, s: SampleState, info: SampleInfo, attrs:
         # every evaluation solved adaptively: the error ratio of each checked draw's own
         # mesh, the accuracy of the solutions the sampler used (NaN at unchecked draws)
         err = kernel.own_error_ratios(d.z)
+    elif len(info.error_ratios) == len(info.draws):
+        err = np.concatenate(info.error_ratios, axis=1)    # measured as they were drawn
     else:
         err = kernel.error_ratios(shared, d.z, tol_factor=s.sampling_tol_factor)
     max_err = float(np.nanmax(err)) if np.isfinite(err).any() else float("nan")

@@ -103,17 +103,19 @@ Divergences: a step size too large for part of the posterior shows as divergent
 transitions late in warmup or in the first draws. When warmup's terminal step-size
 window (but its first 10 iterations) diverges at step sizes at most 1.5 times the final
 one (dual averaging's larger trial steps predict nothing of the sampling phase), or the
-first 100 draws diverge, those draws are dropped and the step size is re-adapted (a
-diagonal mass matrix kept, a dense one replaced by its diagonal) at ``target_accept``
-raised to ``1 - (1 - target_accept) / 2`` over 150 more warmup iterations, up to
-``max_retunes`` times, and the attributes say so. Divergences left in the sampling phase
+first 100 draws diverge, or any draws diverge on a dense metric (its bulk covariance
+can send long steps into tails whose correlations differ, which the chains may first
+reach hundreds of draws in), the draws so far are dropped and the step size is
+re-adapted (a diagonal mass matrix kept, a dense one replaced by its diagonal) at
+``target_accept`` raised to ``1 - (1 - target_accept) / 2`` over 150 more warmup
+iterations, up to ``max_retunes`` times, and the attributes say so. Divergences left in the sampling phase
 are reported with a warning naming what to try next.
 
 How it runs (``_warmup.py``'s phases, each advancing ``(SampleState, SampleInfo)``):
 `sample` validates, settles the defaults, builds the first state (`start`, or a
 checkpoint's), warms up (`warm_up`: the windows, `freeze_mesh`,
 `respond_to_divergences`), draws (`draw`, whose first loop call is a probe,
-`respond_to_probe`) and returns `inference_data` of the final state and info.
+`respond_to_draws`) and returns `inference_data` of the final state and info.
 """
 
 from __future__ import annotations
@@ -137,32 +139,39 @@ from ._petab import is_petab, sample_petab
 from ._problem import TOLERANCES, InferenceModel
 from ._program import problem_for
 from ._progress import progress_bar
-from ._warmup import RETUNE_ITERATIONS, Run, respond_to_probe, start, warm_up
+from ._warmup import RETUNE_ITERATIONS, Run, respond_to_draws, start, warm_up
 
 __all__ = ["sample"]
 
 
 def sampling_chunk(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, SampleInfo]:
     """Up to `CHUNK` draws (up to ``run.total`` iterations) on the frozen mesh, kept in
-    ``info.draws``."""
+    ``info.draws`` with the mesh's error ratios at them (``info.error_ratios``)."""
     t = time.perf_counter()
-    s, draws, failed = run.kernel(s).run(s, min(CHUNK, run.total - s.iteration))
+    kernel = run.kernel(s)
+    s, draws, failed = kernel.run(s, min(CHUNK, run.total - s.iteration))
+    err = ()
+    if not kernel.policy.solves_each_evaluation:
+        err = (kernel.error_ratios(s.mesh.row(0), draws.z, tol_factor=s.sampling_tol_factor),)
     return s, info._replace(draws=info.draws + (draws,),
+                            error_ratios=info.error_ratios + err,
                             failures_sampling=info.failures_sampling + failed,
                             sampling_time=info.sampling_time + time.perf_counter() - t)
 
 
 def draw(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, SampleInfo]:
     """The sampling phase: draws in chunks up to ``run.total`` iterations, the first
-    chunk after warmup a probe (`respond_to_probe`), a checkpoint about every
+    chunk after warmup a probe (`respond_to_draws`, which also answers a dense metric's
+    divergences in any chunk), a checkpoint about every
     ``run.checkpoint_every`` draws and at the end."""
     every = run.checkpoint_every
     next_save = (s.iteration - run.num_warmup) // every * every
     while s.iteration < run.total:
         s, info = sampling_chunk(run, s, info)
-        if run.num_warmup and len(info.draws) == 1:
-            s, info, again = respond_to_probe(run, s, info)
+        if run.num_warmup:
+            s, info, again = respond_to_draws(run, s, info)
             if again:
+                next_save = 0
                 continue
         run.advance(info.draws[-1].z.shape[1])
         done = s.iteration - run.num_warmup
@@ -375,7 +384,8 @@ def sample(
             ``mass_matrix`` is the metric the draws were made with.
         max_tree_depth: NumPyro NUTS/HMC's.
         max_retunes: how many times the step size may be re-adapted at a higher
-            ``target_accept`` when the end of warmup or the first draws diverge (``0``:
+            ``target_accept`` when the end of warmup or the first draws (on a dense metric:
+            any draws) diverge (``0``:
             never; "Divergences" in the module docstring).
         rtol, atol, solver: the ODE solve (``solver=None``: the model's).
         max_steps: step capacity of ``gs.solve`` inside the potential when

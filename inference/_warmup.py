@@ -3,7 +3,8 @@
 points, and the first meshes), `warmup_window` (NumPyro's step-size and mass-matrix
 adaptation windows, each followed by `rerecord_chains`), `freeze_mesh` (the sampling
 mesh, tightened where it does not hold), `respond_to_divergences` (`retune`) and
-`respond_to_probe` (the first draws); `warm_up` runs them in order.
+`respond_to_draws` (the sampling phase's first draws, and any draws that diverge on a
+dense metric); `warm_up` runs them in order.
 
 Under ``rerecord="warmup"`` each chain has its own mesh, re-recorded at the chain's
 position between windows of 10, 20, 40, 80, 100, 100, ... iterations (warmup draws are
@@ -21,7 +22,8 @@ transitions. Those early in warmup are expected (the step size and mass matrix a
 far off, and each adaptation window restarts the step size search), so only the late
 iterations of the terminal step-size window count (`late_iterations`), and of those only
 the ones at step sizes near the final one (`counted_late`); the first loop call of
-sampling is a probe (`probe_diverged`): if it diverges, its draws count as warmup.
+sampling is a probe (`probe_diverged`): if it diverges, its draws count as warmup; on a
+dense metric, so do all draws up to any loop call that diverges (`dense_diverged`).
 Either way the response re-adapts the step size at a higher target (``1 - (1 - target) /
 2``: 0.8, 0.9, 0.95, 0.975), keeping the mass matrix, over `RETUNE_ITERATIONS` more
 warmup iterations on the sampling mesh, until both are clean or ``max_retunes``
@@ -50,8 +52,9 @@ from ._space import checked_init
 from ._starts import jittered, prior_draws
 
 __all__ = ["Run", "windows", "start", "warm_up", "warmup_window", "rerecord_chains",
-           "freeze_mesh", "sampling_mesh", "late_iterations", "late_steps", "counted_late",
-           "respond_to_divergences", "retune", "respond_to_probe", "RETUNE_ITERATIONS"]
+           "freeze_mesh", "sampling_mesh", "tail_points", "late_iterations", "late_steps",
+           "counted_late", "respond_to_divergences", "retune", "respond_to_draws",
+           "RETUNE_ITERATIONS"]
 
 RETUNE_ITERATIONS = 150
 """Iterations of one re-adaptation of the step size. NumPyro's schedule for 150 warmup
@@ -246,8 +249,10 @@ def warmup_window(run: Run, s: SampleState, info: SampleInfo
     info = info._replace(failures_warmup=info.failures_warmup + failed,
                          late_steps=info.late_steps + late_steps(draws, begin, sum(lengths)))
     if run.base.policy.warmup_rerecords:
+        if s.iteration > run.num_warmup // 2:
+            info = info._replace(tail_draws=info.tail_draws + (np.asarray(draws.z),))
         if s.window == len(lengths):
-            s, info = freeze_mesh(run, s, info, bulk_draws(draws.z))
+            s, info = freeze_mesh(run, s, info, np.asarray(draws.z))
         else:
             s, info = rerecord_chains(run, s, info)
     return s, info._replace(warmup_time=info.warmup_time + time.perf_counter() - t)
@@ -274,20 +279,63 @@ def bulk_draws(z: np.ndarray, count: int = BULK_POINTS) -> np.ndarray:
     return z[:, spaced(n, count // C)].reshape(-1, D)
 
 
-def freeze_mesh(run: Run, s: SampleState, info: SampleInfo, bulk: np.ndarray | None = None
-                ) -> tuple[SampleState, SampleInfo]:
+def freeze_mesh(run: Run, s: SampleState, info: SampleInfo, draws: np.ndarray | None = None,
+                hold: np.ndarray | None = None) -> tuple[SampleState, SampleInfo]:
     """``s`` on the mesh the sampling phase freezes, at the chains' positions (see
-    `sampling_mesh`). After warmup (``bulk``: its last draws) its reach into the tails is
-    set by the chains' adapted mass matrices; without warmup they say nothing of the
-    posterior's scale."""
-    scale = None
-    if bulk is not None:
+    `sampling_mesh`). After warmup (``draws (C, n, D)``: its last window's, or the latest
+    sampling draws when they left the mesh) the mesh is also made to hold at `bulk_draws`
+    of them, at the points ``hold (m, D)`` (draws that left the previous mesh) and in
+    the tails the sampling phase will reach (`tail_points` of ``info.tail_draws``, scaled
+    by the chains' adapted mass matrices); without warmup nothing says where the
+    posterior is."""
+    bulk = tails = None
+    if draws is not None:
+        bulk = bulk_draws(draws)
+        if hold is not None:
+            bulk = np.concatenate([bulk, hold])
         imm = np.asarray(s.chains.adapt_state.inverse_mass_matrix)
         var = np.diagonal(imm, axis1=-2, axis2=-1) if imm.ndim == 3 else imm
-        scale = np.sqrt(np.mean(var, axis=0))
-    mesh, kind, records, tf = sampling_mesh(run.base, np.asarray(s.chains.z), bulk, scale)
+        late = np.concatenate(info.tail_draws or (draws,), axis=1)
+        n_draws = draws.shape[0] * max(run.total - run.num_warmup, 1)
+        tails = tail_points(late.reshape(-1, late.shape[-1]),
+                            np.sqrt(np.mean(var, axis=0)), n_draws)
+    mesh, kind, records, tf = sampling_mesh(run.base, np.asarray(s.chains.z), bulk, tails)
     return (run.base.with_mesh(s, mesh)._replace(sampling_tol_factor=tf),
             info._replace(sampling_mesh=kind, n_records=info.n_records + records))
+
+
+REACH = (3.0, 8.0)
+"""Least and most reach of `tail_points`, in posterior standard deviations."""
+
+
+def tail_points(z: np.ndarray, scale: np.ndarray, n_draws: int) -> np.ndarray:
+    """Points ``(2 D, D)`` in the posterior's tails, one beyond each end of each coordinate
+    of the draws ``z (n, D)`` (``scale (D,)``: the posterior's standard deviations in
+    unconstrained space), as far as ``n_draws`` draws are expected to reach.
+
+    NUTS draws reach further than warmup's: ``n_draws`` of them reach about the
+    ``1 / n_draws`` quantile of each margin, and the frozen mesh must hold there. Each end
+    is extrapolated from the draws' top ``k`` exceedances as an exponential tail (the
+    peaks-over-threshold estimate: the mean excess over the ``k``-th largest value ``u``
+    is the tail's scale ``b``, and ``P(x > u + t) = (k / n) exp(-t / b)``), so the reach
+    is ``u + b log(k n_draws / n)``; a Gaussian margin gives about 4 standard deviations
+    at 2,000 draws, a log-scale parameter with a flat likelihood and a half-Cauchy prior
+    (exponential in the log) ~6 (Davison & Smith 1990, JRSS B 52: 393-442). The reach is
+    kept within `REACH` standard deviations: at least three (a light tail, or too few
+    draws to show one), at most eight (beyond, an extrapolation from a few hundred draws
+    says little)."""
+    n, D = z.shape
+    centre = np.mean(z, axis=0)
+    k = max(4, n // 8)
+    points = []
+    for side in (1.0, -1.0):
+        x = -np.sort(-side * (z - centre), axis=0)           # (n, D), largest first
+        u = x[min(k, n - 1)]
+        b = np.mean(x[:k] - u, axis=0)
+        reach = u + b * np.log(max(k * n_draws / n, 1.0))
+        reach = np.clip(reach, REACH[0] * scale, REACH[1] * scale)
+        points.append(centre + side * np.diag(reach))
+    return np.concatenate(points)
 
 
 TIGHTEN = 4.0
@@ -297,17 +345,11 @@ MAX_TIGHTENINGS = 3
 """How many times the sampling mesh may be recorded `TIGHTEN` times tighter."""
 
 
-REACH = 3.0
-"""How far (in posterior standard deviations per coordinate) beyond the chains' mean the
-sampling mesh is made to hold (`sampling_mesh`)."""
-
-
 def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = None,
-                  scale: np.ndarray | None = None) -> tuple[gs.Mesh, str, int, float]:
+                  tails: np.ndarray | None = None) -> tuple[gs.Mesh, str, int, float]:
     """One mesh for every chain at positions ``z (C, D)``, checked there and at the last
-    warmup window's draws ``bulk (m, D)`` (where the chains are about to sample) and, with
-    ``scale (D,)`` (the posterior's standard deviations in unconstrained space, from the
-    adapted mass matrix), at the `REACH` points ``mean ± 3 scale`` along each coordinate.
+    warmup window's draws ``bulk (m, D)`` (where the chains are about to sample) and at
+    the points ``tails (t, D)`` (`tail_points`).
 
     Those points reach the posterior's tails, which NUTS visits (a heavy-tailed posterior
     more than warmup's draws suggest); the mesh must hold there too, since the sampling
@@ -321,9 +363,8 @@ def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = 
     tf, records = kernel.policy.record_tol_factor, 0
     check = z if bulk is None else np.concatenate([z, bulk])
     reach = np.empty((0, z.shape[1]))
-    if scale is not None and np.all(np.isfinite(scale)):
-        step = REACH * np.diag(scale)
-        reach = np.concatenate([np.mean(z, axis=0) + step, np.mean(z, axis=0) - step])
+    if tails is not None and np.all(np.isfinite(tails)):
+        reach = tails
     for attempt in range(MAX_TIGHTENINGS + 1):
         mesh, kind, n, err = _sampling_mesh_at(kernel, z, check, reach, tf)
         records += n
@@ -436,46 +477,58 @@ def counted_late(steps: tuple, final_step_size) -> int:
 
 
 MAX_MESH_PROBES = 2
-"""How many times the first draws may send the sampling mesh back to be re-recorded."""
+"""How many times the sampling phase's draws may send the sampling mesh back to be
+re-recorded."""
 
 
-def probe_mesh_fails(kernel: ChainKernel, s: SampleState, info: SampleInfo) -> bool:
-    """Whether the frozen sampling mesh (``rerecord="warmup"``) does not hold at the draws
-    of the sampling phase's first loop call (error ratio above the policy's bound), while
-    re-records are left (`MAX_MESH_PROBES`). A posterior with heavy tails reaches beyond
-    warmup's last draws; the mesh is then re-recorded there (`freeze_mesh` with those
-    draws) and the draws count as warmup."""
-    if not (kernel.policy.warmup_rerecords and len(info.draws) == 1
-            and s.mesh_probes < MAX_MESH_PROBES):
-        return False
-    err = kernel.error_ratios(s.mesh.row(0), bulk_draws(info.draws[0].z)[None],
-                              tol_factor=s.sampling_tol_factor)
-    return not bool(np.all(err <= kernel.policy.error_ratio_max))
+def left_mesh(kernel: ChainKernel, s: SampleState, info: SampleInfo) -> np.ndarray:
+    """The draws ``(m, D)`` of the sampling phase's latest loop call at which the frozen
+    sampling mesh (``rerecord="warmup"``) does not hold (error ratio above the policy's
+    bound, ``info.error_ratios``), while re-records are left (`MAX_MESH_PROBES`); none
+    otherwise. A posterior with heavy tails may reach beyond the tails `tail_points`
+    extrapolated, or into a corner (several coordinates far out at once) that no point
+    on an axis covers."""
+    z = info.draws[-1].z
+    if not (kernel.policy.warmup_rerecords and s.mesh_probes < MAX_MESH_PROBES
+            and len(info.error_ratios) == len(info.draws)):
+        return z[:0, 0]
+    return z[~(info.error_ratios[-1] <= kernel.policy.error_ratio_max)]
 
 
-def respond_to_probe(run: Run, s: SampleState, info: SampleInfo
+def respond_to_draws(run: Run, s: SampleState, info: SampleInfo
                      ) -> tuple[SampleState, SampleInfo, bool]:
-    """The sampling phase's first loop call (``info.draws`` holds only it) is a probe:
-    where it diverges (`probe_diverged`) or leaves the frozen mesh (`probe_mesh_fails`),
-    its draws become warmup iterations and the sampler adapts again (the step size, or
-    the mesh re-recorded there; a checkpoint after). Returns ``(state, info, whether the
-    sampling phase starts again)``."""
-    diverged = probe_diverged(info, run.max_retunes)
-    if not (diverged or probe_mesh_fails(run.base, s, info)):
+    """The sampling phase's answer to its latest loop call: its draws and all before them
+    become warmup iterations and the sampler adapts again (a checkpoint after) where
+
+    - the first call diverges (`probe_diverged`), or any call diverges on a dense metric
+      (`dense_diverged`): the step size is re-adapted (`respond_to_divergences`; a dense
+      metric replaced by its diagonal);
+    - the call leaves the frozen mesh (`left_mesh`): the mesh is recorded again
+      (`freeze_mesh`) to hold at those draws, in the tails extrapolated from every draw
+      so far, and at the chains.
+
+    Dropping the draws made on the old kernel or mesh keeps the sampling phase one Markov
+    chain on one fixed-mesh posterior. Returns ``(state, info, whether the sampling phase
+    starts again)``."""
+    diverged = probe_diverged(info, run.max_retunes) or dense_diverged(run, s, info)
+    left = left_mesh(run.base, s, info) if not diverged else info.draws[-1].z[:0, 0]
+    if not (diverged or len(left)):
         return s, info, False
-    probe = info.draws[0]
+    dropped = info.draws
     s = s._replace(iteration=run.num_warmup)
-    info = info._replace(draws=(), sampling_time=0.0,
+    info = info._replace(draws=(), error_ratios=(), sampling_time=0.0,
                          warmup_time=info.warmup_time + info.sampling_time,
                          failures_warmup=info.failures_warmup + info.failures_sampling,
                          failures_sampling=0)
     if diverged:
         (target, late), = info.adaptations[-1:]
-        late += int(np.sum(probe.diverging))
+        late += sum(int(np.sum(d.diverging)) for d in dropped)
         info = info._replace(adaptations=info.adaptations[:-1] + ((target, late),))
         s, info = respond_to_divergences(run, s, info)
     else:
-        s, info = freeze_mesh(run, s, info, bulk_draws(probe.z))
+        z = np.concatenate([np.asarray(d.z) for d in dropped], axis=1)
+        info = info._replace(tail_draws=info.tail_draws + (z,))
+        s, info = freeze_mesh(run, s, info, np.asarray(dropped[-1].z), left)
         s = s._replace(mesh_probes=s.mesh_probes + 1)
         run.save(s, info)
     return s, info, True
@@ -488,6 +541,23 @@ def probe_diverged(info: SampleInfo, max_retunes: int) -> bool:
     past the late warmup iterations; a chain stuck in a funnel's neck shows here."""
     return (len(info.draws) == 1 and bool(np.any(info.draws[0].diverging))
             and len(info.adaptations) <= max_retunes)
+
+
+def dense_diverged(run: Run, s: SampleState, info: SampleInfo) -> bool:
+    """Whether the latest loop call of the sampling phase diverged on the dense metric
+    warmup adapted (no re-adaptation yet, one left).
+
+    A dense metric is the covariance of the bulk's draws; where a posterior's correlations
+    change in its tails (Michaelis–Menten elimination with a weakly identified ``K_m``:
+    ``V_m`` and ``K_m`` correlated in the bulk, ``V_m`` pinned by the data where ``K_m``
+    is small) its long steps along the bulk's correlations diverge there, which the chains
+    may first reach hundreds of draws into the sampling phase (measured: divergences from
+    draw 139 to 951 in 4 x 1,000 draws, none late in warmup nor in the first 100 draws; on
+    the diagonal none, at ~6 times the leapfrog steps a draw). Those draws are biased, so
+    they are dropped and the sampling phase starts again on the diagonal, once."""
+    return (not s.retunes and bool(run.base.settings["dense_mass"])
+            and bool(np.any(info.draws[-1].diverging))
+            and len(info.adaptations) <= run.max_retunes)
 
 
 def respond_to_divergences(run: Run, s: SampleState, info: SampleInfo

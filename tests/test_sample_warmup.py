@@ -8,6 +8,7 @@ pass through an ODE site (``y' = -y`` over ``log 2`` halves them; the likelihood
 them back), so it runs on the sampler's mesh machinery."""
 
 import numpy as np
+from scipy import stats
 import numpyro
 import numpyro.distributions as dist
 import pytest
@@ -15,7 +16,7 @@ import pytest
 import inference
 from conftest import killed_then_resumed
 from inference._chains import Draws
-from inference._warmup import counted_late, late_iterations, late_steps
+from inference._warmup import REACH, counted_late, late_iterations, late_steps, tail_points
 
 Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
 SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
@@ -112,3 +113,31 @@ def test_late_divergences_count_only_at_step_sizes_near_the_final_one():
     assert counted_late(late, np.array([0.1, 0.1])) == 2
     assert counted_late(late, np.array([0.1, 0.2])) == 3
     assert counted_late((), np.array([0.1, 0.1])) == 0
+
+
+def test_the_sampling_mesh_reaches_as_far_as_the_draws_will():
+    """`tail_points` extrapolates each end of each margin from warmup's draws to the
+    ``1 / n_draws`` quantile the sampling phase reaches: on an exponential tail (Laplace)
+    it finds that quantile; on a Gaussian one (lighter than exponential) it errs a little
+    beyond it; and it stays within `REACH` (uniform: light; Cauchy: too heavy to
+    extrapolate)."""
+    rng = np.random.default_rng(0)
+    n, n_draws = 1000, 2000
+    z = np.stack([rng.laplace(0.0, 1.0, n), rng.normal(0.0, 1.0, n),
+                  rng.uniform(-1.0, 1.0, n), rng.standard_cauchy(n)], axis=1)
+    scale = np.array([np.sqrt(2.0), 1.0, 1.0 / np.sqrt(3.0), 1.0])
+    pts = tail_points(z, scale, n_draws)
+    D = z.shape[1]
+    centre = z.mean(axis=0)
+    up, down = np.diag(pts[:D]) - centre, centre - np.diag(pts[D:])
+    laplace = stats.laplace.ppf(1.0 - 1.0 / n_draws)               # 6.91
+    for r in (up[0], down[0]):
+        assert abs(r / laplace - 1.0) < 0.15, r
+    gauss = stats.norm.ppf(1.0 - 1.0 / n_draws)                    # 3.29
+    for r in (up[1], down[1]):
+        assert gauss - 0.1 < r < 4.5, r
+    np.testing.assert_allclose([up[2], down[2]], REACH[0] * scale[2], rtol=1e-12)
+    np.testing.assert_allclose([up[3], down[3]], REACH[1] * scale[3], rtol=1e-12)
+    # the points move one coordinate each
+    off = pts - centre
+    assert np.count_nonzero(np.abs(off) > 1e-12) == 2 * D
