@@ -88,6 +88,17 @@ def _split_overrides(v, n: int, what: str, row: int) -> list:
     return out
 
 
+def _scalars(v: jax.Array) -> list[jax.Array]:
+    """The entries of a 1-D array as 0-d arrays, through one ``lax.split``.
+
+    The generated SymPy code unpacks its array arguments; iterating over an array slices
+    each entry apart, and reverse mode turns every slice into a padded full-size
+    cotangent summed with the others: a 15-species model's Rosenbrock step carried
+    thousands of those, and its gradient compiled ~25 times slower than its value. A split
+    transposes to one concatenation."""
+    n = v.shape[0]
+    return [c.reshape(()) for c in jax.lax.split(v, (1,) * n)] if n else []
+
 class Residuals(NamedTuple):
     """Every measurement's noise-weighted residual, in the form a least-squares solver
     uses: ``log_likelihood = constant - sum(normal: z^2 / 2 + log_sigma;
@@ -392,12 +403,12 @@ class PetabProblem:
         L = self._n_switch_states
 
         def f(t, y, p):
-            out = rhs_fn(t, y, p)
+            out = rhs_fn(t, _scalars(y), _scalars(p))
             return jnp.stack([jnp.asarray(v, dtype=y.dtype) * jnp.ones((), y.dtype)
                               for v in out] + [jnp.zeros((), y.dtype)] * L)
 
         def y0(p):
-            out = init_fn(p)
+            out = init_fn(_scalars(p))
             return jnp.stack([jnp.asarray(v, dtype=p.dtype) * jnp.ones((), p.dtype)
                               for v in out])
 
@@ -653,8 +664,9 @@ class PetabProblem:
             nph = self._fill((*g["nph"], None), theta)
 
             def one(t, y, pp, o, n, g=g):
-                return (jnp.asarray(g["obs_fn"](t, y, pp, theta, o, n), dtype=ys.dtype),
-                        jnp.asarray(g["noise_fn"](t, y, pp, theta, o, n), dtype=ys.dtype))
+                args = (t, *map(_scalars, (y, pp, theta, o, n)))
+                return (jnp.asarray(g["obs_fn"](*args), dtype=ys.dtype),
+                        jnp.asarray(g["noise_fn"](*args), dtype=ys.dtype))
 
             h, sigma = jax.vmap(one)(jnp.asarray(g["t"]), yr, pr, oph, nph)
             out.append((h, sigma))
