@@ -108,9 +108,9 @@ class SampleInfo(NamedTuple):
         adaptations: one ``(target_accept, late divergences)`` pair per finished
             step-size adaptation: the warmup's, then each re-adaptation in response.
         tail_draws: positions ``(C, n, D)`` of the warmup windows of warmup's second half
-            (and of a probe that left the sampling mesh), one array per window, kept under
-            ``rerecord="warmup"``: where the posterior's tails are judged from when the
-            sampling mesh is frozen.
+            (and of sampling draws dropped because they left the mesh), one array each,
+            kept under ``rerecord="warmup"``: where the posterior's tails are judged from
+            when the sampling mesh is frozen.
         error_ratios: the frozen mesh's error ratios ``(C, n)`` (requested units) at each
             of ``draws``' draws (empty where every evaluation solves adaptively).
 

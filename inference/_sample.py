@@ -108,8 +108,8 @@ can send long steps into tails whose correlations differ, which the chains may f
 reach hundreds of draws in), the draws so far are dropped and the step size is
 re-adapted (a diagonal mass matrix kept, a dense one replaced by its diagonal) at
 ``target_accept`` raised to ``1 - (1 - target_accept) / 2`` over 150 more warmup
-iterations, up to ``max_retunes`` times, and the attributes say so. Divergences left in the sampling phase
-are reported with a warning naming what to try next.
+iterations, up to ``max_retunes`` times, and the attributes say so. Divergences left in
+the sampling phase are reported with a warning naming what to try next.
 
 How it runs (``_warmup.py``'s phases, each advancing ``(SampleState, SampleInfo)``):
 `sample` validates, settles the defaults, builds the first state (`start`, or a

@@ -3,8 +3,8 @@
 points, and the first meshes), `warmup_window` (NumPyro's step-size and mass-matrix
 adaptation windows, each followed by `rerecord_chains`), `freeze_mesh` (the sampling
 mesh, tightened where it does not hold), `respond_to_divergences` (`retune`) and
-`respond_to_draws` (the sampling phase's first draws, and any draws that diverge on a
-dense metric); `warm_up` runs them in order.
+`respond_to_draws` (the sampling phase's first draws, any draws that leave the frozen
+mesh, and any that diverge on a dense metric); `warm_up` runs them in order.
 
 Under ``rerecord="warmup"`` each chain has its own mesh, re-recorded at the chain's
 position between windows of 10, 20, 40, 80, 100, 100, ... iterations (warmup draws are
@@ -362,9 +362,8 @@ def sampling_mesh(kernel: ChainKernel, z: np.ndarray, bulk: np.ndarray | None = 
     recorded at)``."""
     tf, records = kernel.policy.record_tol_factor, 0
     check = z if bulk is None else np.concatenate([z, bulk])
-    reach = np.empty((0, z.shape[1]))
-    if tails is not None and np.all(np.isfinite(tails)):
-        reach = tails
+    ok = tails is not None and np.all(np.isfinite(tails))
+    reach = tails if ok else np.empty((0, z.shape[1]))
     for attempt in range(MAX_TIGHTENINGS + 1):
         mesh, kind, n, err = _sampling_mesh_at(kernel, z, check, reach, tf)
         records += n
