@@ -72,7 +72,8 @@ class Run(NamedTuple):
         max_retunes: how many re-adaptations the response to divergences may make.
         checkpoint_every: draws between checkpoints of the sampling phase.
         save: ``save(state, info)`` writes a checkpoint (or nothing).
-        advance: ``advance(n)`` reports ``n`` more iterations done (the progress bar).
+        advance: ``advance(n)`` reports ``n`` more iterations done (the progress bar;
+            negative where draws already counted are dropped).
         retuned: the re-adapting kernels built so far, by ``target_accept``.
     """
 
@@ -514,6 +515,8 @@ def respond_to_draws(run: Run, s: SampleState, info: SampleInfo
     if not (diverged or len(left)):
         return s, info, False
     dropped = info.draws
+    # the progress bar counted every dropped chunk but this last one: take them back
+    run.advance(-sum(int(d.z.shape[1]) for d in dropped[:-1]))
     s = s._replace(iteration=run.num_warmup)
     info = info._replace(draws=(), error_ratios=(), sampling_time=0.0,
                          warmup_time=info.warmup_time + info.sampling_time,

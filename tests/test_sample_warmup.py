@@ -141,3 +141,38 @@ def test_the_sampling_mesh_reaches_as_far_as_the_draws_will():
     # the points move one coordinate each
     off = pts - centre
     assert np.count_nonzero(np.abs(off) > 1e-12) == 2 * D
+
+
+def test_progress_counts_each_draw_once_after_a_restart(monkeypatch):
+    # the second sampling chunk leaves the mesh: both chunks' draws become warmup and the
+    # sampling phase starts again, so the bar must end at num_warmup + num_samples
+    from inference import _sample, _warmup
+    from inference._chains import SampleInfo, SampleState
+
+    C, n, D = 2, 10, 3
+
+    def chunk(run, s, info):
+        k = min(n, run.total - s.iteration)
+        d = Draws(np.zeros((C, k, D)), np.zeros((C, k), bool), *([np.ones((C, k))] * 5))
+        return s._replace(iteration=s.iteration + k), info._replace(draws=info.draws + (d,))
+
+    calls = []
+
+    def left(base, s, info):
+        calls.append(len(info.draws))
+        return np.zeros((1, D)) if len(calls) == 2 else np.zeros((0, D))
+
+    monkeypatch.setattr(_sample, "sampling_chunk", chunk)
+    monkeypatch.setattr(_warmup, "left_mesh", left)
+    monkeypatch.setattr(_warmup, "dense_diverged", lambda run, s, info: False)
+    monkeypatch.setattr(_warmup, "freeze_mesh", lambda run, s, info, z, where: (s, info))
+    counted = []
+    run = _warmup.Run(None, 5, 5 + 30, 0, 1000, lambda s, i: None, counted.append, {})
+    s = SampleState(**dict.fromkeys(SampleState._fields))._replace(iteration=5,
+                                                                  mesh_probes=0)
+    info = SampleInfo(**dict.fromkeys(SampleInfo._fields))._replace(
+        draws=(), error_ratios=(), tail_draws=(), sampling_time=0.0, warmup_time=0.0,
+        failures_warmup=0, failures_sampling=0)
+    s, info = _sample.draw(run, s, info)
+    assert s.iteration == run.total and sum(d.z.shape[1] for d in info.draws) == 30
+    assert 5 + sum(counted) == run.total and -10 in counted
