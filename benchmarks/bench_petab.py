@@ -2,7 +2,9 @@
 
 For each problem: does it load (or the reason it does not); the log-likelihood at the nominal
 parameters against AMICI's reference value where one exists (within 1e-3 relative or 0.01
-absolute); the gradient against fourth-order central differences (a second load at rtol
+absolute); our simulation against the one the collection ships (``simulatedData_*.tsv``,
+made with the authors' tool) and the log-likelihood of theirs (PEtab's `calculate_llh`,
+a second reference); the gradient against fourth-order central differences (a second load at rtol
 1e-11, on at most ``--fd-coords`` coordinates chosen with a fixed seed, each at the step
 where the differences have converged; max |g - fd| / max |fd| <= 1e-4); the first call (compile) and one warm objective+gradient call at the
 default tolerances (Rodas5P, rtol 1e-8, atol 1e-12).
@@ -12,6 +14,7 @@ appended to a JSON-lines file as they finish, and ``--table`` prints the Markdow
 
     python benchmarks/bench_petab.py --out benchmarks/petab_rows.jsonl
     python benchmarks/bench_petab.py --table benchmarks/petab_rows.jsonl
+    python benchmarks/bench_petab.py --no-gradient ...   # without the gradient's stages
 
 ``--fit N`` instead runs `inference.fit` with ``N`` starts (seed 0, Latin hypercube inside
 the bounds) on each problem: the best objective against the objective at the nominal
@@ -67,7 +70,76 @@ def _converged_difference(f, x0, i):
     return est[int(np.nanargmin(gaps)) + 1]
 
 
-def one(name: str, fd_coords: int, report=lambda row: None) -> dict:
+SIM_KEYS = ("observableId", "preequilibrationConditionId", "simulationConditionId", "time",
+            "observableParameters", "noiseParameters", "datasetId")
+
+
+def collection_simulation(problem, name: str) -> dict:
+    """Our simulation at the nominal parameters against the one the collection ships
+    (``simulatedData_*.tsv``, made by the problem's authors with their own tool): rows
+    matched on the measurement table's keys (the two tables need not share an order); per
+    row ``|ours - theirs| / max(|theirs|, 1e-3 * the observable's largest |theirs|)`` (a
+    floor, so rows at ~0 do not dominate), its maximum and median; and the log-likelihood
+    of THEIR simulation by PEtab's own `calculate_llh` (a second reference value, where
+    AMICI has none or disagrees)."""
+    import numpy as np
+    import pandas as pd
+    import petab.v1 as petab
+
+    files = sorted((COLLECTION / name).glob("simulatedData_*.tsv"))
+    if not files:
+        return {}
+    theirs = pd.concat([pd.read_csv(f, sep="\t") for f in files], ignore_index=True)
+    ours = problem.simulate()
+    keys = [k for k in SIM_KEYS if k in theirs.columns and k in ours.columns]
+
+    def keyed(df):
+        df = df.copy()
+        for k in keys:
+            df[k] = (df[k].astype(float) if k == "time" else
+                     df[k].astype(object).where(df[k].notna(), "").astype(str))
+        return df
+
+    theirs = keyed(theirs)
+    ours_k = keyed(ours)
+    core = [k for k in keys if k not in ("observableParameters", "noiseParameters",
+                                         "datasetId")]
+    best = None
+    # their table may write parameters where the measurement table names them (numbers
+    # for `noiseParameters`): fall back to fewer keys where the simulation is still
+    # unique per key
+    for ks in (keys, [k for k in keys if k != "noiseParameters"], core):
+        t = theirs.drop_duplicates(ks + ["simulation"])
+        if t.duplicated(ks).any():
+            continue
+        both = ours_k.merge(t[ks + ["simulation"]], on=ks, suffixes=("", "_theirs"),
+                            how="left")
+        n = int(np.isfinite(both["simulation_theirs"].to_numpy(float)).sum())
+        if best is None or n > best[0]:
+            best = (n, both)
+    if best is None:
+        return {"sim_rows": 0, "sim_rows_total": len(ours)}
+    both = best[1]
+    a, b = both["simulation"].to_numpy(float), both["simulation_theirs"].to_numpy(float)
+    matched = np.isfinite(b)
+    scale = both.assign(m=np.abs(b)).groupby("observableId")["m"].transform("max").to_numpy()
+    rel = np.abs(a - b) / np.maximum(np.abs(b), 1e-3 * scale)
+    rel = rel[matched & np.isfinite(rel)]
+    row = {"sim_rows": int(matched.sum()), "sim_rows_total": len(both)}
+    if len(rel):
+        row.update(sim_max_rel=float(np.max(rel)), sim_median_rel=float(np.median(rel)))
+    try:
+        pp = problem.petab_problem
+        if matched.all():  # their values in the measurement table's rows and order
+            sim = ours.assign(simulation=b)
+            row["sim_llh"] = float(petab.calculate_llh(pp.measurement_df, sim,
+                                                       pp.observable_df, pp.parameter_df))
+    except Exception as e:  # noqa: BLE001 - PEtab's own function, on their table
+        row["sim_llh_error"] = f"{type(e).__name__}: {e}"[:120]
+    return row
+
+
+def one(name: str, fd_coords: int, report=lambda row: None, gradient: bool = True) -> dict:
     """Every measurement of one problem (run in a child process); ``report(row)`` after
     each stage, so a problem stopped by the time limit keeps what it measured."""
     import jax
@@ -100,6 +172,12 @@ def one(name: str, fd_coords: int, report=lambda row: None) -> dict:
         ref = REFERENCE[name]
         row["ref"] = ref
         row["matches"] = bool(abs(row["llh"] - ref) <= max(1e-3 * abs(ref), 0.01))
+    row["grad_error"] = "simulation not finished"
+    report(row)
+    row.update(collection_simulation(problem, name))
+    if not gradient:
+        row["grad_error"] = "not run"
+        return row
     row["grad_error"] = "objective+gradient not finished"
     report(row)
     vg = jax.jit(jax.value_and_grad(problem.log_likelihood))
@@ -199,18 +277,26 @@ def table(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     rows.sort(key=lambda r: r["problem"])
     out = ["| problem | loads | states / params / conditions / meas. | llh at nominal | "
-           "reference (AMICI) | matches | grad vs FD (rel. err, coords) | first call s | "
-           "obj+grad ms |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "reference (AMICI) | matches | llh of the collection's simulation | ours vs "
+           "its simulation (max rel. diff, rows) | grad vs FD (rel. err, coords) | "
+           "first call s | obj+grad ms |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("loads") != "yes":
-            out.append(f"| {r['problem']} | no: {r.get('loads', '?')} | | | | | | | |")
+            out.append(f"| {r['problem']} | no: {r.get('loads', '?')} | | | | | | | | | |")
             continue
         if "llh" not in r:
             out.append(f"| {r['problem']} | yes | {r['states']} / {r['params']} / "
                        f"{r['conditions']} / {r['measurements']} | "
-                       f"{r.get('error', r.get('grad_error', ''))} | | | | | |")
+                       f"{r.get('error', r.get('grad_error', ''))} | | | | | | | |")
             continue
+        sim_llh = f"{r['sim_llh']:.6f}" if "sim_llh" in r else ""
+        if "sim_max_rel" in r:
+            sim = f"{r['sim_max_rel']:.1e} ({r['sim_rows']} of {r['sim_rows_total']})"
+        elif "sim_rows" in r:
+            sim = "rows do not match (other condition or observable ids)"
+        else:
+            sim = ""
         ref = f"{r['ref']:.6f}" if "ref" in r else "none"
         match = ("yes" if r["matches"] else "**no**") if "ref" in r else ""
         coords = (f"{r['fd_coords_defined']} of {r['fd_coords']} defined"
@@ -223,7 +309,7 @@ def table(path: Path) -> str:
         ms = f"{r['obj_grad_ms']:.1f}" if "obj_grad_ms" in r else ""
         out.append(f"| {r['problem']} | yes | {r['states']} / {r['params']} / "
                    f"{r['conditions']} / {r['measurements']} | {r['llh']:.6f} | {ref} | "
-                   f"{match} | {grad} | {first} | {ms} |")
+                   f"{match} | {sim_llh} | {sim} | {grad} | {first} | {ms} |")
     return "\n".join(out)
 
 
@@ -236,6 +322,8 @@ def main():
     ap.add_argument("--table", type=Path, help="print the Markdown table of a rows file")
     ap.add_argument("--fit", type=int, default=0, help="multistart fits with this many starts")
     ap.add_argument("--fit-table", type=Path, help="print the Markdown table of fit rows")
+    ap.add_argument("--no-gradient", action="store_true",
+                    help="load, log-likelihood and the collection's simulation only")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.table:
@@ -248,7 +336,8 @@ def main():
         def report(row):
             print("ROW " + json.dumps(row), flush=True)
 
-        report(fit_row(a.child, a.fit) if a.fit else one(a.child, a.fd_coords, report))
+        report(fit_row(a.child, a.fit) if a.fit else one(a.child, a.fd_coords, report,
+                                                         gradient=not a.no_gradient))
         return
     names = a.only or sorted((p.name for p in COLLECTION.iterdir() if p.is_dir()), key=_size)
     done = set()
@@ -261,7 +350,8 @@ def main():
         t = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, __file__, "--child", name, "--fd-coords",
-                                str(a.fd_coords), "--fit", str(a.fit)],
+                                str(a.fd_coords), "--fit", str(a.fit)]
+                               + (["--no-gradient"] if a.no_gradient else []),
                                capture_output=True, text=True,
                                timeout=a.timeout)
             rows = [line[4:] for line in p.stdout.splitlines() if line.startswith("ROW ")]

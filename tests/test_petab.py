@@ -62,6 +62,23 @@ def test_boehm_nominal_and_gradient_against_central_differences():
     np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-4 * scale)
 
 
+def test_boehm_simulation_matches_the_collections_simulation():
+    # the collection ships each problem's observables at the nominal parameters as its
+    # authors' tool computed them (simulatedData_*.tsv): an independent solve of the model
+    import pandas as pd
+
+    problem = models.load_petab(DATA / "Boehm_JProteomeRes2014")
+    ours = problem.simulate()
+    ref = pd.read_csv(DATA / "Boehm_JProteomeRes2014" /
+                      "simulatedData_Boehm_JProteomeRes2014.tsv", sep="\t")
+    keys = ["observableId", "simulationConditionId", "time"]
+    both = ours.merge(ref[keys + ["simulation"]], on=keys, suffixes=("", "_ref"))
+    assert len(both) == len(ours) == 48
+    # their table writes 6 to 12 digits (0 at t = 0 for observables that start at 0)
+    np.testing.assert_allclose(both["simulation"], both["simulation_ref"], rtol=1e-7,
+                               atol=1e-9)
+
+
 def test_fujita_nominal_with_condition_overrides_and_switch_times():
     # Six conditions (the ensemble), each overriding EGF input parameters; the input is a
     # piecewise function of time whose switch (EGF_end) is a per-condition value.
