@@ -24,6 +24,12 @@ COLLECTION = Path(__file__).resolve().parents[2] / "shared" / "petab-benchmark-c
 # kept once for the tests and benchmarks/bench_petab.py
 REFERENCE = json.loads((DATA / "amici_reference.json").read_text())["llh"]
 
+# Chen_MSB2009's AMICI value (-115700.12) is not that of the collection's own simulation
+# of these tables (-130669.49 by PEtab's calculate_llh; ours -130591.75, its rows within
+# 2.8e-3 of theirs): it cannot come from this copy of the collection. Its compile alone
+# takes ~25 minutes here, so it is not run against either.
+AMICI_DISAGREES = {"Chen_MSB2009"}
+
 
 def _close_to_reference(value, name):
     ref = REFERENCE[name]
@@ -243,7 +249,10 @@ def test_wrong_parameter_vector_is_an_error():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not COLLECTION.is_dir(), reason="the benchmark collection is not here")
-@pytest.mark.parametrize("name", sorted(REFERENCE))
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.skip(reason="AMICI's value disagrees with the "
+                                            "collection's own simulation"))
+    if n in AMICI_DISAGREES else n for n in sorted(REFERENCE)])
 def test_collection_reference_log_likelihood(name):
     try:
         problem = models.load_petab(COLLECTION / name)
