@@ -24,7 +24,7 @@ Problems (float64, Tsit5, rtol 1e-6, atol 1e-8):
 - ``l96``: Lorenz-96 with d = 16, n = 100, 20 save times on [0, 1];
 - ``mlp``: a neural ODE, ``eqx.nn.MLP(4, 4, 16, 2, activation=tanh)`` (4-16-16-4), one
   network shared by n = 32 trajectories, 10 save times on [0, 1]. (A 4-32-32-4 network
-  generates 5.5 MB of C++, over the 2 MB limit ``$GRADSOLVE_KERNEL_MAX_SOURCE_MB``: it
+  generates 5.5 MB of C++, over the 5 MB limit ``$GRADSOLVE_KERNEL_MAX_SOURCE_MB``: it
   always runs on the XLA route.)
 
 Columns: ``import`` (``import gradsolve`` and JAX), ``first`` (the first call: trace, XLA
