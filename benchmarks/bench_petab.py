@@ -96,7 +96,8 @@ def collection_simulation(problem, name: str) -> dict:
     def keyed(df):
         df = df.copy()
         for k in keys:
-            df[k] = (df[k].astype(float) if k == "time" else
+            # times to 8 digits: some tables write more digits than the measurements'
+            df[k] = (df[k].astype(float).map(lambda v: float(f"{v:.8g}")) if k == "time" else
                      df[k].astype(object).where(df[k].notna(), "").astype(str))
         return df
 
@@ -294,7 +295,7 @@ def table(path: Path) -> str:
         if "sim_max_rel" in r:
             sim = f"{r['sim_max_rel']:.1e} ({r['sim_rows']} of {r['sim_rows_total']})"
         elif "sim_rows" in r:
-            sim = "rows do not match (other condition or observable ids)"
+            sim = "no row matches the measurement table's"
         else:
             sim = ""
         ref = f"{r['ref']:.6f}" if "ref" in r else "none"
