@@ -101,6 +101,10 @@ def collection_simulation(problem, name: str) -> dict:
                      df[k].astype(object).where(df[k].notna(), "").astype(str))
         return df
 
+    # some tables name an observable with its overrides appended ("obs__par__cond")
+    known = set(ours["observableId"])
+    theirs["observableId"] = [o if o in known or o.split("__")[0] not in known
+                              else o.split("__")[0] for o in theirs["observableId"]]
     theirs = keyed(theirs)
     ours_k = keyed(ours)
     core = [k for k in keys if k not in ("observableParameters", "noiseParameters",
