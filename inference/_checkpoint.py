@@ -5,21 +5,29 @@ A checkpoint file holds one `Checkpoint`: the state pytree of `inference.fit` or
 its run reports so far) and a fingerprint of the settings that produced it (data digest,
 solver, tolerances, seed, ...). Arrays are stored as NumPy and restored as they were, so a
 resumed run continues bit for bit.
+
+A run checks its checkpoint path before it starts (`check_path`: a bad path is an error at
+once, not after the first stretch of work) and saves through `save_or_warn`: a save that
+fails later (a full disk, permissions changed mid-run) is a warning, never the loss of the
+run's result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
 import pickle
+import warnings
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Checkpoint", "save", "load", "digest", "fingerprint", "to_host", "to_device"]
+__all__ = ["Checkpoint", "check_path", "save", "save_or_warn", "load", "digest", "fingerprint",
+           "to_host", "to_device"]
 
 VERSION = 3
 
@@ -88,18 +96,81 @@ def fingerprint(problem, policy, **settings) -> dict:
                 **{k: _plain(v) for k, v in settings.items()})
 
 
+def _tmp(path: str) -> str:
+    """The temporary file beside ``path`` that `save` writes before renaming it."""
+    return f"{path}.tmp.{os.getpid()}"
+
+
+def _why_not(e: OSError, directory: str) -> str:
+    """Why a checkpoint cannot be written in ``directory``, for users: a file standing where
+    a directory is needed, else the system's reason."""
+    d = directory
+    while not os.path.lexists(d) and os.path.dirname(d) != d:
+        d = os.path.dirname(d)
+    if os.path.lexists(d) and not os.path.isdir(d):
+        return f"{d!r} is a file, not a directory"
+    return f"{e.strerror or e} ({e.filename!r})" if e.filename else str(e)
+
+
+def check_path(path) -> None:
+    """A ``ValueError`` naming the `checkpoint` argument unless a checkpoint can be saved at
+    ``path`` (nothing for ``None``). It does what a save does: creates the directory and a
+    temporary file beside the target (then removes the file), so a path that cannot be
+    written fails before the run starts rather than at its first save."""
+    if path is None:
+        return
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise ValueError(f"`checkpoint` must be a file path, got {path!r}")
+    path = os.fspath(path)
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise ValueError(
+            f"`checkpoint`: {path!r} is a directory; pass a file path, e.g. "
+            f"{os.path.join(path, 'run.pkl')!r}")
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with open(_tmp(path), "wb"):
+            pass
+        os.remove(_tmp(path))
+    except OSError as e:
+        raise ValueError(
+            f"`checkpoint`: cannot write {path!r}: {_why_not(e, directory)}") from e
+
+
 def save(path, fingerprint: dict, state, info=None) -> None:
     """Write ``Checkpoint(fingerprint, state, info)`` to ``path`` atomically (a temporary
-    file, then a rename: an interrupted write never leaves a broken checkpoint)."""
+    file, then a rename: an interrupted or failed write never leaves a broken checkpoint,
+    nor the temporary file)."""
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        pickle.dump(Checkpoint(dict(fingerprint, version=VERSION), to_host(state),
-                               to_host(info)), fh, protocol=pickle.HIGHEST_PROTOCOL)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    tmp = _tmp(path)
+    try:
+        with open(tmp, "wb") as fh:
+            pickle.dump(Checkpoint(dict(fingerprint, version=VERSION), to_host(state),
+                                   to_host(info)), fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def save_or_warn(path, fingerprint: dict, state, *info) -> bool:
+    """`save` (``info`` as its), whether it saved: a save that fails (a full disk,
+    permissions changed mid-run) is a ``RuntimeWarning`` naming the file and the error, so
+    the run goes on and its result is not lost for want of a checkpoint. An interrupt
+    (``KeyboardInterrupt``) still propagates."""
+    try:
+        save(path, fingerprint, state, *info)
+    except Exception as e:  # whatever the failure, the run goes on
+        warnings.warn(
+            f"could not save the checkpoint {os.fspath(path)!r} ({type(e).__name__}: {e}); "
+            "the run goes on without this checkpoint", RuntimeWarning,
+            stacklevel=3)
+        return False
+    return True
 
 
 def load(path, fingerprint: dict, what: str, with_info: bool = False):

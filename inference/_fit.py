@@ -396,7 +396,9 @@ def fit(
         checkpoint: a file path. The fit state is saved there atomically every
             ``checkpoint_every`` steps, at the end and when an exception (e.g.
             ``KeyboardInterrupt``) stops the fit; a later call with the same path resumes
-            from it and ends at the same result as an uninterrupted run.
+            from it and ends at the same result as an uninterrupted run. A path that
+            cannot be written is a ``ValueError`` before the fit starts; a save that fails
+            later (a full disk) is a ``RuntimeWarning`` and the fit goes on.
         progress: show a tqdm bar (default: only when stderr is a terminal).
         rtol, atol, solver, max_steps: the ODE solve (``solver=None``: the model's;
             ``max_steps=None``: 4,096 steps, or 16,384 for the ode sites of a population
@@ -427,6 +429,7 @@ def fit(
                          max_iter=steps, progress=progress)
     optimizer = _checked_fit_args(objective, steps, n_starts, checkpoint_every,
                                   record_tol_factor, max_redraws, optimizer)
+    _checkpoint.check_path(checkpoint)
     policy = MeshPolicy.checked("fit", rerecord, drift_tol=drift_tol,
                                 error_ratio_max=error_ratio_max,
                                 record_tol_factor=record_tol_factor)
@@ -456,8 +459,8 @@ def fit(
 
     def save(s):
         if checkpoint is not None:
-            _checkpoint.save(checkpoint, fingerprint,
-                             s._replace(elapsed=elapsed + time.perf_counter() - t_start))
+            _checkpoint.save_or_warn(checkpoint, fingerprint,
+                                     s._replace(elapsed=elapsed + time.perf_counter() - t_start))
 
     bar = progress_bar(progress, total=steps, done=state.step, desc=f"fit {problem.model.name}")
     try:

@@ -281,10 +281,11 @@ def _fingerprint(problem, policy, o: dict) -> dict:
 
 
 def _saver(path, fingerprint: dict):
-    """``save(state, info)``: a checkpoint at ``path`` (nothing if ``path`` is ``None``)."""
+    """``save(state, info)``: a checkpoint at ``path`` (nothing if ``path`` is ``None``; a
+    warning if it cannot be written)."""
     def save(s: SampleState, info: SampleInfo) -> None:
         if path is not None:
-            _checkpoint.save(path, fingerprint, s, info)
+            _checkpoint.save_or_warn(path, fingerprint, s, info)
     return save
 
 
@@ -369,7 +370,9 @@ def sample(
             otherwise (why: the module docstring).
         checkpoint: a file path; the state is saved at every warmup re-record, at the end
             of warmup and about every ``checkpoint_every`` draws; a later call with the same
-            path resumes and gives the same draws as an uninterrupted run.
+            path resumes and gives the same draws as an uninterrupted run. A path that
+            cannot be written is a ``ValueError`` before the run starts; a save that fails
+            later (a full disk) is a ``RuntimeWarning`` and the run goes on.
         progress: a progress bar (default: only when stderr is a terminal).
         target_accept: NUTS/HMC's target acceptance probability; ``None``: 0.8 (NumPyro's
             and Stan's default) for an `ODEModel` or a program with no latent site in a
@@ -423,6 +426,7 @@ def sample(
     if is_petab(model):
         return _sample_petab(model, data, o)
     _checked_sample_args(o)
+    _checkpoint.check_path(checkpoint)
     t_start = time.perf_counter()
     gs.ensure_compilation_cache()
     problem, policy, o = _settled(model, data, o)

@@ -272,6 +272,42 @@ def test_inconsistent_problem_gets_the_linters_message(tmp_path):
         models.load_petab(dst)
 
 
+@pytest.mark.parametrize("table, prefix", [
+    ("measurement", "measurementData"), ("condition", "experimentalCondition"),
+    ("observable", "observables"), ("parameter", "parameters")])
+@pytest.mark.parametrize("lint", [False, True])
+def test_an_empty_table_is_named_in_the_error(tmp_path, table, prefix, lint):
+    """A table with only its header row, or not even that, is an error naming the table
+    and its file, linted or not (not an index error from deep inside the import)."""
+    dst = tmp_path / "problem"
+    shutil.copytree(DATA / "Boehm_JProteomeRes2014", dst)
+    tsv = dst / f"{prefix}_Boehm_JProteomeRes2014.tsv"
+    tsv.write_text(tsv.read_text().splitlines()[0] + "\n")
+    with pytest.raises(ValueError, match=rf"the {table} table \({tsv.name}\) has no rows"):
+        models.load_petab(dst / "Boehm_JProteomeRes2014.yaml", lint=lint)
+    tsv.write_text("")
+    with pytest.raises(ValueError, match=rf"the {table} table {tsv.name} is empty"):
+        models.load_petab(dst, lint=lint)
+
+
+@pytest.mark.parametrize("column, what", [("observableId", "observable"),
+                                          ("simulationConditionId", "condition")])
+def test_an_undefined_observable_or_condition_is_an_error_unlinted(tmp_path, column, what):
+    """Without the linter, a measurement of an observable (condition) the tables do not
+    define is an error naming it, not silently dropped (simulated at the model's values)."""
+    import pandas as pd
+
+    dst = tmp_path / "problem"
+    shutil.copytree(DATA / "Boehm_JProteomeRes2014", dst)
+    tsv = dst / "measurementData_Boehm_JProteomeRes2014.tsv"
+    df = pd.read_csv(tsv, sep="\t")
+    df.loc[0, column] = "no_such_id"
+    df.to_csv(tsv, sep="\t", index=False)
+    with pytest.raises(ValueError, match=rf"uses {what}\(s\) \['no_such_id'\] that the "
+                                         rf"{what} table does not define"):
+        models.load_petab(dst, lint=False)
+
+
 def test_unused_columns_are_named_in_a_warning(tmp_path):
     dst = tmp_path / "problem"
     shutil.copytree(DATA / "Boehm_JProteomeRes2014", dst)

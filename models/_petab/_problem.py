@@ -173,6 +173,7 @@ class PetabProblem:
             "gs.Rodas5P(): the default for these (mostly stiff) models"
         self.rtol, self.atol, self.max_steps = rtol, atol, max_steps
         self.state_ids = tuple(odes.state_ids)
+        _check_tables(problem)
         self._build_parameters(problem)
         self._build_conditions(problem, odes)
         self._build_model_functions(odes)
@@ -347,6 +348,10 @@ class PetabProblem:
         pre = [("" if (pre_col not in mdf or _is_nan(v) or v == "") else str(v))
                for v in (mdf[pre_col] if pre_col in mdf else [np.nan] * len(mdf))]
         sim = [str(v) for v in mdf[petab.SIMULATION_CONDITION_ID]]
+        undefined = sorted(set(sim + [c for c in pre if c]) - set(map(str, cdf.index)))
+        if undefined:
+            raise ValueError(f"the measurement table uses condition(s) {undefined} that the "
+                             "condition table does not define")
         pairs = list(dict.fromkeys(zip(pre, sim)))
         self.condition_ids = tuple(pairs)
         self._traj_of_row = np.array([pairs.index(k) for k in zip(pre, sim)])
@@ -467,6 +472,10 @@ class PetabProblem:
         model_ids = set(odes.state_ids) | set(odes.param_ids)
         thsyms = [sp.Symbol("__theta_" + p) for p in self._theta_ids]
         used_obs = set(mdf[petab.OBSERVABLE_ID])
+        undefined = sorted(map(str, used_obs - set(odf.index)))
+        if undefined:
+            raise ValueError(f"the measurement table uses observable(s) {undefined} that the "
+                             "observable table does not define")
         for o in odf.index:
             if o not in used_obs:
                 warnings.warn(f"observable '{o}' has no measurements", stacklevel=3)
@@ -871,6 +880,60 @@ def _warn_unused_columns(problem, path) -> None:
             break
 
 
+# (table, petab.Problem attribute, YAML key of its files, what its rows are needed for)
+_NEEDED = (("measurement", "measurement_df", "measurement_files",
+            "there is nothing to fit"),
+           ("condition", "condition_df", "condition_files",
+            "it must define every simulationConditionId of the measurement table"),
+           ("observable", "observable_df", "observable_files",
+            "it must define every observableId of the measurement table"),
+           ("parameter", "parameter_df", "parameter_file",
+            "it lists the parameters to estimate"))
+
+
+def _table_files(config: dict) -> dict[str, list[str]]:
+    """The files of each table a PEtab YAML names (several are concatenated)."""
+    def listed(v):
+        return [] if v is None else [v] if isinstance(v, str) else list(v)
+
+    files = {table: [] for table, *_ in _NEEDED}
+    for table, _, key, _ in _NEEDED:
+        for sub in [config] + list(config.get("problems") or []):
+            files[table] += listed(sub.get(key))
+    return files
+
+
+def _check_files(path: Path, files: dict[str, list[str]]) -> None:
+    """A ``ValueError`` naming a table file that is empty (not even a header row), which
+    pandas would report without naming the file."""
+    for table, names in files.items():
+        for name in names:
+            f = path.parent / name
+            if not f.is_file():
+                continue
+            with open(f, "rb") as fh:
+                blank = not fh.read(1 << 16).strip()
+            if blank:
+                raise ValueError(f"{path}: the {table} table {name} is empty (not even its "
+                                 "header row)")
+
+
+def _check_tables(problem, path=None, files: dict[str, list[str]] | None = None) -> None:
+    """A ``ValueError`` naming every table (and its files, where known) that is missing or
+    has no rows: each is needed (`_NEEDED` says why), and an empty one would otherwise fail
+    later with an error that does not say so."""
+    bad = []
+    for table, attr, _, why in _NEEDED:
+        df = getattr(problem, attr, None)
+        if df is None or len(df) == 0:
+            names = (files or {}).get(table)
+            named = f" ({', '.join(names)})" if names else ""
+            state = "is missing" if df is None else "has no rows"
+            bad.append(f"the {table} table{named} {state}: {why}")
+    if bad:
+        raise ValueError(("" if path is None else f"{path}: ") + "; ".join(bad))
+
+
 def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     """Load a PEtab v1 problem.
 
@@ -895,7 +958,8 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     Raises:
         NotImplementedError: for an SBML or PEtab construct this importer does not support,
             naming it and the element's id.
-        ValueError: for an inconsistent problem (with the linter's messages).
+        ValueError: for an inconsistent problem (with the linter's messages), or a table
+            that is empty (naming it and its file).
 
     Example:
         >>> problem = models.load_petab("Boehm_JProteomeRes2014/Boehm_JProteomeRes2014.yaml")
@@ -919,7 +983,10 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
             warnings.warn(f"{path}: visualization files {missing} are missing; loading "
                           "without them (they do not enter the likelihood)", stacklevel=2)
             sub["visualization_files"] = [v for v in vis if v not in missing]
+    files = _table_files(config)
+    _check_files(path, files)
     problem = petab.Problem.from_yaml(config, base_path=str(path.parent))
+    _check_tables(problem, path, files)
     if lint:
         _lint(problem, path)
     _warn_unused_columns(problem, path)
