@@ -36,7 +36,7 @@ from jaxtyping import Array, Float, Int
 
 from ._checks import is_concrete
 from ._misc import shared_any, tree_where
-from ._savetimes import node_times, save_roles
+from ._savetimes import node_times, pinned_moved, save_roles
 from ._sharding import host
 
 _sg = jax.lax.stop_gradient
@@ -290,6 +290,13 @@ def check_moved_events(bm, ts, events) -> None:
             raise ValueError(
                 "gs.replay: `ts` separates save times that were equal when the mesh was "
                 "recorded (they share one mesh point); re-record the mesh for these save times."
+            )
+        if np.any(host(pinned_moved(rec_ts, jnp.asarray(bm.t0, dtype),
+                                    jnp.asarray(bm.t1, dtype), jnp.asarray(ts, dtype)))):
+            raise ValueError(
+                "gs.replay: `ts` moves a save time recorded at the mesh's t0 or t1; the ends "
+                "of the recorded interval do not move. Re-record the mesh for these save "
+                "times."
             )
     jt = events.jump_times if events is not None else jnp.asarray(bm.jump_times, dtype)
     js = events.jump_sizes if events is not None else jnp.asarray(bm.jump_sizes, dtype)

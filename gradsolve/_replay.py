@@ -26,7 +26,7 @@ from ._checks import batch, check_vector_field, is_concrete, split_static
 from ._doses import DoseSchedule, as_schedule
 from ._events import Events, batch_events, check_moved_events, events_out_of_order, replay_events
 from ._mesh import Mesh, Status
-from ._savetimes import check_moved_ts, moved_out_of_order, save_roles, taylor2
+from ._savetimes import check_moved_ts, moved_out_of_order, pinned_moved, save_roles, taylor2
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
 from .drivers import AbstractDriver
@@ -61,9 +61,10 @@ def replay(
             are mesh nodes: interior save times move their node (so the gradient w.r.t.
             ``ts`` is ``f(t, y)`` there, to the solver's accuracy); save times equal to
             ``t0`` or ``t1`` stay pinned and get their first-order derivative
-            ``f(t, y)`` added. A save time moved past a neighbouring mesh node is a
-            ``ValueError``; under ``jit`` that trajectory gives NaN and
-            ``stats["status"] == Status.INVALID_INPUT``.
+            ``f(t, y)`` added (their value must stay the recorded one). A save time
+            moved past a neighbouring mesh node, or one recorded at ``t0`` or ``t1``
+            given as another time, is a ``ValueError``; under ``jit`` that trajectory
+            gives NaN and ``stats["status"] == Status.INVALID_INPUT``.
         group_size: trajectories per length-sorted group (ragged ensembles; the lanes and
             batched drivers); ``None`` picks the driver's default for the backend (on CPU
             256 for the batched replay, 1,024 for the lanes replay; one group of up to
@@ -275,6 +276,12 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
         jt, js = (jumps if jumps is not None else
                   (_sg(bm.jump_times).astype(dtype), _sg(bm.jump_sizes).astype(dtype)))
         events = replay_events(bm, times, jt, js)
+    if ts is not None and check_moved:
+        # A save time recorded at t0 or t1 cannot move (the interval's ends are fixed
+        # nodes): given another time, the slot would read the end's state.
+        invalid = pinned_moved(rec_ts, t0, t1, _sg(ts))
+        status = jnp.where(invalid & ~failed, Status.INVALID_INPUT, status).astype(jnp.int32)
+        failed = failed | invalid
     if ts is not None and check_moved and events is None:
         # Moved save times checked on device too (outside jit `replay` raises instead): a
         # save time moved past a neighbouring node leaves no valid mesh, so the trajectory

@@ -35,6 +35,12 @@ def check_moved_ts(bm, ts) -> None:
             "gs.replay: `ts` separates save times that were equal when the mesh was recorded "
             "(they share one mesh point); re-record the mesh for these save times."
         )
+    rec_ts = jnp.asarray(bm.ts).astype(ts.dtype)
+    if np.any(host(pinned_moved(rec_ts, bm.t0, bm.t1, jnp.asarray(ts)))):
+        raise ValueError(
+            "gs.replay: `ts` moves a save time recorded at the mesh's t0 or t1; the ends of "
+            "the recorded interval do not move. Re-record the mesh for these save times."
+        )
     subst = save_roles(bm.ts, bm.t0, bm.t1, bm.save_index)[3]
     times = jnp.asarray(bm.times).astype(ts.dtype)
     if np.any(host(moved_out_of_order(times, bm.save_index, jnp.asarray(ts), subst))):
@@ -118,6 +124,15 @@ def moved_out_of_order(times, save_index, tsave, subst) -> Bool[Array, " n"]:
     left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
     right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
     return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
+
+
+def pinned_moved(rec_ts, t0, t1, tsave) -> Bool[Array, " n"]:
+    """Per trajectory: is a save time recorded at ``t0`` or ``t1`` given as another time?
+    Those nodes are the interval's ends and never move (a save there takes the Taylor
+    expansion's derivative only), so such a ``ts`` would read the end's state at a time
+    it does not belong to."""
+    pinned = (rec_ts <= t0) | (rec_ts >= t1)
+    return jnp.any(pinned & (tsave.astype(rec_ts.dtype) != rec_ts), axis=1)
 
 
 def save_roles(rec_ts, t0, t1, save_index):

@@ -399,6 +399,31 @@ def test_moved_save_times_out_of_order_under_jit(kernel):
     assert [int(s) for s in jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s))(ok).stats["status"]] == [0, 0, 0]
 
 
+@pytest.mark.parametrize("jumps", [False, True])
+@pytest.mark.parametrize("end", ["first", "last"])
+def test_save_times_recorded_at_the_ends_cannot_move(end, jumps):
+    """A save time recorded at ``t0`` or ``t1`` is the interval's end, a node that never
+    moves: given as another time it is refused outside jit and INVALID_INPUT (NaN) under
+    jit, instead of returning the end's state at the new time. Unmoved, the values are
+    the closed form's."""
+    f = lambda t, y, p: -p * y
+    y0, p = jnp.array([1.0]), 0.5
+    ts = jnp.linspace(0.0, 2.0, 5)
+    ev = dict(jumps=(jnp.array([1.25]), jnp.array([[0.5]]))) if jumps else {}
+    mesh = gs.record(f, 0.0, 2.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12, **ev)
+    bad = ts.at[-1].set(1.8) if end == "last" else ts.at[0].set(0.1)
+    with pytest.raises(ValueError, match="t0 or t1"):
+        gs.replay(f, mesh, y0, p, ts=bad, **ev)
+    sol = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s, **ev))(bad)
+    assert int(sol.stats["status"]) == int(gs.Status.INVALID_INPUT)
+    assert bool(jnp.isnan(sol.ys).all())
+    good = jax.jit(lambda s: gs.replay(f, mesh, y0, p, ts=s, **ev))(ts)
+    exact = np.exp(-0.5 * np.asarray(ts)) + (0.5 * np.exp(-0.5 * (np.asarray(ts) - 1.25))
+                                             * (np.asarray(ts) > 1.25) if jumps else 0.0)
+    assert int(good.stats["status"]) == 0
+    np.testing.assert_allclose(np.asarray(good.ys[:, 0]), exact, rtol=1e-8)
+
+
 def test_moved_check_sees_moved_neighbours_past_equal_save_times():
     """A moved save time is compared with its neighbouring node as moved, even when equal
     save times sit between them in ``ts`` (jit and eager agree)."""
