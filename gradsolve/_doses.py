@@ -288,6 +288,11 @@ class DosedSolve(NamedTuple):
             ``None``.
         single: one trajectory given.
         ts_out: the given save times (``(n, k)``), or ``None``.
+        t1: the end of the solve: the given ``t1``, or later where a restart before
+            ``t0`` runs its stretch on a local time that starts at ``t0`` (so it needs
+            ``t0 - tau`` more to reach the given ``t1``).
+        after: ``(n, k)`` which save times read the state just after the changes at
+            their time (`plan`'s ``ts_after``), or ``None``: none.
 
     Example:
         >>> plan = gs.DoseSchedule([gs.Bolus(0.0, 100.0), gs.Reset(12.0)]).plan(
@@ -306,6 +311,8 @@ class DosedSolve(NamedTuple):
     seg: jax.Array | None
     single: bool
     ts_out: jax.Array | None
+    t1: object = None
+    after: jax.Array | None = None
 
 
 class DoseSchedule(eqx.Module):
@@ -475,7 +482,7 @@ class DoseSchedule(eqx.Module):
         return [(jt, jt, jnp.where(jnp.isfinite(jt)[..., None], js, 0.0))]
 
     def plan(self, f: Callable, t0, t1, y0, params, *, ts=None, jumps=None,
-             options: dict | None = None) -> "DosedSolve":
+             options: dict | None = None, ts_after=None) -> "DosedSolve":
         """The dosed solve's arguments (every schedule; `finish` maps its solution back).
 
         Without a restart this is `apply`. A restart (`Reset`, `SteadyState` with ``SS =
@@ -487,12 +494,19 @@ class DoseSchedule(eqx.Module):
         stretch's trajectory (one at a restart's time reads the state before it, as at a
         jump). Only additive jumps reach a driver, so every driver runs it unchanged, and
         the gradient w.r.t. a restart's time is exact: it moves the save times and the
-        vector field's time, both differentiable.
+        vector field's time, both differentiable. A restart may come before ``t0`` (a dose
+        at steady state given before the record starts): its stretch then runs ``t0 -
+        tau`` past ``t1`` on its local time (`DosedSolve.t1`), and what came before it,
+        ``y0`` included, is never read.
 
         Args:
             f, t0, t1, y0, params, ts, jumps: as `gradsolve.solve`'s.
             options: ``solver``, ``rtol``, ``atol``, ``driver`` of the solve, for changes
                 that need the model (a steady state).
+            ts_after: ``None``, or booleans of ``ts``'s shape: ``True`` where the save
+                time reads the state just after every change at its time (a jump, a dose,
+                a restart), as a NONMEM observation record listed after a dose record at
+                the same time; ``False`` (the default) reads the state before them.
 
         Returns:
             A `DosedSolve`: solve ``f``, ``y0``, ``params``, ``ts``, ``jumps`` over
@@ -505,6 +519,7 @@ class DoseSchedule(eqx.Module):
         Y = y0[None] if single else y0
         n, d = Y.shape
         P = jax.tree.map(lambda x: jnp.asarray(x)[None], params) if single else params
+        after = _after_mask(ts_after, ts, n, single, "gs.DoseSchedule.plan")
         additive, restarts, inputs, D = self._layout(n, d, f, P, options, Y.dtype)
         additive += self._layout_jumps(jumps, n, d, D, Y.dtype)
         if not restarts:
@@ -515,10 +530,10 @@ class DoseSchedule(eqx.Module):
             if single:
                 Z0, merged = Z0[0], None if merged is None else (merged[0][0], merged[1][0])
             return DosedSolve(self.field(f, d, inputs), Z0, params, ts, merged, d, 1, None,
-                              single, ts)
-        return self._split(f, t0, t1, Y, P, ts, additive, restarts, inputs, D, single)
+                              single, ts, t1, after)
+        return self._split(f, t0, t1, Y, P, ts, additive, restarts, inputs, D, single, after)
 
-    def _split(self, f, t0, t1, Y, P, ts, additive, restarts, inputs, D, single):
+    def _split(self, f, t0, t1, Y, P, ts, additive, restarts, inputs, D, single, after=None):
         """`plan` with restarts: one trajectory per stretch between restarts."""
         n, d = Y.shape
         dtype = Y.dtype
@@ -529,6 +544,14 @@ class DoseSchedule(eqx.Module):
         vals = jnp.take_along_axis(vals, order[..., None], axis=1)
         S = taus.shape[1] + 1
         t0 = jnp.asarray(t0, dtype)
+        # A restart before t0 runs its stretch from local time t0: to reach the given t1
+        # it needs t0 - tau more (the horizon carries no derivative: the save times do).
+        early = jax.lax.stop_gradient(jnp.max(jnp.where(jnp.isfinite(taus), t0 - taus, 0.0),
+                                              initial=0.0))
+        if not isinstance(early, jax.core.Tracer) and float(early) <= 0.0:
+            t_end = t1
+        else:
+            t_end = jnp.asarray(t1, dtype) + early
         starts = jnp.concatenate([jnp.full((n, 1), t0, dtype), taus], axis=1)  # (n, S)
         ends = jnp.concatenate([taus, jnp.full((n, 1), jnp.inf, dtype)], axis=1)
         live = jnp.isfinite(starts)
@@ -545,7 +568,7 @@ class DoseSchedule(eqx.Module):
             inside = ((o[:, None] >= starts[:, :, None]) & (o[:, None] < ends[:, :, None])
                       & jnp.isfinite(t)[:, None])
             u = local(jnp.where(jnp.isfinite(t), t, t0))
-            inside = inside & (u <= t1)
+            inside = inside & (u <= t_end)
             items.append((jnp.where(inside, u, jnp.inf).reshape(n * S, -1),
                           jnp.where(inside[..., None], size[:, None], 0.0).reshape(
                               n * S, -1, D)))
@@ -556,13 +579,23 @@ class DoseSchedule(eqx.Module):
         tb = jnp.full((n, 1), t1, dtype) if ts is None else jnp.broadcast_to(
             jnp.asarray(ts, dtype), (n, jnp.shape(ts)[-1]))
         text = jnp.concatenate([tb, jnp.full((n, 1), t1, dtype)], axis=1)   # (n, k + 1)
-        seg = jax.lax.stop_gradient(jnp.sum(taus[:, None, :] < text[:, :, None], axis=-1))
-        lts = jnp.where(live[:, :, None], jnp.clip(local(text), t0, t1), t0)
+        # Each save time reads the stretch it lies in; one at a restart's time reads the
+        # stretch before it, or (read after) the one the restart starts.
+        past = taus[:, None, :] < text[:, :, None]
+        if after is not None:
+            ext = jnp.concatenate([after, jnp.zeros((n, 1), bool)], axis=1)
+            past = past | (ext[:, :, None] & (taus[:, None, :] == text[:, :, None]))
+        seg = jax.lax.stop_gradient(jnp.sum(past, axis=-1))
+        # (clamped by `where`, not `clip`: a save time at an end keeps its whole derivative,
+        # where clip's tie would halve it)
+        u = local(text)
+        u = jnp.where(u > t_end, t_end, jnp.where(u < t0, t0, u))
+        lts = jnp.where(live[:, :, None], u, t0)
         reps = lambda x: jnp.repeat(jnp.asarray(x), S, axis=0)
         q = (jax.tree.map(reps, P), (at - t0).reshape(n * S))
         g = self._shifted(self.field(f, d, inputs))
         return DosedSolve(g, Z0, q, lts.reshape(n * S, -1), merged, d, S, seg, single,
-                          tb if saves else None)
+                          tb if saves else None, t_end, after)
 
     @staticmethod
     def finish(sol, plan: "DosedSolve"):
@@ -572,11 +605,22 @@ class DoseSchedule(eqx.Module):
         stretches' (``mesh`` is the planned ensemble's)."""
         d, S = plan.d, plan.segments
         if S == 1:
+            if plan.after is not None:
+                ys = sol.ys + _right_limits(plan.ts, plan.jumps, sol.ys)
+                after = plan.after[0] if plan.single else plan.after
+                sol = eqx.tree_at(lambda s: s.ys, sol,
+                                  jnp.where(after[..., None], ys, sol.ys))
             return DoseSchedule.solution(sol, d)
         N = sol.ys.shape[0]
         n = N // S
         ys = sol.ys.reshape((n, S) + sol.ys.shape[1:])
         picked = jnp.take_along_axis(ys, plan.seg[:, None, :, None], axis=1)[:, 0, :, :d]
+        if plan.after is not None:
+            right = sol.ys + _right_limits(plan.ts, plan.jumps, sol.ys)
+            right = right.reshape((n, S) + sol.ys.shape[1:])
+            right = jnp.take_along_axis(right, plan.seg[:, None, :, None], axis=1)[:, 0, :, :d]
+            ext = jnp.concatenate([plan.after, jnp.zeros((n, 1), bool)], axis=1)
+            picked = jnp.where(ext[..., None], right, picked)
         y1 = picked[:, -1]
         ts_out = plan.ts_out
         ys_out = picked[:, :-1] if ts_out is not None else y1[:, None]
@@ -603,6 +647,40 @@ class DoseSchedule(eqx.Module):
         """``sol``, a `gradsolve.Solution` of the dosed solve, with the extra rate
         components dropped from ``ys`` and ``y1`` (``d``: the model's states)."""
         return eqx.tree_at(lambda s: (s.ys, s.y1), sol, (sol.ys[..., :d], sol.y1[..., :d]))
+
+
+def _after_mask(ts_after, ts, n: int, single: bool, where: str):
+    """``ts_after`` as ``(n, k)`` booleans, or ``None`` when not given or all ``False``."""
+    if ts_after is None:
+        return None
+    if ts is None:
+        raise ValueError(f"{where}: `ts_after` needs `ts` (it says which save times read the "
+                         "state after the changes at their time).")
+    a = np.asarray(ts_after)
+    if a.dtype != bool:
+        raise ValueError(f"{where}: `ts_after` must be booleans, got dtype {a.dtype}.")
+    k = jnp.shape(ts)[-1]
+    if a.shape not in ((k,), (n, k)) or (single and a.shape != (k,)):
+        raise ValueError(f"{where}: `ts_after` must have the shape of `ts`, ({k},)"
+                         + ("" if single else f" or ({n}, {k})") + f"; got {a.shape}.")
+    if not a.any():
+        return None
+    return jnp.asarray(np.broadcast_to(a, (n, k)))
+
+
+def _right_limits(ts, jumps, ys):
+    """``(..., k, D)``: the sum of the jumps at each save time (``ts (..., k)``, jumps
+    ``(times (..., J), sizes (..., J, D))``), what turns a save's state before them into
+    the state after them; zeros without jumps. Times compare exactly, as a jump's own
+    node does."""
+    if jumps is None or ts is None:
+        return jnp.zeros_like(ys)
+    jt, js = jumps
+    ts = jnp.broadcast_to(jnp.asarray(ts, js.dtype), ys.shape[:-1])
+    jt = jnp.broadcast_to(jt, ys.shape[:-2] + jt.shape[-1:])
+    js = jnp.broadcast_to(js, ys.shape[:-2] + js.shape[-2:])
+    hit = (jax.lax.stop_gradient(ts)[..., :, None] == jax.lax.stop_gradient(jt)[..., None, :])
+    return jnp.einsum("...kj,...jd->...kd", hit.astype(js.dtype), js)
 
 
 def as_schedule(doses, where: str) -> DoseSchedule:

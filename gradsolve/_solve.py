@@ -23,7 +23,7 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
           controller: PIDController | None = None, throw: bool | None = None,
           group_size: int | None = None, chunk_size: int = 8,
           driver: AbstractDriver | None = None, jumps=None, tstops=None,
-          doses=None) -> Solution:
+          doses=None, ts_after=None) -> Solution:
     """Adaptive solve whose derivative is the discrete adjoint of its accepted steps.
 
     Records the mesh (no gradient flows through step-size selection, as in Diffrax's
@@ -66,6 +66,10 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             as data, merged with ``jumps``; the solution has the model's ``d`` states.
             Differentiable w.r.t. every dose field (times, amounts, rates, durations, lag
             times, bioavailabilities, steady-state intervals) on every driver.
+        ts_after: booleans of ``ts``'s shape, or ``None``: ``True`` where a save time
+            reads the state just AFTER the jumps, doses and resets at its time (its right
+            limit: a NONMEM observation record listed after a dose record at the same
+            time, e.g. the peak of an IV bolus); the default reads the state before them.
 
     Returns:
         A `Solution`: ``ys (n, k, d)`` (``(k, d)`` for one trajectory), ``y1``,
@@ -83,11 +87,11 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
         >>> sol.ys.shape  # (n, 21, d)
     """
     where = "gs.solve"
-    if doses is not None:
-        plan = as_schedule(doses, where).plan(f, t0, t1, y0, params, ts=ts, jumps=jumps,
-                                              options=dict(solver=solver, rtol=rtol,
-                                                           atol=atol, driver=driver))
-        sol = solve(plan.f, t0, t1, plan.y0, plan.params, ts=plan.ts, solver=solver,
+    if doses is not None or ts_after is not None:
+        sched = DoseSchedule([]) if doses is None else as_schedule(doses, where)
+        plan = sched.plan(f, t0, t1, y0, params, ts=ts, jumps=jumps, ts_after=ts_after,
+                          options=dict(solver=solver, rtol=rtol, atol=atol, driver=driver))
+        sol = solve(plan.f, t0, plan.t1, plan.y0, plan.params, ts=plan.ts, solver=solver,
                     rtol=rtol, atol=atol, dt0=dt0, max_steps=max_steps,
                     controller=controller, throw=throw, group_size=group_size,
                     chunk_size=chunk_size, driver=driver, jumps=plan.jumps, tstops=tstops)

@@ -333,18 +333,20 @@ def plot_cwres(fit, data):
 
 
 def _subject_rows(s, i, fit, q, covariate_names) -> list[dict]:
-    """The rows of subject ``s`` (index ``i``): observations, then doses at the same time
-    (an observation at a dose time reads the state before it)."""
+    """The rows of subject ``s`` (index ``i``) in time order; at one time the observations
+    that read the state before the doses there, the doses, then those that read it after
+    (`Subject.obs_after`), so the table reads back to the same data."""
     etas = np.asarray(fit.etas).reshape(len(fit.etas), q)[i]
     common = {c: s.covariates[c] for c in covariate_names}
     common.update({f"ETA{j + 1}": float(etas[j]) for j in range(q)})
     rows = []
+    after = np.zeros(s.ts.size, bool) if s.obs_after is None else s.obs_after
     for k, t in enumerate(s.ts):
         rows.append(dict(ID=s.id, TIME=float(t), DV=float(s.ys[k]), AMT=np.nan, EVID=0,
                          MDV=int(np.isnan(s.ys[k])), CMT=int(s.obs_cmt[k]) + 1, RATE=0.0,
                          PRED=float(fit.pred[i, k]), IPRED=float(fit.ipred[i, k]),
                          IWRES=float(fit.iwres[i, k]), CWRES=float(fit.cwres[i, k]),
-                         _order=(float(t), 0, k), **common))
+                         _order=(float(t), 2 if after[k] else 0, k), **common))
     rates = np.zeros(s.dose_times.size) if s.dose_rates is None else s.dose_rates
     for j, t in enumerate(s.dose_times):
         rows.append(dict(ID=s.id, TIME=float(t), DV=np.nan, AMT=float(s.dose_amounts[j]),

@@ -56,6 +56,9 @@ def sensitivity_refusal(model, data, method: str, theta: dict, eff: str) -> str 
     effects ``theta[eff]`` should be a generic point (a prior draw)."""
     if method != "foce-i":
         return "method='laplace' needs the exact Hessian of each subject's density"
+    if data.observations_after().any():
+        return ("observations read the state after the doses at their time, which the "
+                "sensitivity solve does not read")
 
     def schedule(e):
         th = dict(theta, **{eff: e})

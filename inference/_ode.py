@@ -110,7 +110,7 @@ def _positive(name: str, v, where: str) -> float:
 
 def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, solver=None,
         rtol: float | None = None, atol: float | None = None,
-        max_steps: int | None = None, doses=None) -> gs.Solution:
+        max_steps: int | None = None, doses=None, ts_after=None) -> gs.Solution:
     """An ODE solve as a site of a NumPyro program.
 
     Call it inside a NumPyro program as you call ``numpyro.sample``. Under plain NumPyro
@@ -140,6 +140,8 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
         doses: a ``gs.DoseSchedule`` or a list of dose records (``gs.Bolus``,
             ``gs.Infusion``, ...), as ``gs.solve``'s ``doses=``: every field may depend on
             parameters (a lag time, a bioavailability, a modelled rate or duration).
+        ts_after: booleans of ``ts``'s shape: which save times read the state after the
+            doses at their time, as ``gs.solve``'s ``ts_after=``.
 
     Returns:
         A ``gs.Solution`` (``ys (n, k, d)``, ``error_ratio``, ...). A failed solve gives
@@ -166,12 +168,13 @@ def ode(name: str, f, t0, t1, y0, params, *, ts=None, jumps=None, tstops=None, s
         raise ValueError(f"{where}({name!r}): `max_steps` must be a positive int, got "
                          f"{max_steps!r}")
     plan = None
-    if doses is not None:
+    if doses is not None or ts_after is not None:
         if not isinstance(doses, gs.DoseSchedule):
-            doses = gs.DoseSchedule(doses)
-        plan = doses.plan(f, t0, t1, y0, params, ts=ts, jumps=jumps,
+            doses = gs.DoseSchedule([] if doses is None else doses)
+        plan = doses.plan(f, t0, t1, y0, params, ts=ts, jumps=jumps, ts_after=ts_after,
                           options=dict(solver=solver, rtol=rtol, atol=atol))
-        f, y0, params, ts, jumps = plan.f, plan.y0, plan.params, plan.ts, plan.jumps
+        f, y0, params, ts, jumps, t1 = (plan.f, plan.y0, plan.params, plan.ts, plan.jumps,
+                                        plan.t1)
     call = OdeCall(f, t0, t1, y0, params, ts, jumps, tstops, solver, rtol, atol,
                    None if max_steps is None else int(max_steps))
     if plan is not None:

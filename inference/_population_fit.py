@@ -304,6 +304,8 @@ def _second_order_functions(pb: _Problem, solve_kw: dict):
     effects taken through the solve by JAX (second derivatives of the solve)."""
     model, data, eff, S, q, seen = pb.model, pb.data, pb.eff, pb.S, pb.q, pb.seen
     ys0 = jnp.asarray(pb.ys0)
+    after = data.observations_after() if data.observations_after().any() else None
+    solved = model.solved_at_t0(data)
 
     def predictions(phi, eta):
         theta = pb.theta(phi, eta)
@@ -311,8 +313,9 @@ def _second_order_functions(pb: _Problem, solve_kw: dict):
         y0, jumps = model.dosing(theta, p, data)
         events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
         sol = gs.solve(model.vector_field, model.t0, pb.t1, y0, p,
-                       ts=jnp.asarray(pb.ts, y0.dtype), throw=False, **solve_kw, **events)
-        return model.observation(theta, p, pb.ts, sol.ys), theta
+                       ts=jnp.asarray(pb.ts, y0.dtype), throw=False, **solve_kw, **events,
+                       ts_after=after)
+        return model.observation(theta, p, pb.ts, sol.ys, as_solved=solved), theta
 
     def joint(phi, eta):
         """``(S,)`` per-subject ``l_i``, the predictions and the residual variances."""

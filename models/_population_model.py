@@ -20,7 +20,7 @@ A population model says, for a `PopulationDataset` of ``S`` subjects:
     ts, ys = data.observations()
     sol = gs.solve(model.vector_field, model.t0, ts.max(), y0, p, ts=ts, jumps=jumps,
                    solver=model.solver)
-    pred = model.observation(theta, p, ts, sol.ys)
+    pred = model.observation(theta, p, ts, sol.ys, as_solved=model.solved_at_t0(data))
     numpyro.sample("obs", model.observations(theta, pred), obs=ys)
 
 `PopulationModel.simulate` runs exactly this with ``gs.solve`` to draw synthetic data.
@@ -122,7 +122,8 @@ def m3_log_prob(noise: dist.Distribution, values, censored):
 class SolveArgs(NamedTuple):
     """The arguments of a population's one ensemble solve (`PopulationModel.solve_args`):
     ``f``, ``t0``, ``t1``, ``y0 (S, d)``, ``params`` (leaves ``(S, ...)``), ``ts (S, K)`` and
-    ``events`` (``{"doses": ...}`` or ``{"jumps": ...}``)."""
+    ``events`` (``{"doses": ...}`` or ``{"jumps": ...}``, and ``"ts_after"`` where an
+    observation reads the state after the doses at its time: pass them all to the solve)."""
 
     f: Callable
     t0: float
@@ -319,6 +320,8 @@ class PopulationModel(eqx.Module):
         """
         data = _checked_data(data, f"{self.name}.dosing")
         d = self.n_states
+        data.check_observed_compartments(d)
+        self._check_early_doses(data)
         if data.needs_schedule or self.dose_parameters_fn is not None:
             if self.dose_sizes_fn is not _identity_doses:
                 raise NotImplementedError(
@@ -357,21 +360,59 @@ class PopulationModel(eqx.Module):
         js = jnp.where(jnp.asarray(live)[..., None], js, 0.0)
         return y0, (jnp.asarray(jt, dtype=js.dtype), js)
 
+    def _check_early_doses(self, data: PopulationDataset) -> None:
+        """A dose before ``t0`` that is not at steady state (a bolus, an infusion started
+        earlier) is a ``ValueError`` naming the subject, row and column: the solve starts
+        at ``t0`` and cannot give it. A steady-state dose or a reset before ``t0`` restarts
+        the state, so the solve runs it and the doses after it."""
+        for s in data.subjects:
+            ss = np.zeros(s.dose_times.size, np.int64) if s.dose_ss is None else s.dose_ss
+            # a restart (SS = 1, EVID 3/4) at or before a dose's time carries it
+            restarts = np.concatenate([s.dose_times[ss == 1],
+                                       [] if s.resets is None else s.resets])
+            first = restarts.min() if restarts.size else np.inf
+            early = np.flatnonzero((s.dose_times < self.t0) & (ss != 1)
+                                   & (s.dose_times < first))
+            if early.size:
+                j = early[0]
+                row = "" if s.dose_rows is None else f", row {int(s.dose_rows[j])}"
+                raise ValueError(
+                    f"{self.name}: subject {s.id!r}{row}, column TIME: a dose at TIME "
+                    f"{s.dose_times[j]:g}, before the model's t0 = {self.t0}; only a dose "
+                    "at steady state (SS = 1) or a reset may come before t0 (give the "
+                    "earlier doses, or start the model earlier).")
+
+    def solved_at_t0(self, data: PopulationDataset) -> np.ndarray:
+        """``(S, K)`` booleans for `observation`'s ``as_solved``: the observations at
+        ``t0`` whose solved state is what they read. Those after a dose row at ``t0``
+        (`PopulationDataset.observations_after`), and every one when the doses are a
+        schedule (`dosing` then folds nothing into ``y0``: the solve itself reads the
+        state before the doses at ``t0``, or a steady state reached before ``t0``)."""
+        after = data.observations_after()
+        if data.needs_schedule or self.dose_parameters_fn is not None:
+            return np.ones_like(after)
+        return after
+
     def observation(self, theta: Mapping[str, Any], p: Mapping[str, Any], ts: Any,
-                    ys: jax.Array) -> jax.Array:
+                    ys: jax.Array, as_solved: Any = None) -> jax.Array:
         """The predicted observed values ``(S, K)`` of solved states ``ys (S, K, d)`` at
         times ``ts (S, K)``.
 
         At ``ts == t0`` the state read is the pre-dose one (``zeros(d)``: `dosing` folds
         the doses at ``t0`` into ``y0``, which a solve saves at ``t0``), as everywhere else
         a save time equal to a dose time reads the state before the dose (gradsolve's jump
-        rule, NONMEM's order of a pre-dose sample).
+        rule, NONMEM's order of a pre-dose sample), except for the observations
+        ``as_solved`` (``(S, K)`` booleans, `solved_at_t0`), which keep the solved state:
+        an observation row after the dose row at ``t0``, or doses given as a schedule.
         """
         ts = jnp.asarray(ts, dtype=jnp.result_type(ys))
         if ys.ndim != 3 or ys.shape[:2] != ts.shape or ys.shape[2] != self.n_states:
             raise ValueError(f"{self.name}: `ys` must have shape (S, K, {self.n_states}) "
                              f"matching ts {ts.shape}, got {ys.shape}")
-        ys = jnp.where((ts == self.t0)[..., None], 0.0, ys)   # pre-dose state at t0
+        pre = ts == self.t0
+        if as_solved is not None:
+            pre = pre & ~jnp.asarray(as_solved, bool)
+        ys = jnp.where(pre[..., None], 0.0, ys)   # pre-dose state at t0
         pred = jnp.asarray(self.observation_fn(theta, p, ts, ys))
         if pred.shape != ts.shape:
             raise ValueError(f"{self.name}: `observation` must return shape {ts.shape} "
@@ -431,6 +472,9 @@ class PopulationModel(eqx.Module):
         y0, jumps = self.dosing(theta, p, data)
         ts, _ = data.observations()
         events = {"doses": jumps} if isinstance(jumps, gs.DoseSchedule) else {"jumps": jumps}
+        after = data.observations_after()
+        if after.any():
+            events["ts_after"] = after
         return SolveArgs(self.vector_field, self.t0, float(np.max(ts)), y0, p,
                          jnp.asarray(ts, y0.dtype), events)
 
@@ -446,7 +490,8 @@ class PopulationModel(eqx.Module):
         sol = gs.solve(a.f, a.t0, a.t1, a.y0, a.params, ts=a.ts, **a.events,
                        solver=solve_kwargs.pop("solver", self.solver), rtol=rtol, atol=atol,
                        **solve_kwargs)
-        return self.observation(theta, a.params, data.observations()[0], sol.ys)
+        return self.observation(theta, a.params, data.observations()[0], sol.ys,
+                                as_solved=self.solved_at_t0(data))
 
     def simulate(self, key: jax.Array, theta: Mapping[str, Any], design: PopulationDataset,
                  *, rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any

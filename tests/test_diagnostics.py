@@ -234,7 +234,8 @@ def test_table_round_trips_through_the_reader(tmp_path):
     back = models.PopulationDataset.from_table(path, covariates=["WT"])
     assert back.ids == data.ids and back.covariate_names == ("WT",)
     for s, r in zip(data.subjects, back.subjects):
-        for f in ("ts", "ys", "obs_cmt", "dose_times", "dose_amounts", "dose_cmt"):
+        for f in ("ts", "ys", "obs_cmt", "obs_after", "dose_times", "dose_amounts",
+                  "dose_cmt"):
             np.testing.assert_array_equal(getattr(r, f), getattr(s, f), err_msg=f)
         np.testing.assert_array_equal(
             np.zeros(s.dose_times.size) if s.dose_rates is None else s.dose_rates,
@@ -256,9 +257,10 @@ def test_table_round_trips_through_the_reader(tmp_path):
     for i, s in enumerate(data.subjects):
         np.testing.assert_array_equal(tab["ETA1"][ids == s.id], fit.etas[i, 0])
         np.testing.assert_array_equal(tab["ETA2"][ids == s.id], fit.etas[i, 1])
-    # an observation before a dose at the same time (the pre-dose state)
+    # an observation after the dose row at its time stays after it (it reads the
+    # post-dose state), as the data's table gave it
     first = np.flatnonzero(ids == 1)[:2]
-    assert tab["EVID"][first].tolist() == [0, 1]
+    assert tab["EVID"][first].tolist() == [1, 0]
     text = path.read_text().splitlines()
     assert text[0].split(",")[:8] == ["ID", "TIME", "DV", "AMT", "EVID", "MDV", "CMT", "RATE"]
 

@@ -261,3 +261,83 @@ def test_bad_restarts():
     with pytest.raises(ValueError, match="must lie in"):  # the input outlasts the interval
         gs.solve(elimination, 0.0, 5.0, y0, p,
                  doses=[gs.SteadyState(gs.Infusion(1.0, 10.0, duration=3.0), interval=2.0)])
+
+
+# ------------------------------------------------- reading after the doses at a time
+def test_ts_after_reads_the_state_after_the_doses_at_its_time():
+    """``ts_after``: a save time at a dose time reads the post-dose state (NONMEM: an
+    observation record after a dose record at the same time), the default the pre-dose
+    one; at t0, at a later bolus, with ``jumps=`` instead of ``doses=``, after an SS = 1
+    dose (its steady-state peak), after a reset (zero) and after a reset with a dose."""
+    k, a = 0.08, 400.0
+    ts = jnp.array([0.0, 0.0, 5.0, 12.0, 12.0, 20.0])
+    after = np.array([False, True, False, False, True, False])
+    tn = np.asarray(ts)
+
+    def bolus_sum(times, t, aft):
+        return sum(a * np.exp(-k * (t - td)) * ((t > td) | ((t == td) & aft)) for td in times)
+
+    expect = bolus_sum((0.0, 12.0), tn, after)
+    for ev in (dict(doses=[gs.Bolus(jnp.array([0.0, 12.0]), a)]),
+               dict(jumps=(jnp.array([0.0, 12.0]), jnp.full((2, 1), a)))):
+        ys = gs.solve(elimination, 0.0, 20.0, jnp.zeros(1), {"k": k}, ts=ts, ts_after=after,
+                      **ev, **TIGHT).ys[:, 0]
+        np.testing.assert_allclose(ys, expect, rtol=1e-9, atol=1e-9)
+    before = gs.solve(elimination, 0.0, 20.0, jnp.zeros(1), {"k": k}, ts=ts,
+                      doses=[gs.Bolus(jnp.array([0.0, 12.0]), a)], **TIGHT).ys[:, 0]
+    np.testing.assert_allclose(before, bolus_sum((0.0, 12.0), tn, np.zeros(6, bool)),
+                               rtol=1e-9, atol=1e-9)
+
+    ts3, a3 = jnp.array([5.0, 12.0, 12.0, 20.0]), np.array([False, False, True, False])
+    t3 = np.asarray(ts3)
+    first = a * np.exp(-k * t3)
+    peak = a / (1 - np.exp(-k * 12.0))  # the SS = 1 bolus's post-dose steady state
+    cases = [([gs.SteadyState(gs.Bolus(12.0, a), interval=12.0)],
+              [first[0], first[1], peak, peak * np.exp(-k * 8.0)]),
+             ([gs.Reset(12.0)], [first[0], first[1], 0.0, 0.0]),
+             ([gs.Reset(12.0), gs.Bolus(12.0, 100.0)],
+              [first[0], first[1], 100.0, 100.0 * np.exp(-k * 8.0)])]
+    for extra, want in cases:
+        ys = gs.solve(elimination, 0.0, 20.0, jnp.zeros(1), {"k": k}, ts=ts3, ts_after=a3,
+                      doses=[gs.Bolus(0.0, a)] + extra, **TIGHT).ys[:, 0]
+        np.testing.assert_allclose(ys, want, rtol=1e-9, atol=1e-9)
+
+
+def test_bad_ts_after():
+    y0, p = jnp.zeros(1), {"k": 0.3}
+    with pytest.raises(ValueError, match="`ts_after` needs `ts`"):
+        gs.solve(elimination, 0.0, 5.0, y0, p, ts_after=np.array([True]))
+    with pytest.raises(ValueError, match="`ts_after` must have the shape"):
+        gs.solve(elimination, 0.0, 5.0, y0, p, ts=jnp.array([1.0, 2.0]),
+                 ts_after=np.array([True]))
+    with pytest.raises(ValueError, match="booleans"):
+        gs.solve(elimination, 0.0, 5.0, y0, p, ts=jnp.array([1.0, 2.0]),
+                 ts_after=np.array([1, 0]))
+
+
+@pytest.mark.parametrize("record", ["ss_oral", "reset_dose"])
+def test_a_restart_before_t0_gives_the_right_values_to_t1(record):
+    """An SS = 1 oral dose (or an EVID 4 reset and dose) at TIME = -2, before t0 = 0:
+    every save time up to t1 (the last 2 h too, which once read the state at t1) against
+    the superposition sums; the gradient w.r.t. the dose time, ka and k against central
+    differences of them, under jit."""
+    ts = np.array([0.0, 1.0, 10.0, 30.0, 46.0, 47.0, 47.9])
+
+    def central(tau, ka, k):
+        dose = gs.Bolus(tau, 320.0, cmt=0)
+        rec = ([gs.SteadyState(dose, interval=12.0)] if record == "ss_oral"
+               else [gs.Reset(tau), dose])
+        return gs.solve(oral, 0.0, 47.9, jnp.zeros(2), {"ka": ka, "k": k}, ts=jnp.asarray(ts),
+                        doses=rec, **TIGHT).ys[:, 1]
+
+    def exact(tau, ka, k):
+        n = II_TERMS if record == "ss_oral" else 1
+        return sum(bateman(ts, ka, k, tau - j * 12.0, 320.0) for j in range(n))
+
+    args = [np.array(-2.0), np.array(1.5), np.array(0.08)]
+    np.testing.assert_allclose(jax.jit(central)(*map(jnp.asarray, args)), exact(*args),
+                               rtol=1e-8, atol=1e-8)
+    w = np.cos(np.arange(ts.size))
+    assert_grads(jax.jit(jax.grad(lambda *a: jnp.sum(central(*a) * w), argnums=(0, 1, 2)))(
+        *map(jnp.asarray, args)),
+        central_differences(lambda *a: float(np.sum(exact(*a) * w)), args))

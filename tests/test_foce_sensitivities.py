@@ -25,8 +25,9 @@ def two_dose_data(infusion: bool):
     obs = {1: [1.0, 4.0, 12.0, 14.0, 20.0], 2: [0.5, 3.0, 8.0, 13.0, 24.0],
            3: [2.0, 6.0, 12.5, 16.0, 22.0]}
     for i, times in obs.items():
+        # (the sample at 12 h is listed before the dose there: the pre-dose trough)
         for t, evid in sorted([(0.0, 1), (12.0, 1)] + [(t, 0) for t in times],
-                              key=lambda e: (e[0], -e[1])):
+                              key=lambda e: (e[0], e[1])):
             inf = infusion and evid and t == 12.0
             row = (i, t, "." if evid else 5.0, 4.0 if evid else ".", evid,
                    2 if inf or not evid else 1, 2.0 if inf else 0.0)

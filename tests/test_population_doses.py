@@ -124,10 +124,12 @@ def test_more_bad_records():
         models.PopulationDataset.from_table(table)
     table = {k: list(v) for k, v in TABLE.items()}
     table["EVID"][8] = 3    # subject 2's EVID 2 row at 0.5 a reset ...
-    table["TIME"][9] = 0.5  # ... and its observation at 1.0 moved to 0.5
-    with pytest.raises(ValueError, match="subject 2, row 10, column TIME: an observation at "
-                                         "a reset time"):
-        models.PopulationDataset.from_table(table)
+    table["TIME"][9] = 0.5  # ... and its observation at 1.0 moved to 0.5: read after it
+    s2 = models.PopulationDataset.from_table(table).subjects[1]
+    np.testing.assert_array_equal(s2.resets, [0.5])
+    np.testing.assert_array_equal(s2.ts, [0.5, 3.0, 7.0, 11.0])
+    np.testing.assert_array_equal(s2.obs_after, [True, False, False, False])
+    np.testing.assert_array_equal(s2.obs_rows, [10, 11, 12, 13])
     table = {k: list(v) for k, v in TABLE.items()}
     table["CMT"][4] = 2
     data = models.PopulationDataset.from_table(table)
@@ -145,8 +147,8 @@ def test_more_bad_records():
     table = {k: list(v) for k, v in TABLE.items()}
     table["CENS"] = ["."] * 13
     table["CENS"][9] = 2
-    with pytest.raises(ValueError, match=r"subject 2: CENS must be 0, 1 or -1 \(row 10, "
-                                         r"column CENS\)"):
+    with pytest.raises(ValueError, match=r"subject 2, row 10, column CENS: CENS must be 0, "
+                                         r"1 or -1, got 2"):
         models.PopulationDataset.from_table(table)
 
 
