@@ -370,7 +370,10 @@ class DoseSchedule(eqx.Module):
             parts = [dy[i] + z[d + where[i]] if i in where else dy[i] for i in range(d)]
             return jnp.concatenate([jnp.stack(parts), jnp.zeros_like(z[d:])])
 
-        g.__name__ = getattr(f, "__name__", "field") + "_dosed"
+        # named after f (what the kernel's messages show) and wrapping it (what tells
+        # one model's dosed field from another's: they share this function's code)
+        g.__name__ = g.__qualname__ = getattr(f, "__qualname__", "field") + "_dosed"
+        g.__wrapped__ = f
         _FIELDS[key] = g
         return g
 
@@ -383,7 +386,8 @@ class DoseSchedule(eqx.Module):
             def h(t, z, q):
                 return g(t + q[1], z, q[0])
 
-            h.__name__ = getattr(g, "__name__", "field") + "_restarted"
+            h.__name__ = h.__qualname__ = getattr(g, "__qualname__", "field") + "_restarted"
+            h.__wrapped__ = g
             _FIELDS[key] = h
         return _FIELDS[key]
 

@@ -6,10 +6,11 @@ dose (the interval's dose records, times relative to its start) and evolve for `
 Newton's method finds it, each trajectory its own root (``jax.vmap``, so the map's solves
 form one ensemble), with ``G``'s ``d x d`` Jacobian by forward-mode differentiation of the
 solve; for a linear model (most pharmacokinetic ones) ``G`` is affine and Newton lands in
-one step, the closed form of superposition. The gradient is the implicit function
-theorem's, ``dy*/dtheta = (I - dG/dy)^-1 dG/dtheta``, from one extra Newton step taken
-with gradients at the converged state: exact to the solve's own discrete adjoint and
-independent of the iterations before it.
+one step, the closed form of superposition. The derivative is the implicit function
+theorem's, ``dy*/dtheta = (I - dG/dy)^-1 dG/dtheta``, a JVP rule written in differentiable
+operations at the converged state: exact to the solve's own discrete adjoint, independent
+of the iterations, and itself differentiable, so Hessians and higher derivatives through a
+steady state are exact too.
 
 `SteadyState`, the dose record that starts a trajectory there, lives here beside it, so the
 dose records (`_doses`) need no solve: the layers run `_doses` -> `_solve` -> here.
@@ -30,11 +31,13 @@ __all__ = ["steady_state", "SteadyState"]
 
 
 def _solve_small(A, b):
-    """``A^-1 b`` for a small ``(d, d)`` system by Gaussian elimination with partial
-    pivoting, unrolled in ``d`` (plain arithmetic, no LAPACK call: it runs wherever the
-    solve it sits beside runs, inside loops the compiled kernel is traced into)."""
+    """``A^-1 b`` for a small ``(d, d)`` system and ``b`` ``(d,)`` or ``(d, m)``, by
+    Gaussian elimination with partial pivoting, unrolled in ``d`` (plain arithmetic, no
+    LAPACK call: it runs wherever the solve it sits beside runs, inside loops the compiled
+    kernel is traced into)."""
     d = A.shape[0]
-    M = jnp.concatenate([A, b[:, None]], axis=1)
+    vector = b.ndim == 1
+    M = jnp.concatenate([A, b[:, None] if vector else b], axis=1)
     for k in range(d):
         piv = k + jnp.argmax(jnp.abs(M[k:, k]))
         rows = jnp.arange(d)
@@ -43,7 +46,7 @@ def _solve_small(A, b):
         M = M.at[k].set(M[k] / M[k, k])
         factor = jnp.where(rows == k, 0.0, M[:, k])
         M = M - factor[:, None] * M[k][None, :]
-    return M[:, d]
+    return M[:, d] if vector else M[:, d:]
 
 
 def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1e-6,
@@ -112,28 +115,41 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
                         driver=driver, jumps=(tt, ss))
             return sol.y1[:d]
 
-        # Newton on y - G(y) = 0 at fixed (gradient-free) inputs ...
-        fixed = jax.lax.stop_gradient((p, times, sizes, jnp.asarray(interval, y_guess.dtype)))
         eye = jnp.eye(d, dtype=y_guess.dtype)
 
-        def newton(carry):
-            y, _, it = carry
-            J = jax.jacfwd(interval_map)(y, *fixed)
-            y_new = y - _solve_small(eye - J, y - interval_map(y, *fixed))
-            return y_new, jnp.max(jnp.abs(y_new - y) / (atol + rtol * jnp.abs(y_new))), it + 1
+        @eqx.filter_custom_jvp
+        def fixed_point(y_guess, inputs):
+            # Newton on y - G(y) = 0; no derivative is taken through its iterations
+            def newton(carry):
+                y, _, it = carry
+                J = jax.jacfwd(interval_map)(y, *inputs)
+                y_new = y - _solve_small(eye - J, y - interval_map(y, *inputs))
+                change = jnp.max(jnp.abs(y_new - y) / (atol + rtol * jnp.abs(y_new)))
+                return y_new, change, it + 1
 
-        def going(carry):
-            _, change, it = carry
-            return (change > 1.0) & (it < max_iterations)
+            def going(carry):
+                _, change, it = carry
+                return (change > 1.0) & (it < max_iterations)
 
-        y, change, _ = jax.lax.while_loop(going, newton, (y_guess, jnp.inf, 0))
-        y = jnp.where(change <= 1.0, y, jnp.nan)
-        # ... then one implicit-function step that carries the gradient:
-        # y* - (I - dG/dy)^-1 (y* - G(y*)) has y*'s value and the derivative
-        # (I - dG/dy)^-1 dG/dtheta w.r.t. every input of G.
-        J = jax.lax.stop_gradient(jax.jacfwd(interval_map)(y, *fixed))
-        residual = y - interval_map(y, p, times, sizes, jnp.asarray(interval, y.dtype))
-        return y - _solve_small(eye - J, residual)
+            y, change, _ = jax.lax.while_loop(going, newton, (y_guess, jnp.inf, 0))
+            return jnp.where(change <= 1.0, y, jnp.nan)
+
+        @fixed_point.def_jvp
+        def fixed_point_jvp(primals, tangents):
+            # The implicit function theorem, dy* = (I - dG/dy)^-1 dG/dtheta, written in
+            # differentiable operations at y*(theta): differentiating this rule again gives
+            # the exact higher derivatives (the terms in d(dG/dy)/dtheta included), which a
+            # Hessian through a steady state (FOCE-I, Laplace) needs.
+            y_guess, inputs = primals
+            _, d_inputs = tangents
+            y = fixed_point(y_guess, inputs)
+            J = jax.jacfwd(interval_map)(y, *inputs)
+            _, dG = eqx.filter_jvp(lambda i: interval_map(y, *i), (inputs,), (d_inputs,))
+            # (the inverse first, then a product: the tangent is linear in dG, as reverse
+            # mode's transpose needs)
+            return y, _solve_small(eye - J, eye) @ dG
+
+        return fixed_point(y_guess, (p, times, sizes, jnp.asarray(interval, y_guess.dtype)))
 
     out = jax.vmap(one)(Y, p_batched, T, S, interval)
     if is_concrete(out) and not bool(jnp.all(jnp.isfinite(out))):

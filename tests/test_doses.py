@@ -317,3 +317,25 @@ def test_steady_state_bad_input():
         gs.steady_state(elimination, 8.0, y0, p, doses=[gs.Infusion(7.0, 1.0, duration=2.0)])
     with pytest.raises(ValueError, match="no dose"):
         gs.steady_state(elimination, 8.0, y0, p, doses=[])
+
+
+def test_dosed_fields_of_different_models_are_named_and_counted_apart():
+    """A dosed field is named after the model's (what the kernel's messages show), and the
+    kernel's limit on variants of one vector field's code counts each model's dosed field
+    apart (they share the wrapper's code): the limit's warning never hits a new model."""
+    from gradsolve.drivers.kernel import driver as kd
+
+    models_ = []
+    for i in range(kd._MAX_VARIANTS + 2):
+        ns = {}
+        exec(f"def field{i}(t, y, p):\n    return -p * y * {i + 1.0}", {}, ns)
+        models_.append(ns[f"field{i}"])
+    dosed = [gs.DoseSchedule.field(f, 1, (0,)) for f in models_]
+    assert dosed[0].__qualname__ == "field0_dosed" and dosed[1] is not dosed[0]
+    key = ("solver", 1, "shapes")
+    assert not any(kd._too_many_variants(g, key, f"source {i}") for i, g in enumerate(dosed))
+    # one model's field with ever new closed-over values still meets the limit
+    g = dosed[0]
+    over = [kd._too_many_variants(g, key, f"other source {i}")
+            for i in range(kd._MAX_VARIANTS + 1)]
+    assert over[-1] and not over[0]

@@ -120,7 +120,13 @@ def _too_many_variants(f, variant_key, source: str) -> bool:
     code = getattr(f, "__code__", None)
     if code is None:
         return False
-    seen = _variants.setdefault((code, variant_key), set())
+    # a wrapper (a dosed field) shares its code with every other model's: the codes of
+    # what it wraps tell them apart
+    codes, inner = [code], getattr(f, "__wrapped__", None)
+    while inner is not None and len(codes) < 8:
+        codes.append(getattr(inner, "__code__", None))
+        inner = getattr(inner, "__wrapped__", None)
+    seen = _variants.setdefault((tuple(codes), variant_key), set())
     digest = hash(source)
     if digest in seen:
         return False
