@@ -92,6 +92,12 @@ def _column(table, name: str, argname: str, required: bool = True):
     except (KeyError, IndexError, TypeError):
         if required:
             cols = list(table)
+            if argname == "covariates":  # a list of columns, not one
+                raise ValueError(
+                    f"PopulationDataset.from_table: no column {name!r} (named in "
+                    f"`covariates`); the table has {cols}. Pass covariates=['<column>', ...] "
+                    "naming the table's covariate columns."
+                ) from None
             raise ValueError(
                 f"PopulationDataset.from_table: no column {name!r} (the `{argname}` "
                 f"column); the table has {cols}. Pass {argname}='<your column name>'."

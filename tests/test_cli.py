@@ -63,3 +63,39 @@ def test_build_cache_help():
     out = subprocess.run([sys.executable, "-m", "gradsolve_cli", "build-cache", "--help"],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     assert "MODULE:ATTR" in out and "--cache" in out and "--x64" in out
+
+
+def test_build_cache_of_a_missing_module_is_one_line_naming_it(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gradsolve_cli", "build-cache",
+                           "nope_module:kernels"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no module named 'nope_module'" in lines[0], proc.stderr
+
+
+def test_build_cache_reports_an_import_error_inside_the_module(tmp_path):
+    # the module exists but imports something missing: that is the module's error, shown
+    (tmp_path / "broken_kernels.py").write_text("import nope_dependency\n")
+    proc = subprocess.run([sys.executable, "-m", "gradsolve_cli", "build-cache",
+                           "broken_kernels:kernels"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0 and "nope_dependency" in proc.stderr
+
+
+def test_demo_names_the_lynx_hare_parameter_components():
+    """The demo's summary and trace plot label theta, z_init and sigma by name, not index."""
+    az = pytest.importorskip("arviz")
+    import numpy as np
+
+    import models
+
+    rng = np.random.default_rng(0)
+    idata = az.from_dict(posterior={"theta": rng.random((2, 5, 4)),
+                                    "z_init": rng.random((2, 5, 2)),
+                                    "sigma": rng.random((2, 5, 2))})
+    posterior = gradsolve_cli._named_components(idata.posterior, models.lynx_hare())
+    assert list(az.summary(posterior, kind="stats").index) == [
+        "theta[alpha]", "theta[beta]", "theta[gamma]", "theta[delta]",
+        "z_init[hare]", "z_init[lynx]", "sigma[hare]", "sigma[lynx]"]

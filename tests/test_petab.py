@@ -488,3 +488,28 @@ def test_an_estimated_switch_time_has_its_exact_gradient(tmp_path, per_condition
                    for e in np.eye(len(x0))])
     np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-6)
     assert all(abs(fd[ids.index(f"tau_{c}" if per_condition else "tau")]) > 1.0 for c in conds)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("measurements.tsv", "observableId\ttime\tmeasurement\nobs\t0.0\t1.0\n"),
+    ("notes.txt", "just some text\n"),
+    ("other.yaml", "format_version: 1\n"),
+])
+def test_a_file_that_is_not_a_petab_yaml_is_a_value_error_naming_path(tmp_path, name, text):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(ValueError, match=r"`path` must be a PEtab problem's YAML file"):
+        models.load_petab(f)
+
+
+def test_the_boehm_problem_ships_with_models():
+    """The copy of Boehm_JProteomeRes2014 under models/data (what tutorial 09 loads after a
+    pip install) is the tests' copy, file for file."""
+    import importlib.resources
+
+    shipped = importlib.resources.files("models") / "data" / "petab" / "Boehm_JProteomeRes2014"
+    names = sorted(e.name for e in shipped.iterdir())
+    assert "Boehm_JProteomeRes2014.yaml" in names
+    for name in names:
+        assert (shipped / name).read_bytes() == \
+            (DATA / "Boehm_JProteomeRes2014" / name).read_bytes(), name

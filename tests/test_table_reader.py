@@ -240,3 +240,11 @@ def _check_refused(data, n_states, *fragments):
 @pytest.mark.parametrize("value", [float("nan"), ".", float("inf"), "-inf"])
 def test_r10_time_must_be_finite(value):
     refused(table(dose(0.0, 4.0), obs(value, 2.0)), "subject 1, row 2, column TIME")
+
+
+def test_a_missing_covariate_column_says_covariates_is_a_list():
+    message = refused(table(dose(0.0, 4.0, WT=70.0), obs(1.0, 2.0, WT=70.0)), "no column 'AGE'",
+                      "covariates=['<column>', ...]", covariates=["WT", "AGE"])
+    assert "covariates='" not in message
+    refused(table(dose(0.0, 4.0), obs(1.0, 2.0)), "no column 'TAD' (the `time` column)",
+            "time='<your column name>'", time="TAD")

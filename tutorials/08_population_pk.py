@@ -28,6 +28,7 @@
 
 # %%
 import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,9 @@ import inference
 import models
 
 QUICK = os.environ.get("GRADSOLVE_TUTORIAL_QUICK") == "1"
+# Figures go to output/ beside this file (a notebook runs in its own folder); git ignores it.
+OUT = (Path(__file__).parent if "__file__" in globals() else Path.cwd()) / "output"
+OUT.mkdir(exist_ok=True)
 
 # %% [markdown]
 # ## 1. A long-format table
@@ -173,4 +177,4 @@ axes[0, 0].legend(fontsize=7)
 fig.supxlabel("time (h)")
 fig.supylabel("concentration (mg/L)")
 fig.tight_layout()
-fig.savefig("theophylline_predictive.png", dpi=80)
+fig.savefig(OUT / "08_theophylline_predictive.png", dpi=80)

@@ -26,14 +26,21 @@
 #    member of one ensemble) and look at the waterfall;
 # 3. plot the best fit against the data;
 # 4. sample the posterior briefly with `inference.sample` (NUTS).
+#
+# The problem's files ship with `models` (`models/data/petab/`), so this runs after a
+# `pip install` too. The figures are shown in a notebook and saved to `output/` next to
+# this tutorial.
 
 # %%
+import copy
+import importlib.resources
 import os
 from pathlib import Path
 
 import arviz as az
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 
 import gradsolve as gs
 
@@ -43,9 +50,11 @@ import inference
 import models
 
 QUICK = os.environ.get("GRADSOLVE_TUTORIAL_QUICK") == "1"
-# The problem ships with the repository's tests (a copy from the benchmark collection).
-BOEHM = Path(models.__file__).resolve().parents[1] / "tests" / "data" / "petab" / \
-    "Boehm_JProteomeRes2014"
+# The problem's folder, shipped with `models` (a copy from the benchmark collection).
+BOEHM = importlib.resources.files("models") / "data" / "petab" / "Boehm_JProteomeRes2014"
+# Figures go to output/ beside this file (a notebook runs in its own folder); git ignores it.
+OUT = (Path(__file__).parent if "__file__" in globals() else Path.cwd()) / "output"
+OUT.mkdir(exist_ok=True)
 
 # %% [markdown]
 # ## 1. Load
@@ -87,6 +96,7 @@ print(f"objective at nominal: {-llh_nominal:.4f}")
 ax = res.plot_waterfall()
 ax.axhline(-llh_nominal - res.loss + 1, color="k", ls=":", label="nominal")
 ax.legend(frameon=False)
+ax.figure.savefig(OUT / "09_waterfall.png", dpi=80)
 plt.show()
 
 # %% [markdown]
@@ -102,22 +112,33 @@ print(-float(problem.log_likelihood(res.params)), res.loss)
 # ## 3. The best fit against the data
 #
 # `problem.simulate(x)` returns PEtab's simulation table: the measurement table with the
-# observable's value (and the noise level) at each measurement.
+# observable's value (and the noise level) at each measurement. A problem simulates at its
+# measurement times only; to draw the fitted curve between them, build a copy of the
+# problem whose measurement table asks for every observable at 200 times (placeholder
+# measurements, which `simulate` does not use) on the same model, and simulate that.
 
 # %%
 sim = problem.simulate(res.params)
 data = problem.petab_problem.measurement_df
+t_dense = np.linspace(0.0, data["time"].max(), 200)
+first = data.groupby("observableId").head(1)     # each observable's ids and noise parameters
+dense_petab = copy.copy(problem.petab_problem)
+dense_petab.measurement_df = pd.DataFrame(
+    [dict(row, time=t, measurement=0.0) for _, row in first.iterrows() for t in t_dense])
+dense = models.PetabProblem(dense_petab, problem.odes, solver=problem.solver)
+curve = dense.simulate(res.params)
 fig, axes = plt.subplots(1, 3, figsize=(11, 3.2), sharex=True)
 for ax, (obs, rows) in zip(axes, data.groupby("observableId")):
-    s = sim.loc[rows.index].sort_values("time")
+    c = curve[curve["observableId"] == obs]
     ax.plot(rows["time"], rows["measurement"], "o", ms=4, label="data")
-    ax.plot(s["time"], s["simulation"], "-", label="best fit")
-    ax.fill_between(s["time"], s["simulation"] - s["sigma"], s["simulation"] + s["sigma"],
+    ax.plot(c["time"], c["simulation"], "-", label="best fit")
+    ax.fill_between(c["time"], c["simulation"] - c["sigma"], c["simulation"] + c["sigma"],
                     alpha=0.2, label="± sigma")
     ax.set_title(obs)
     ax.set_xlabel("time (min)")
 axes[0].legend(frameon=False)
 plt.tight_layout()
+fig.savefig(OUT / "09_best_fit.png", dpi=80)
 plt.show()
 
 # %% [markdown]
@@ -130,6 +151,7 @@ plt.show()
 # posterior has long flat directions and NUTS takes its longest trajectories: the tree
 # depth is capped here to keep the run short (each leapfrog step is one gradient of the
 # whole solve), and these few draws are a look at the posterior, not a converged sample.
+# The draws are of `x`, the parameters on their PEtab scale: log10 for all nine here.
 
 # %%
 idata = inference.sample(problem, num_warmup=10 if QUICK else 100,
@@ -138,5 +160,7 @@ idata = inference.sample(problem, num_warmup=10 if QUICK else 100,
 print(az.summary(idata, kind="stats"))
 print("divergences:", int(idata.sample_stats.diverging.sum()),
       " leapfrog steps per draw:", np.asarray(idata.sample_stats.n_steps).ravel())
-az.plot_forest(idata, combined=True, figsize=(6, 4))
+axes = az.plot_forest(idata, combined=True, figsize=(6, 4))
+axes[0].set_xlabel("log10 of the parameter value (the PEtab scale)")
+axes[0].figure.savefig(OUT / "09_forest.png", dpi=80, bbox_inches="tight")
 plt.show()

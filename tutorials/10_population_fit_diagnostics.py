@@ -27,11 +27,13 @@
 # 5. the posterior with `inference.sample`, its chains started at the FOCE-I estimate.
 #
 # The study is simulated from `models.theophylline()` at known values, so that every
-# estimate can be set against the truth.
+# estimate can be set against the truth. The files it writes (the study's table, figures,
+# the fitted table) go to `output/` next to this tutorial.
 
 # %%
 import csv
 import os
+from pathlib import Path
 
 import jax
 import matplotlib.pyplot as plt
@@ -45,6 +47,9 @@ import inference
 import models
 
 QUICK = os.environ.get("GRADSOLVE_TUTORIAL_QUICK") == "1"
+# Files go to output/ beside this file (a notebook runs in its own folder); git ignores it.
+OUT = (Path(__file__).parent if "__file__" in globals() else Path.cwd()) / "output"
+OUT.mkdir(exist_ok=True)
 
 # %% [markdown]
 # ## 1. The table
@@ -101,11 +106,12 @@ eta_true = rng.normal(size=(design.n_subjects, 2))
 simulated = model.simulate(jax.random.PRNGKey(1), dict(truth, eta=eta_true), design)
 dv = iter(np.concatenate([np.round(s.ys, 3) for s in simulated.subjects]))
 table["DV"] = [next(dv) if evid == 0 else "." for evid in table["EVID"]]
-with open("study.csv", "w", newline="") as f:
+study = OUT / "10_study.csv"
+with open(study, "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(header)
     w.writerows(zip(*(table[h] for h in header)))
-print(open("study.csv").read()[:600])
+print(study.read_text()[:600])
 
 # %% [markdown]
 # ## 2. Read it
@@ -115,7 +121,7 @@ print(open("study.csv").read()[:600])
 # covariates are named.
 
 # %%
-data = models.PopulationDataset.from_table("study.csv", covariates=["WT", "ARM"])
+data = models.PopulationDataset.from_table(study, covariates=["WT", "ARM"])
 arm = data.covariate("ARM")
 print(data, "infusions:", data.has_infusions)
 
@@ -129,20 +135,23 @@ print(data, "infusions:", data.has_infusions)
 # Laplace approximation at its conditional mode (FOCE-I, the first-order Hessian with the
 # interaction), all subjects' inner optimisations one ensemble. The priors of the
 # population sites only give starts and supports; they are not part of the objective.
+# `omega` and the random effects are vectors over the two effects, so the table below
+# names each component by the individual parameter it acts on.
 
 # %%
+EFFECTS = ("ka", "cl")          # omega[0], eta[:, 0] act on ka_i; omega[1], eta[:, 1] on cl_i
 fit = inference.fit_population(model, data)
 print(f"converged {fit.converged} in {fit.n_iterations} iterations, {fit.wall_time:.0f} s "
       f"({fit.message}; largest gradient component {fit.max_gradient:.1e})")
 print(f"OFV {fit.ofv:.2f} (NONMEM's, without N log 2 pi: {fit.ofv_nonmem:.2f}), "
       f"AIC {fit.aic:.2f}, BIC {fit.bic:.2f}")
-print(f"{'':8}{'estimate':>10}{'SE':>9}{'truth':>9}")
+print(f"{'':10}{'estimate':>10}{'SE':>9}{'truth':>9}")
 for k in ("lKa", "lCl", "lKe", "omega", "sigma"):
     for j, (e, s, t) in enumerate(zip(np.ravel(fit.params[k]), np.ravel(fit.se[k]),
                                       np.ravel(truth[k]))):
-        name = k if np.ndim(fit.params[k]) == 0 else f"{k}[{j}]"
-        print(f"{name:8}{e:10.3f}{s:9.3f}{t:9.3f}")
-print("eta shrinkage:", np.round(fit.shrinkage, 3))
+        name = k if np.ndim(fit.params[k]) == 0 else f"{k}[{EFFECTS[j]}]"
+        print(f"{name:10}{e:10.3f}{s:9.3f}{t:9.3f}")
+print("eta shrinkage:", {e: round(float(v), 3) for e, v in zip(EFFECTS, fit.shrinkage)})
 
 # %% [markdown]
 # `converged` says whether the largest gradient component fell below 1e-6. On this data
@@ -152,7 +161,7 @@ print("eta shrinkage:", np.round(fit.shrinkage, 3))
 # (measured when this tutorial was written; `fit.message` and `fit.max_gradient` print
 # both); the standard errors come from the objective's curvature there.
 #
-# The IV arm pins clearance and volume directly; the absorption effect `eta[:, 0]` is seen
+# The IV arm pins clearance and volume directly; the absorption effect (on `ka`) is seen
 # only in the oral arm, so half the subjects carry no information on it and its shrinkage
 # is large: with shrinkage above ~30 %, plots of the conditional modes (EBEs) say more
 # about the prior than about the subjects.
@@ -166,7 +175,7 @@ print("eta shrinkage:", np.round(fit.shrinkage, 3))
 
 # %%
 fig = inference.plot_dv_pred(fit, data)
-fig.savefig("dv_pred.png", dpi=80)
+fig.savefig(OUT / "10_dv_pred.png", dpi=80)
 
 # %% [markdown]
 # Conditional weighted residuals (Hooker et al. 2007) against time and PRED: without
@@ -174,7 +183,7 @@ fig.savefig("dv_pred.png", dpi=80)
 
 # %%
 fig = inference.plot_cwres(fit, data)
-fig.savefig("cwres.png", dpi=80)
+fig.savefig(OUT / "10_cwres.png", dpi=80)
 cw = fit.cwres[np.isfinite(fit.cwres)]
 print(f"CWRES mean {cw.mean():.3f}, sd {cw.std():.3f} (expected 0, 1)")
 
@@ -185,8 +194,31 @@ print(f"CWRES mean {cw.mean():.3f}, sd {cw.std():.3f} (expected 0, 1)")
 # against the 90 % interval of the same percentiles over the replicates (bands). The oral
 # arm's doses differ by weight, so its VPC is prediction-corrected (Bergstrand et al.
 # 2011). `inference.vpc` returns the numbers; `inference.plot_vpc` draws them.
+#
+# `plot_vpc` joins the bins' percentiles by lines. The IV arm is not sampled between 12 h
+# and the third infusion at 24 h, and two infusions start in that gap: a line across it
+# would draw a profile nobody observed and the model does not predict (the concentration
+# rises twice there). `broken_at` gives the drawing a bin of no values at each dose
+# between two bins (and at every bin without observations), where the lines and bands
+# stop.
 
 # %%
+def broken_at(v, times):
+    """`v` to draw with `inference.plot_vpc`, its lines and bands broken at those of
+    ``times`` that fall between two bins and at every empty bin: each becomes a bin of NaN
+    percentiles (an empty bin at its middle), which matplotlib leaves undrawn."""
+    bin_times = np.where(v.n_obs > 0, v.bin_times, (v.bin_edges[:-1] + v.bin_edges[1:]) / 2)
+    drawn = v.bin_times[v.n_obs > 0]
+    cuts = np.array([t for t in np.unique(times) if drawn.min() < t < drawn.max()])
+    order = np.argsort(np.concatenate([bin_times, cuts]), kind="stable")
+    blank = lambda a: np.full((cuts.size,) + a.shape[1:], np.nan)
+    return v._replace(
+        bin_times=np.concatenate([bin_times, cuts])[order],
+        n_obs=np.concatenate([v.n_obs, np.zeros(cuts.size, int)])[order],
+        observed=np.concatenate([v.observed, blank(v.observed)])[order],
+        simulated=np.concatenate([v.simulated, blank(v.simulated)])[order])
+
+
 n_rep = 200 if QUICK else 1000
 oral = models.PopulationDataset([s for s, a in zip(data.subjects, arm) if a == 0],
                                 data.covariate_names)
@@ -198,12 +230,14 @@ vpc_oral = inference.vpc(model, oral, fit, n_replicates=n_rep, bins=oral_bins,
                          pred_corrected=True)
 vpc_iv = inference.vpc(model, iv, fit, n_replicates=n_rep, bins=iv_bins)
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-inference.plot_vpc(vpc_oral, ax=axes[0], xlabel="time (h)")
-inference.plot_vpc(vpc_iv, ax=axes[1], xlabel="time (h)", ylabel="concentration (mg/L)")
+iv_doses = np.concatenate([s.dose_times for s in iv.subjects])     # 0, 12 and 24 h
+inference.plot_vpc(broken_at(vpc_oral, []), ax=axes[0], xlabel="time (h)")
+inference.plot_vpc(broken_at(vpc_iv, iv_doses), ax=axes[1], xlabel="time (h)",
+                   ylabel="concentration (mg/L)")
 axes[0].set_title("oral arm, prediction-corrected")
 axes[1].set_title("IV infusion arm")
 fig.tight_layout()
-fig.savefig("vpc.png", dpi=80)
+fig.savefig(OUT / "10_vpc.png", dpi=80)
 for name, v in (("oral", vpc_oral), ("IV", vpc_iv)):
     lo, hi = v.simulated[..., 0], v.simulated[..., 2]
     outside = int(np.sum((v.observed < lo) | (v.observed > hi)))
@@ -216,9 +250,9 @@ for name, v in (("oral", vpc_oral), ("IV", vpc_iv)):
 # standard-normal scale: NONMEM's ETA is `omega * ETA` here). The reader takes it back.
 
 # %%
-tab = inference.population_table(fit, data, "fit_table.csv")
-print(open("fit_table.csv").read()[:500])
-back = models.PopulationDataset.from_table("fit_table.csv", covariates=["WT", "ARM"])
+tab = inference.population_table(fit, data, OUT / "10_fit_table.csv")
+print((OUT / "10_fit_table.csv").read_text()[:500])
+back = models.PopulationDataset.from_table(OUT / "10_fit_table.csv", covariates=["WT", "ARM"])
 print("read back:", back)
 
 # %% [markdown]
@@ -238,6 +272,8 @@ idata = inference.sample(model, data, init=init, num_warmup=warm, num_samples=dr
 import arviz as az
 
 summary = az.summary(idata, var_names=["lKa", "lCl", "lKe", "omega", "sigma"])
+summary.index = [f"omega[{EFFECTS[int(i[6:-1])]}]" if i.startswith("omega[") else i
+                 for i in summary.index]                  # omega[0] -> omega[ka], as above
 print(summary[["mean", "sd", "hdi_3%", "hdi_97%", "ess_bulk", "r_hat"]])
 print("divergences:", int(idata.sample_stats["diverging"].sum()))
 post_mean = summary["mean"].values

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import petab.v1 as petab
+import yaml
 import sympy as sp
 from petab.v1.math import sympify_petab
 
@@ -934,6 +935,35 @@ def _check_tables(problem, path=None, files: dict[str, list[str]] | None = None)
         raise ValueError(("" if path is None else f"{path}: ") + "; ".join(bad))
 
 
+def _read_yaml(path: Path) -> dict:
+    """The problem's YAML as a dict; a ``ValueError`` naming ``path`` where the file is not
+    a PEtab problem's YAML (a table, a text file: petab would fail on it without saying
+    so)."""
+    if not path.exists():
+        raise FileNotFoundError(f"models.load_petab: `path` {path} does not exist")
+
+    def refuse(what: str):
+        hint = (" (a .tsv file is one of the problem's tables; pass the YAML file that names "
+                "them)" if path.suffix.lower() == ".tsv" else "")
+        return ValueError(f"models.load_petab: `path` must be a PEtab problem's YAML file "
+                          f"(or a folder holding one); {path} {what}{hint}")
+
+    try:
+        config = petab.yaml.load_yaml(str(path))
+    except UnicodeDecodeError:
+        raise refuse("is not a text file") from None
+    except yaml.YAMLError as e:
+        first = str(e).strip().splitlines()
+        raise refuse(f"is not YAML ({first[1] if len(first) > 1 else first[0]})") from None
+    if not isinstance(config, dict):
+        raise refuse(f"reads as a {type(config).__name__}, not a mapping of the problem's "
+                     "files")
+    if "problems" not in config:
+        raise refuse("has no `problems` entry (a PEtab YAML file has `format_version`, "
+                     "`parameter_file` and `problems`)")
+    return config
+
+
 def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     """Load a PEtab v1 problem.
 
@@ -975,7 +1005,7 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
             raise ValueError(f"{path}: expected one PEtab YAML file (or one named after the "
                              f"folder), found {[y.name for y in yamls]}")
         path = yamls[0]
-    config = petab.yaml.load_yaml(str(path))
+    config = _read_yaml(path)
     for sub in config.get("problems", []):
         vis = sub.get("visualization_files") or []
         missing = [v for v in vis if not (path.parent / v).exists()]
