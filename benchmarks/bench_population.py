@@ -53,7 +53,7 @@ from numpyro.infer import MCMC, NUTS  # noqa: E402
 
 import inference  # noqa: E402
 import models  # noqa: E402
-from inference._program import ProgramProblem  # noqa: E402
+from inference.problem._program import ProgramProblem  # noqa: E402
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 POP = ["lKa", "lCl", "lKe", "omega", "sigma"]

@@ -327,7 +327,7 @@ def gradient_probe(reps: int = 10) -> dict:
     import stan
 
     import models
-    from inference._program import problem_for
+    from inference.problem._program import problem_for
 
     m, data, sd = _data("study")
     _, truth = models.simulated_study(n_subjects=STUDY_SUBJECTS, seed=0)

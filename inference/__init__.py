@@ -24,47 +24,51 @@
   program's problems implement it, each with its own sampler defaults).
 - A `models.PetabProblem` carries its data, bounds and priors: ``fit(problem,
   n_starts=...)`` is a multistart fit (Latin hypercube starts, all starts one ensemble,
-  a batched bounded Levenberg–Marquardt in ``_lm.py``) and ``sample(problem)`` NumPyro
-  NUTS on its log-likelihood and priors (``_petab.py``).
+  a batched bounded Levenberg–Marquardt in ``petab/_lm.py``) and ``sample(problem)`` NumPyro
+  NUTS on its log-likelihood and priors (``petab/_petab.py``).
 
 Default ODE tolerances of every function here: ``rtol = 1e-6``, ``atol = 1e-8``
-(`TOLERANCES`; why these, in ``inference/_problem.py``).
+(`TOLERANCES`; why these, in ``inference/problem/_problem.py``).
 
-How a fit runs, file by file: `fit` (``_fit.py``) validates, flattens the parameters once
-(``_starts.py``), builds a `FitState` and advances it with `FitKernel.step`; each step
-evaluates `Problem.log_density` (``_problem.py``), which calls ``gs.replay`` on the
-recorded mesh; `MeshPolicy` (``_policy.py``) decides the re-records, which call
+How a fit runs, file by file: `fit` (``optimize/_fit.py``) validates, flattens the parameters once
+(``problem/_starts.py``), builds a `FitState` and advances it with `FitKernel.step`; each step
+evaluates `Problem.log_density` (``problem/_problem.py``), which calls ``gs.replay`` on the
+recorded mesh; `MeshPolicy` (``problem/_policy.py``) decides the re-records, which call
 ``gs.record`` through `Problem.record`. A NumPyro program with `ode` sites (or a population model, through
-`population_program`) runs the same way through `ProgramProblem` (``_program.py``): its
+`population_program`) runs the same way through `ProgramProblem` (``problem/_program.py``): its
 latent sites are the parameters, its ode sites' meshes are recorded and replayed by the
-handlers of ``_ode.py``, and one start or chain is a whole ensemble of subjects. Sampling
-has the same shape: ``_sample.py`` (the
-front and the sampling phase), ``_warmup.py`` (the named warmup phases, each advancing
-``(SampleState, SampleInfo)``), ``_chains.py`` (the NumPyro kernel, the `SampleState` its
-next step needs and the `SampleInfo` the run reports), ``_idata.py``.
+handlers of ``problem/_ode.py``, and one start or chain is a whole ensemble of subjects. Sampling
+has the same shape: ``sampling/_sample.py`` (the
+front and the sampling phase), ``sampling/_warmup.py`` (the named warmup phases, each advancing
+``(SampleState, SampleInfo)``), ``sampling/_chains.py`` (the NumPyro kernel, the `SampleState` its
+next step needs and the `SampleInfo` the run reports), ``sampling/_idata.py``.
+
+The folders are the roles, each using only those listed before it: the shared
+``_checkpoint``, ``_progress`` and ``_result``; ``problem/`` (the posterior, its space,
+meshes and `MeshPolicy`); ``petab/``; ``optimize/``; ``sampling/``; ``population/``.
 
 Importing this package changes no JAX configuration (use float64 for accuracy work:
 ``jax.config.update("jax_enable_x64", True)`` or ``gradsolve.enable_x64()``).
 """
 
-from ._baseline import diffrax_numpyro_model
-from ._chains import SampleInfo, SampleState
-from ._density import log_density, numpyro_model
-from ._diagnostics import VPC, plot_cwres, plot_dv_pred, plot_vpc, population_table, vpc
-from ._abstract import AbstractProblem
-from ._fit import FitState, fit
-from ._least_squares import fit_least_squares
-from ._ode import ode
-from ._policy import MeshPolicy
-from ._population_fit import PopulationFit, fit_population
-from ._population_profile import ProfileIntervals, profile_intervals
-from ._predictive import predictive
-from ._problem import TOLERANCES as _TOLERANCES
-from ._problem import InferenceModel
-from ._program import population_program
+from .problem._baseline import diffrax_numpyro_model
+from .sampling._chains import SampleInfo, SampleState
+from .problem._density import log_density, numpyro_model
+from .population._diagnostics import VPC, plot_cwres, plot_dv_pred, plot_vpc, population_table, vpc
+from .problem._abstract import AbstractProblem
+from .optimize._fit import FitState, fit
+from .optimize._least_squares import fit_least_squares
+from .problem._ode import ode
+from .problem._policy import MeshPolicy
+from .population._population_fit import PopulationFit, fit_population
+from .population._population_profile import ProfileIntervals, profile_intervals
+from .sampling._predictive import predictive
+from .problem._problem import TOLERANCES as _TOLERANCES
+from .problem._problem import InferenceModel
+from .problem._program import population_program
 from ._result import FitResult
-from ._sample import sample
-from ._space import ParamSpace
+from .sampling._sample import sample
+from .problem._space import ParamSpace
 
 TOLERANCES = _TOLERANCES
 """The default ODE tolerances of every function of `inference`: ``rtol = 1e-6``,

@@ -18,7 +18,8 @@ import pytest
 import inference
 import inference._checkpoint as ckpt
 import models
-from inference import _fit, _sample
+from inference.optimize import _fit
+from inference.sampling import _sample
 
 TS = np.linspace(0.25, 3.0, 8)
 

@@ -12,8 +12,8 @@ import scipy.optimize
 
 import inference
 import models
-from inference import _foce_sensitivity as fs
-from inference._population_fit import _effect_logprob
+from inference.population import _foce_sensitivity as fs
+from inference.population._sites import _effect_logprob
 from test_foce import ofv, subjects
 
 

@@ -208,7 +208,7 @@ def test_a_checkpoint_of_the_earlier_format_is_refused_naming_the_file(tmp_path,
     24-field state) is refused with an error naming the file and what to do."""
     from collections import namedtuple
 
-    import inference._chains as chains_module
+    import inference.sampling._chains as chains_module
     from inference._checkpoint import Checkpoint
 
     fields = ("chains mesh capacity solve_max_steps iteration window draws u0 init init_fit "
@@ -218,7 +218,7 @@ def test_a_checkpoint_of_the_earlier_format_is_refused_naming_the_file(tmp_path,
     Old = namedtuple("SampleState", fields)
     path = tmp_path / "old.pkl"
     with monkeypatch.context() as mp:  # pickled under the name the earlier class had
-        mp.setattr(Old, "__module__", "inference._chains")
+        mp.setattr(Old, "__module__", "inference.sampling._chains")
         mp.setattr(chains_module, "SampleState", Old)
         with open(path, "wb") as fh:
             pickle.dump(Checkpoint({"version": 3}, Old(*range(len(fields)))), fh)

@@ -13,7 +13,7 @@ from numpyro.infer.util import log_density as numpyro_log_density
 
 import gradsolve as gs
 import inference
-from inference._program import ProgramMesh, ProgramProblem
+from inference.problem._program import ProgramMesh, ProgramProblem
 
 TS = np.linspace(0.5, 6.0, 12)
 DOSE = np.array([4.0, 5.0, 3.5])

@@ -23,7 +23,7 @@ libsbml = pytest.importorskip("libsbml")
 import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
-from inference._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
+from inference.petab._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
 REFERENCE = json.loads((DATA / "amici_reference.json").read_text())["llh"]

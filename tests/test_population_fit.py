@@ -209,7 +209,7 @@ def test_mode_search_backtracks_where_newton_steps_diverge():
     """``l(x) = -sqrt(1 + x^2)`` (mode 0): Newton's step ``x -> -x^3`` diverges from
     ``|x| > 1``; the search's per-subject backtracking on ``l`` reaches the mode, and
     subjects that start inside converge as undamped Newton does."""
-    from inference._population_fit import _mode_search
+    from inference.population._population_fit import _mode_search
 
     def newton_step(u, eta):
         x = np.asarray(eta)
@@ -228,7 +228,7 @@ def test_newton_polish_reaches_the_gradient_tolerance_without_the_flat_direction
     """A quadratic ``u' A u / 2 - b' u`` with eigenvalues 1e3, 1 and 1e-14 (a variance at
     its bound): Newton steps on the gradient with the central-difference Hessian reach
     ``max |g| < 1e-6`` from ``1e-3`` and leave the flat direction alone."""
-    from inference._population_fit import _newton_polish, _objective_hessian
+    from inference.population._population_fit import _newton_polish, _objective_hessian
 
     rng = np.random.default_rng(0)
     V = np.linalg.qr(rng.normal(size=(3, 3)))[0]

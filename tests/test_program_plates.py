@@ -9,7 +9,7 @@ import pytest
 import gradsolve as gs
 import inference
 import models
-from inference._program import problem_for
+from inference.problem._program import problem_for
 
 
 def decay(t, y, p):
@@ -58,7 +58,7 @@ def test_sampler_defaults_follow_the_programs_structure():
     """A program with latent sites in a plate keeps the population defaults (re-record at
     every proposal, target 0.9, 0.97 with a dense metric); one whose parameters are shared by every trajectory
     (an ODE model written as a program, an ensemble of conditions) gets an ODE model's."""
-    from inference._problem import Problem
+    from inference.problem._problem import Problem
 
     ts = jnp.linspace(0.5, 4.0, 5)
     obs = jnp.exp(-jnp.outer(jnp.array([0.5, 0.8, 1.1]), ts))
@@ -97,7 +97,7 @@ def test_a_small_hierarchy_gets_a_dense_metric_at_a_higher_target():
     (diagonal, 0.9); a target or metric the user gives is kept."""
     import inspect
 
-    from inference._sample import _settled
+    from inference.sampling._sample import _settled
 
     base = {k: p.default for k, p in inspect.signature(inference.sample).parameters.items()
             if p.default is not inspect.Parameter.empty}

@@ -188,8 +188,8 @@ def test_meshes_have_room_to_grow_only_where_padding_is_free(lynx):
     warmup's, then fits the compiled loop); on the XLA drivers every slot is a step."""
     import gradsolve as gs
     from conftest import kernel_builds
-    from inference._chains import capacity
-    from inference._problem import Problem
+    from inference.sampling._chains import capacity
+    from inference.problem._problem import Problem
 
     m, data = lynx
     prob = Problem(m, data)

@@ -1,4 +1,4 @@
-"""The variational start of a random-effects hierarchy (`inference._advi.advi_start`):
+"""The variational start of a random-effects hierarchy (`inference.sampling._advi.advi_start`):
 mean-field ADVI against its closed form on Gaussian potentials, and the sampler's use of
 it (where its chains start, what it reports)."""
 
@@ -10,7 +10,7 @@ import numpyro.distributions as dist
 
 import gradsolve as gs
 import inference
-from inference._advi import advi_start
+from inference.sampling._advi import advi_start
 
 
 class _Gaussian:
@@ -94,9 +94,9 @@ def test_a_hierarchy_starts_among_its_draws_not_at_its_mode():
     random effects ``eta`` spread as their standard-normal prior (about 1) and ``tau`` near
     the spread of the units' log rates; the chains' ADVI starts must be there (the joint
     mode shrinks ``eta`` and inflates ``tau``)."""
-    from inference._policy import MeshPolicy
-    from inference._program import problem_for
-    from inference._warmup import start
+    from inference.problem._policy import MeshPolicy
+    from inference.problem._program import problem_for
+    from inference.sampling._warmup import start
 
     rng = np.random.default_rng(0)
     n, ts = 30, jnp.linspace(0.5, 4.0, 5)

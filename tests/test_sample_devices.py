@@ -18,7 +18,7 @@ import jax, numpy as np
 jax.config.update("jax_num_cpu_devices", 2)
 jax.config.update("jax_enable_x64", True)
 import inference, models
-from inference import _sample
+from inference.sampling import _sample
 assert len(jax.devices()) == 2
 # a whole run (lynx-hare: short trees, the chains stay within rounding of each other)
 kw = dict(num_warmup=150, num_samples=100, num_chains=2, seed=3, progress=False)

@@ -1,4 +1,4 @@
-"""The sampler's initial metric (`inference._metric.curvature_metric`): the inverse Hessian
+"""The sampler's initial metric (`inference.sampling._metric.curvature_metric`): the inverse Hessian
 of the potential at the start, against closed forms on a quadratic potential and against
 second differences of the log density's values on an ODE posterior."""
 
@@ -8,8 +8,8 @@ import pytest
 
 import inference
 import models
-from inference._metric import curvature_metric
-from inference._program import problem_for
+from inference.sampling._metric import curvature_metric
+from inference.problem._program import problem_for
 
 
 class _Ok:

@@ -15,8 +15,8 @@ import pytest
 
 import inference
 from conftest import killed_then_resumed
-from inference._chains import Draws
-from inference._warmup import REACH, counted_late, late_iterations, late_steps, tail_points
+from inference.sampling._chains import Draws
+from inference.sampling._warmup import REACH, counted_late, late_iterations, late_steps, tail_points
 
 Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
 SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
@@ -146,8 +146,8 @@ def test_the_sampling_mesh_reaches_as_far_as_the_draws_will():
 def test_progress_counts_each_draw_once_after_a_restart(monkeypatch):
     # the second sampling chunk leaves the mesh: both chunks' draws become warmup and the
     # sampling phase starts again, so the bar must end at num_warmup + num_samples
-    from inference import _sample, _warmup
-    from inference._chains import SampleInfo, SampleState
+    from inference.sampling import _sample, _warmup
+    from inference.sampling._chains import SampleInfo, SampleState
 
     C, n, D = 2, 10, 3
 

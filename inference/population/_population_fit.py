@@ -17,7 +17,7 @@ interaction); ``method="laplace"`` the exact Hessian. All subjects' conditional 
 found at once: one ensemble solve gives every subject's predictions, and ``q`` forward-mode
 directions give every subject's Jacobian (each subject's predictions depend on its own
 ``eta`` only). FOCE-I solves the forward sensitivity equations with the states instead,
-so that no derivative of a solve is of second order (`inference._foce_sensitivity`);
+so that no derivative of a solve is of second order (`inference.population._foce_sensitivity`);
 the Laplace method, and doses that the sensitivities cannot carry, differentiate the solve
 twice. The outer gradient is exact: the modes' dependence on ``phi`` enters
 through one Newton step taken with gradients at the mode (the implicit function theorem;
@@ -34,14 +34,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
-from numpyro import handlers
 from numpyro.distributions.transforms import biject_to
 
 import gradsolve as gs
 from models._population_model import m3_log_prob
 
 from ._foce_sensitivity import Context, sensitivity_functions, sensitivity_refusal
-from ._problem import TOLERANCES
+from ._sites import _effect_logprob, _effect_site, _sites
+from ..problem._problem import TOLERANCES
 
 __all__ = ["fit_population", "PopulationFit"]
 
@@ -119,46 +119,6 @@ class PopulationFit(NamedTuple):
         from ._diagnostics import population_table
 
         return population_table(self, data, path)
-
-
-class _Sites(NamedTuple):
-    population: dict      # name -> prior distribution (for its support and shape)
-    effects: str          # the random-effects site
-
-
-def _sites(model, data, key) -> tuple[_Sites, dict]:
-    """Which latent sites are population parameters and which is the random-effects site
-    (the one inside the subjects plate), and a draw of every site."""
-    tr = handlers.trace(handlers.seed(model.latent_fn, rng_seed=key)).get_trace(data)
-    pop, eff = {}, []
-    for name, s in tr.items():
-        if s["type"] != "sample" or s["is_observed"]:
-            continue
-        if s["cond_indep_stack"]:
-            eff.append(name)
-        else:
-            pop[name] = s["fn"]
-    if len(eff) != 1:
-        raise ValueError(f"inference.fit_population: the model's `latent` must sample one "
-                         f"random-effects site inside its subjects plate; found {eff}.")
-    draw = {k: s["value"] for k, s in tr.items() if s["type"] == "sample"}
-    return _Sites(pop, eff[0]), draw
-
-
-def _effect_site(model, data, theta, name):
-    """The random-effects site ``name`` of the model's latent program at the values of
-    ``theta``: its prior (``"fn"``) and value."""
-    tr = handlers.trace(handlers.substitute(handlers.seed(model.latent_fn, rng_seed=0),
-                                            data=theta)).get_trace(data)
-    return tr[name]
-
-
-def _effect_logprob(model, data, theta, name):
-    """``(S,)`` log density of the random effects ``theta[name]`` at the population values
-    of ``theta``."""
-    s = _effect_site(model, data, theta, name)
-    lp = s["fn"].log_prob(s["value"])
-    return lp if lp.ndim else jnp.broadcast_to(lp, (data.n_subjects,))
 
 
 def fit_population(

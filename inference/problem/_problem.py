@@ -34,7 +34,7 @@ import numpyro.distributions as dist
 import gradsolve as gs
 
 from ._abstract import AbstractProblem
-from ._checkpoint import digest
+from .._checkpoint import digest
 from ._space import ParamSpace
 
 __all__ = ["InferenceModel", "Problem", "Tolerances", "TOLERANCES"]

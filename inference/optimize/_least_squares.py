@@ -19,11 +19,11 @@ import numpy as np
 import numpyro.distributions as dist
 from jaxtyping import Array, Float
 
-from ._policy import MeshPolicy
-from ._problem import MAX_STEPS, TOLERANCES, Problem
-from ._result import FAILED, FitResult, best_index
-from ._space import checked_init
-from ._starts import prior_draws
+from ..problem._policy import MeshPolicy
+from ..problem._problem import MAX_STEPS, TOLERANCES, Problem
+from .._result import FAILED, FitResult, best_index
+from ..problem._space import checked_init
+from ..problem._starts import prior_draws
 
 __all__ = ["fit_least_squares", "LeastSquaresState", "LeastSquaresKernel"]
 

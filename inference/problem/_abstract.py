@@ -1,7 +1,7 @@
 """`AbstractProblem`: what fitters and samplers ask of a posterior, and nothing more.
 
-Two problems implement it: `inference._problem.Problem` (an `ODEModel` and its data: one
-ODE, one mesh) and `inference._program.ProgramProblem` (any NumPyro program with
+Two problems implement it: `inference.problem._problem.Problem` (an `ODEModel` and its data: one
+ODE, one mesh) and `inference.problem._program.ProgramProblem` (any NumPyro program with
 `inference.ode` sites: a mesh per site). The chains, the mesh policies, checkpoints and
 the MAP start talk to this interface only, and the sampler's defaults that depend on the
 kind of problem are its attributes (a class's, or an instance's where the problem's structure
@@ -20,7 +20,7 @@ class AbstractProblem(abc.ABC):
     """A posterior over flat unconstrained parameters ``u (D,)`` or ``(n, D)``.
 
     Attributes:
-        space: the `inference._space.ParamSpace` mapping ``u`` to the model's constrained
+        space: the `inference.problem._space.ParamSpace` mapping ``u`` to the model's constrained
             parameters (``space.dim == D``).
         source: what the user passed (a model or a program), which a MAP start fits.
         default_rerecord: the sampler's mesh policy when the user gives none: ``"warmup"``

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ._abstract import AbstractProblem
+from ..problem._abstract import AbstractProblem
 
 __all__ = ["advi_start", "ADVI_STEPS", "ADVI_DRAWS"]
 

@@ -95,7 +95,7 @@ def _assign(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
 
 def _simulate(model, data, params, n, seed, batch_size) -> np.ndarray:
     """``(n, S, K)`` replicates of the design's observations at the population values."""
-    from ._predictive import predictive
+    from ..sampling._predictive import predictive
 
     samples = {k: np.broadcast_to(v, (n,) + v.shape) for k, v in params.items()}
     return np.asarray(predictive(model, data, samples, seed=seed, return_sites=["obs"],
@@ -104,7 +104,7 @@ def _simulate(model, data, params, n, seed, batch_size) -> np.ndarray:
 
 def _pred(model, data, params) -> np.ndarray:
     """``(S, K)`` population predictions (random effects at zero)."""
-    from ._population_fit import _sites
+    from ._sites import _sites
 
     sites, draw = _sites(model, data, jax.random.PRNGKey(0))
     theta = dict(params, **{sites.effects: np.zeros(np.shape(draw[sites.effects]))})

@@ -32,7 +32,7 @@ from numpyro import handlers
 import gradsolve as gs
 
 from ._abstract import AbstractProblem
-from ._checkpoint import digest
+from .._checkpoint import digest
 from ._ode import SITE, RecordSites, ReplaySites, SolveSites
 from ._problem import Problem
 from ._space import ParamSpace
@@ -369,7 +369,7 @@ class ProgramProblem(AbstractProblem):
     # posterior (a frozen mesh would not hold), and the funnel-shaped hierarchy wants
     # smaller steps, smaller still with a dense metric, and its joint mode lies far from
     # its draws, so the chains start at draws of a variational fit (`sample`'s docstring
-    # and `inference._advi` have the measurements). A program with no latent site in a plate gets an ODE model's defaults
+    # and `inference.sampling._advi` have the measurements). A program with no latent site in a plate gets an ODE model's defaults
     # in `__init__` (see `hierarchical`).
     default_rerecord = "always"
     default_target_accept = 0.9

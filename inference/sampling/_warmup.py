@@ -44,12 +44,12 @@ import gradsolve as gs
 
 from ._chains import (CHUNK, ChainKernel, SampleInfo, SampleState, capacity, solve_capacity,
                       spaced)
-from ._fit import fit
+from ..optimize._fit import fit
 from ._metric import curvature_metric
-from ._abstract import AbstractProblem
+from ..problem._abstract import AbstractProblem
 from ._advi import advi_start
-from ._space import checked_init
-from ._starts import jittered, prior_draws
+from ..problem._space import checked_init
+from ..problem._starts import jittered, prior_draws
 
 __all__ = ["Run", "windows", "start", "warm_up", "warmup_window", "rerecord_chains",
            "freeze_mesh", "sampling_mesh", "tail_points", "late_iterations", "late_steps",

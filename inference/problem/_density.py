@@ -4,7 +4,7 @@ NumPyro program.
 Both solve with ``gs.solve`` (record + replay in one call): values and gradients are those
 of the adaptive solution, as Diffrax's default adjoint gives. Both are jittable and
 differentiable, and both evaluate the package's one log-posterior path
-(`inference._problem.Problem.log_posterior`; the NumPyro program observes the same
+(`inference.problem._problem.Problem.log_posterior`; the NumPyro program observes the same
 `Problem.predictions` through the model's noise distribution). A solver failure (max_steps
 reached, non-finite state, step underflow), a non-finite likelihood or a parameter outside
 its prior's support gives ``-inf`` with a zero (not NaN) gradient.

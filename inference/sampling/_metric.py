@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._abstract import AbstractProblem
+from ..problem._abstract import AbstractProblem
 
 __all__ = ["curvature_metric", "MAX_METRIC_DIM"]
 

@@ -23,8 +23,8 @@ from jaxtyping import Bool, Float, Int
 
 import gradsolve as gs
 
-from ._policy import MeshPolicy
-from ._abstract import AbstractProblem
+from ..problem._policy import MeshPolicy
+from ..problem._abstract import AbstractProblem
 
 __all__ = ["SampleState", "SampleInfo", "Draws", "ChainKernel", "CHUNK", "spaced",
            "chain_devices"]

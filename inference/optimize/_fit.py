@@ -47,15 +47,15 @@ from jaxtyping import Bool, Float, Int
 
 import gradsolve as gs
 
-from . import _checkpoint
-from ._policy import MeshPolicy
-from ._petab import fit_petab, is_petab
-from ._abstract import AbstractProblem
-from ._problem import TOLERANCES
-from ._program import problem_for
-from ._progress import progress_bar
-from ._result import FAILED, FitResult, best_index
-from ._starts import fit_starts, prior_draws
+from .. import _checkpoint
+from ..problem._policy import MeshPolicy
+from ..petab._petab import fit_petab, is_petab
+from ..problem._abstract import AbstractProblem
+from ..problem._problem import TOLERANCES
+from ..problem._program import problem_for
+from .._progress import progress_bar
+from .._result import FAILED, FitResult, best_index
+from ..problem._starts import fit_starts, prior_draws
 
 __all__ = ["fit", "FitState", "FitKernel"]
 

@@ -63,13 +63,13 @@ that point (or at a single given ``init`` point) instead of NumPyro's identity m
 no coordinate is jittered by more than its sd under it: before NumPyro's first metric
 update (100 iterations in) the identity metric forces the step size of the posterior's
 narrowest direction on all (theophylline: 32 of 45 s of warmup in trees of 100-300
-leapfrog steps; `inference._metric`). The InferenceData's attributes say so.
+leapfrog steps; `inference.sampling._metric`). The InferenceData's attributes say so.
 
 A random-effects hierarchy (a population model, a program with latent sites in a plate)
 starts elsewhere by default (``init="advi"``): its joint mode lies far from its draws (the
 prior on the random effects pulls them towards zero and their scales up), so after the MAP
 fit a mean-field ADVI fit from its best point moves into the typical set, and the chains
-start at independent draws from it, warmup at its variances (`inference._advi`). On the
+start at independent draws from it, warmup at its variances (`inference.sampling._advi`). On the
 simulated 200-subject study (610 parameters, 4 chains, 2 CPU devices) the first 30 warmup
 iterations took 311 s from the MAP point (trees of 350-720 leapfrog steps at step sizes
 0.009-0.07) and 24 s from the ADVI draws (26-30 steps at 0.14-0.18), the fit itself ~30 s.
@@ -131,14 +131,14 @@ import numpy as np
 
 import gradsolve as gs
 
-from . import _checkpoint
+from .. import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState, chain_devices
 from ._idata import inference_data
-from ._policy import MeshPolicy
-from ._petab import is_petab, sample_petab
-from ._problem import TOLERANCES, InferenceModel
-from ._program import problem_for
-from ._progress import progress_bar
+from ..problem._policy import MeshPolicy
+from ..petab._petab import is_petab, sample_petab
+from ..problem._problem import TOLERANCES, InferenceModel
+from ..problem._program import problem_for
+from .._progress import progress_bar
 from ._warmup import RETUNE_ITERATIONS, Run, respond_to_draws, start, warm_up
 
 __all__ = ["sample"]
@@ -338,7 +338,7 @@ def sample(
 
     A `models.PetabProblem` (``data=None``: it carries its data) is sampled by NumPyro NUTS
     on its log-likelihood and priors (uniform in the bounds where none is given;
-    ``inference._petab.sample_petab``) with only ``num_warmup``, ``num_samples``,
+    ``inference.petab._petab.sample_petab``) with only ``num_warmup``, ``num_samples``,
     ``num_chains``, ``seed``, ``init`` (``"map"``: a multistart fit's best), ``target_accept``,
     ``dense_mass``, ``max_tree_depth``, ``init_jitter``, ``fit_kwargs``, ``progress``.
 

@@ -19,9 +19,9 @@ import numpyro
 from numpyro.distributions.distribution import Unit
 from numpyro.primitives import Messenger
 
-from ._density import numpyro_model
-from ._problem import InferenceModel
-from ._program import PopulationInferenceModel, population_program
+from ..problem._density import numpyro_model
+from ..problem._problem import InferenceModel
+from ..problem._program import PopulationInferenceModel, population_program
 
 __all__ = ["predictive"]
 
