@@ -74,12 +74,13 @@ def exact_linear_ml(data):
     return res.x, 2 * res.fun
 
 
-@pytest.mark.parametrize("method", ["foce-i", "laplace"])
+@pytest.mark.parametrize("method", ["focei", "laplace"])   # "focei": nlmixr2's spelling
 def test_linear_random_effects_equal_the_exact_marginal_likelihood(method):
     data = linear_data(np.random.default_rng(0))
     x, ofv = exact_linear_ml(data)
     fit = inference.fit_population(linear_model(), data, method=method,
                                    init={"a": 1.0, "b": 0.5, "omega": 1.0, "sigma": 0.5})
+    assert fit.method == {"focei": "foce-i"}.get(method, method)
     assert fit.params["a"] == pytest.approx(x[0], abs=1e-4)
     assert fit.params["b"] == pytest.approx(x[1], abs=1e-4)
     assert fit.params["omega"] == pytest.approx(np.exp(x[2]), rel=1e-3)

@@ -46,6 +46,9 @@ from ..problem._problem import TOLERANCES
 __all__ = ["fit_population", "PopulationFit"]
 
 METHODS = ("foce-i", "laplace")
+# other spellings users bring: nlmixr2's "focei", NONMEM's "FOCE INTERACTION" and "LAPLACIAN"
+ALIASES = {"focei": "foce-i", "foce_i": "foce-i", "foce interaction": "foce-i",
+           "laplacian": "laplace"}
 GTOL = 1e-6  # the outer optimiser's tolerance on max |gradient| (unconstrained scale)
 L_NOISE = 1e-8  # relative falls of l_i the mode search takes for the solve's noise
 
@@ -144,7 +147,8 @@ def fit_population(
         data: its `models.PopulationDataset`.
         method: ``"foce-i"`` (first-order Hessian with interaction; the noise must be a
             ``numpyro`` ``Normal``) or ``"laplace"`` (the exact Hessian; needed where the
-            data have censored observations, fitted by Beal's M3 likelihood).
+            data have censored observations, fitted by Beal's M3 likelihood). Other tools'
+            spellings are taken too: ``"focei"`` (nlmixr2), ``"laplacian"`` (NONMEM).
         init: starting values of the population sites (default: their priors' medians,
             the population sites' priors serving only as starts and supports: they are not
             part of the likelihood).
@@ -165,6 +169,8 @@ def fit_population(
         ...                                models.load_dataset("theophylline"))
         >>> res.params["lKe"], res.se["lKe"], res.ofv
     """
+    if isinstance(method, str):
+        method = ALIASES.get(method.strip().lower(), method.strip().lower())
     kw = dict(method=method, init=init, rtol=rtol, atol=atol, solver=solver,
               max_iterations=max_iterations, inner_iterations=inner_iterations, seed=seed)
     t0 = time.perf_counter()
