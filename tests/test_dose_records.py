@@ -367,3 +367,21 @@ def test_hessian_through_a_steady_state_against_the_closed_form():
     np.testing.assert_allclose(jax.grad(central)(th), jax.grad(exact)(th), rtol=1e-9)
     np.testing.assert_allclose(jax.hessian(central)(th), jax.hessian(exact)(th), rtol=1e-8,
                                atol=1e-10)
+
+
+@pytest.mark.parametrize("driver", [gs.drivers.Kernel(), gs.drivers.Lanes(),
+                                    gs.drivers.Batched()], ids=["kernel", "lanes", "batched"])
+def test_shifted_origin_restart_before_t0_and_reads_at_t0_and_t1_on_every_driver(driver):
+    """A time origin t0 = -7, an SS = 1 oral dose 2 h before it, an IV dose into the
+    central compartment at t0 read after it (``ts_after``) and a save at t1: every value
+    against the superposition sums, on each driver."""
+    t0 = -7.0
+    ts = np.array([t0, t0 + 1.0, t0 + 10.0, t0 + 30.0, t0 + 47.9])
+    doses = [gs.SteadyState(gs.Bolus(t0 - 2.0, 320.0, cmt=0), interval=12.0),
+             gs.Bolus(t0, 50.0, cmt=1)]
+    ys = gs.solve(oral, t0, ts[-1], jnp.zeros(2), {"ka": 1.5, "k": 0.08}, ts=jnp.asarray(ts),
+                  doses=doses, ts_after=np.array([True, False, False, False, False]),
+                  driver=driver, **TIGHT).ys[:, 1]
+    exact = (sum(bateman(ts, 1.5, 0.08, t0 - 2.0 - 12.0 * j, 320.0) for j in range(II_TERMS))
+             + 50.0 * np.exp(-0.08 * (ts - t0)))
+    np.testing.assert_allclose(ys, exact, rtol=1e-8)
