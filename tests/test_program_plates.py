@@ -77,6 +77,18 @@ def test_sampler_defaults_follow_the_programs_structure():
 
     flat = problem_for(shared, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
     assert not flat.hierarchical
+
+    def expanded(data):   # the same random effects as NumPyro's docs write them: no plate
+        ts, obs = data
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        eta = numpyro.sample("eta", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+        sol = inference.ode("decay", decay, 0.0, 4.0, jnp.ones((3, 1)),
+                            {"k": jnp.exp(mu + 0.3 * eta)}, ts=ts, solver=gs.Tsit5())
+        numpyro.sample("obs", dist.Normal(sol.ys[..., 0], 0.05).to_event(2), obs=obs)
+
+    exp = problem_for(expanded, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
+    assert exp.hierarchical and exp.per_trajectory() == ["eta"]
+    assert (exp.default_rerecord, exp.default_init) == (hier.default_rerecord, "advi")
     assert (flat.default_rerecord, flat.default_target_accept, flat.dense_target_accept,
             flat.dense_mass_by_default, flat.default_init) == (
                 Problem.default_rerecord, Problem.default_target_accept,

@@ -405,8 +405,12 @@ class ProgramProblem(AbstractProblem):
                                     static_argnums=1)
         self._constrained = jax.jit(self.space.from_unconstrained)
         # latent sites in a plate: random effects (of an ode site's trajectories or not,
-        # e.g. eight schools' funnel)
-        self.hierarchical = any(self.plates.get(name) for name in self.space.names)
+        # e.g. eight schools' funnel); or, however the program writes them (a plate, or
+        # NumPyro's `.expand([S, q]).to_event(2)` without one), latent sites whose leading
+        # axis runs over an ode site's trajectories: one value per subject is a random
+        # effect, and its funnel wants the same defaults
+        self.hierarchical = (any(self.plates.get(name) for name in self.space.names)
+                             or bool(self.per_trajectory()))
         if not self.hierarchical:
             # one set of parameters for every trajectory (lynx-hare as a program, a PEtab
             # problem's conditions): the step counts move little across the posterior, so
@@ -418,6 +422,14 @@ class ProgramProblem(AbstractProblem):
             self.dense_target_accept = Problem.dense_target_accept
             self.dense_mass_by_default = Problem.dense_mass_by_default
             self.default_init = Problem.default_init
+
+    def per_trajectory(self) -> list[str]:
+        """The latent sites whose value's leading axis has the size of an ode site's
+        ensemble (two trajectories or more), in a plate or not: one value per trajectory,
+        e.g. a subject's random effects."""
+        sizes = {n for n in self.sizes.values() if n is not None and n > 1}
+        return [name for name, shape in self.space.shapes.items()
+                if shape and shape[0] in sizes]
 
     def members(self, site: str) -> dict[str, str]:
         """The latent sites that belong, element by element, to the trajectories of the ode
