@@ -287,6 +287,8 @@ def test_steady_state_of_a_repeated_infusion():
                  central_differences(lambda *a: float(exact(*a)), args))
 
 
+@pytest.mark.slow  # ~17 s of compiles; steady states and their implicit gradients against
+# closed forms: test_steady_state_of_repeated_oral_doses[kernel], ..._of_a_repeated_infusion
 def test_steady_state_of_a_nonlinear_model_is_a_fixed_point():
     """Michaelis–Menten elimination: no closed form; the state returns to itself after one
     dosed interval, and the implicit gradient equals central differences of the solve."""

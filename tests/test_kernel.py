@@ -77,9 +77,16 @@ def _loss(f, mesh, y0, p, ts):
     return jnp.sum(jnp.sin(sol.ys)) + jnp.sum(sol.y1 ** 2), sol
 
 
+# many_primitives (the largest field: the slowest kernel builds) with Tsit5 in the normal
+# suite, with Dopri5 and Vern7 in the slow tier; the other problems with every solver.
+KERNEL_VS_XLA = [pytest.param(problem, solver, id=f"{problem}-{type(solver).__name__}",
+                              marks=[pytest.mark.slow] if problem == "many_primitives"
+                              and not isinstance(solver, gs.Tsit5) else [])
+                 for solver in (gs.Tsit5(), gs.Dopri5(), gs.Vern7()) for problem in sorted(PROBLEMS)]
+
+
 @requires_compiler
-@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Dopri5(), gs.Vern7()], ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("problem", sorted(PROBLEMS))
+@pytest.mark.parametrize("problem, solver", KERNEL_VS_XLA)
 def test_kernel_matches_xla_replay(problem, solver):
     f, t1, make_y0, make_p = PROBLEMS[problem]
     n = 11  # not a multiple of the lane count: idle lanes are exercised
@@ -305,8 +312,16 @@ def test_moved_save_times_not_differentiated_keep_their_nodes_in_the_adjoint():
                                rtol=1e-10)
 
 
+# The transforms of test_states_packed_by_step_count: ``jit`` in the normal suite (the
+# packing itself); ``vmap`` and second order, one compile each per driver, in the slow tier
+# (the kernel under ``vmap`` and second order: test_forward_mode_second_order_and_vmap).
+PACKED_TRANSFORMS = ["jit", pytest.param("vmap", marks=pytest.mark.slow),
+                     pytest.param("second_order", marks=pytest.mark.slow)]
+
+
 @requires_compiler
-def test_states_packed_by_step_count_under_jit_vmap_and_second_order():
+@pytest.mark.parametrize("transform", PACKED_TRANSFORMS)
+def test_states_packed_by_step_count_under_jit_vmap_and_second_order(transform):
     """The kernel's forward stores each trajectory's states packed by its step count (not at
     the mesh capacity's stride) and tells the adjoint where they are. A ragged ensemble
     (step counts ~10x apart) solved at a capacity far above them: gradients under ``jit``,
@@ -325,21 +340,28 @@ def test_states_packed_by_step_count_under_jit_vmap_and_second_order():
     mesh = gs.record(lotka_volterra, 0.0, 6.0, y0, p, ts=ts)
     assert np.ptp(np.asarray(mesh.n_steps)) > 20
     kernel, xla = gs.drivers.Kernel(), gs.drivers.Batched()
-    g = jax.jit(jax.grad(lambda q: loss(q, kernel)))(p)
-    gx = jax.jit(jax.grad(lambda q: loss(q, xla)))(p)
-    np.testing.assert_allclose(g, gx, rtol=1e-10)
-    batch = jnp.stack([p, 1.1 * p, 0.9 * p])
-    vg = jax.jit(jax.vmap(jax.grad(lambda q: loss(q, kernel))))(batch)
-    vgx = jax.jit(jax.vmap(jax.grad(lambda q: loss(q, xla))))(batch)
-    np.testing.assert_allclose(vg, vgx, rtol=1e-10)
-    rep = lambda q, drv: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, driver=drv).ys ** 2)
-    h = jax.jacrev(jax.jacrev(lambda q: rep(q, kernel)))(p)
-    hx = jax.jacrev(jax.jacrev(lambda q: rep(q, xla)))(p)
-    np.testing.assert_allclose(h, hx, rtol=1e-9, atol=1e-9 * np.abs(hx).max())
+    if transform == "jit":
+        g = jax.jit(jax.grad(lambda q: loss(q, kernel)))(p)
+        gx = jax.jit(jax.grad(lambda q: loss(q, xla)))(p)
+        np.testing.assert_allclose(g, gx, rtol=1e-10)
+    if transform == "vmap":
+        batch = jnp.stack([p, 1.1 * p, 0.9 * p])
+        vg = jax.jit(jax.vmap(jax.grad(lambda q: loss(q, kernel))))(batch)
+        vgx = jax.jit(jax.vmap(jax.grad(lambda q: loss(q, xla))))(batch)
+        np.testing.assert_allclose(vg, vgx, rtol=1e-10)
+    if transform == "second_order":
+        rep = lambda q, drv: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, driver=drv).ys ** 2)
+        h = jax.jacrev(jax.jacrev(lambda q: rep(q, kernel)))(p)
+        hx = jax.jacrev(jax.jacrev(lambda q: rep(q, xla)))(p)
+        np.testing.assert_allclose(h, hx, rtol=1e-9, atol=1e-9 * np.abs(hx).max())
 
 
 @requires_compiler
-def test_stored_rows_without_node_times_past_the_size_limit(monkeypatch):
+# one compile per case and driver: the traced save times (and the size limit) in the
+# normal suite, the recorded nodes and the jumps in the slow tier
+@pytest.mark.parametrize("case", [pytest.param("recorded", marks=pytest.mark.slow), "moved",
+                                  pytest.param("jumps", marks=pytest.mark.slow)])
+def test_stored_rows_without_node_times_past_the_size_limit(monkeypatch, case):
     """Past `_WIDE_ROWS_MAX_BYTES` the forward stores states alone (no node time beside
     them) and the reverse sweep finds the node times again: recorded, moved by traced save
     times, or moved by jumps. Gradients equal the XLA driver's either way."""
@@ -351,7 +373,7 @@ def test_stored_rows_without_node_times_past_the_size_limit(monkeypatch):
     ts0 = jnp.linspace(0.5, 5.5, 5)
     jumps = (jnp.full((n, 1), 2.25), jnp.tile(jnp.array([[[0.3, 0.0]]]), (n, 1, 1)))
     cases = {"recorded": (None, None), "moved": (ts0 + 1e-3, None), "jumps": (None, jumps)}
-    for name, (ts, jmp) in cases.items():
+    for name, (ts, jmp) in [(case, cases[case])]:
         mesh = gs.record(lotka_volterra, 0.0, 6.0, y0, p, ts=ts0, jumps=jumps if jmp else None)
         s1 = mesh.times.shape[1]
 

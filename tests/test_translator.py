@@ -145,8 +145,16 @@ def _close(got, ref):
         np.testing.assert_allclose(a, b, rtol=RTOL, atol=RTOL * float(np.max(np.abs(b))))
 
 
+# One kernel build (a C++ compile) per idiom is the slow part: in the normal suite every
+# idiom runs on the kernel in one of three stacked fields (test_all_idioms_in_one_field_
+# run_on_the_kernel, three builds) and alone for `at_set`; each idiom alone on the kernel in
+# the slow tier.
+KERNEL_ALONE = [pytest.param(name, marks=[] if name == "at_set" else [pytest.mark.slow])
+                for name in FIELDS]
+
+
 @requires_compiler
-@pytest.mark.parametrize("name", FIELDS)
+@pytest.mark.parametrize("name", KERNEL_ALONE)
 def test_idiom_runs_on_the_kernel_and_matches_batched(name):
     f, mesh, y0, p, ts = _problem(name)
     _, ys_ref, g_ref = _run(f, mesh, y0, p, ts, gs.drivers.Batched())
@@ -156,6 +164,57 @@ def test_idiom_runs_on_the_kernel_and_matches_batched(name):
     assert route == "gradsolve-kernel"
     _close(ys, ys_ref)
     _close(g, g_ref)
+
+
+# three groups: one field of all 13 idioms is 1.6 MB of C++ (a slower build than three)
+GROUPS = {"a": list(FIELDS)[:4], "b": list(FIELDS)[4:8], "c": list(FIELDS)[8:]}
+
+
+def _blocks(group):
+    """``(name, state slice, parameter slice)`` of each idiom of ``group`` in its field."""
+    out, i, j = [], 0, 0
+    for name in GROUPS[group]:
+        _, y0, p, _ = FIELDS[name]
+        out.append((name, slice(i, i + len(y0)), slice(j, j + len(p))))
+        i, j = i + len(y0), j + len(p)
+    return out
+
+
+def _stacked(group):
+    """The idioms of ``group`` side by side: uncoupled blocks of the state, each driven by
+    its own field on its own parameters."""
+    def idioms(t, y, p):
+        return jnp.concatenate([FIELDS[name][0](t, y[ys], p[ps])
+                                for name, ys, ps in _blocks(group)])
+    idioms.__name__ = idioms.__qualname__ = f"idioms_{group}"
+    return idioms
+
+
+@requires_compiler
+@pytest.mark.parametrize("group", GROUPS)
+def test_all_idioms_in_one_field_run_on_the_kernel(group):
+    """What test_idiom_runs_on_the_kernel_and_matches_batched checks for each idiom, for all
+    of a group of them in one field (one kernel build): the kernel translates it without a warning,
+    and each idiom's block of the values and of the gradients equals the batched replay's."""
+    spread = (1 + 0.15 * jnp.linspace(-1, 1, N))[:, None]
+    every_idiom = _stacked(group)
+    y0 = jnp.concatenate([jnp.asarray(FIELDS[n][1]) for n in GROUPS[group]]) * spread
+    p = jnp.concatenate([jnp.asarray(FIELDS[n][2]) for n in GROUPS[group]]) * spread[::-1]
+    t1 = 3.0
+    ts = jnp.linspace(0.0, t1, 7)
+    mesh = gs.record(every_idiom, 0.0, t1, y0, p, ts=ts, rtol=1e-8, atol=1e-10,
+                     driver=gs.drivers.Batched())
+    _, ys_ref, (gy_ref, gp_ref) = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Batched())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fallback warning either
+        # the kernel translates the field (what makes ``Auto`` take it; a field this size
+        # it builds in the background, so the explicit driver waits for the build)
+        assert gs.drivers.Kernel().replay_reason(every_idiom, gs.Tsit5(), y0, p) is None
+        route, ys, (gy, gp) = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Kernel())
+    assert route == "gradsolve-kernel"
+    for name, ys_, ps_ in _blocks(group):
+        _close(ys[..., ys_], ys_ref[..., ys_])
+        _close((gy[:, ys_], gp[:, ps_]), (gy_ref[:, ys_], gp_ref[:, ps_]))
 
 
 @pytest.mark.parametrize("name", FIELDS)

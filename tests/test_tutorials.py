@@ -15,7 +15,10 @@ SCRIPTS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
 # Tutorials too slow for the default suite even in quick mode (run with `make test-all`).
 # 08: NUTS on a 12-subject population, ~1 min quick; 10: a 24-subject FOCE-I fit with
 # infusions, VPCs and NUTS, ~5 min quick on a loaded 2-core machine.
-SLOW: set[str] = {"08_population_pk", "09_petab_boehm", "10_population_fit_diagnostics"}
+# 04 (Rosenbrock solves of Robertson, ~13 s) and 07 (Diffrax side by side, ~30 s): what they
+# show is tested in the normal suite (test_stiff.py, test_drivers.py's Diffrax driver).
+SLOW: set[str] = {"04_stiff_robertson", "07_next_to_diffrax", "08_population_pk", "09_petab_boehm",
+                  "10_population_fit_diagnostics"}
 
 
 def test_tutorials_exist():
