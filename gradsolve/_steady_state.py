@@ -115,11 +115,13 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
                         driver=driver, jumps=(tt, ss))
             return sol.y1[:d]
 
-        eye = jnp.eye(d, dtype=y_guess.dtype)
-
+        # (nothing traced is closed over by the custom rule: `eye` is built inside each
+        # function, not once here, where under jit it would be a tracer)
         @eqx.filter_custom_jvp
         def fixed_point(y_guess, inputs):
             # Newton on y - G(y) = 0; no derivative is taken through its iterations
+            eye = jnp.eye(d, dtype=y_guess.dtype)
+
             def newton(carry):
                 y, _, it = carry
                 J = jax.jacfwd(interval_map)(y, *inputs)
@@ -142,6 +144,7 @@ def steady_state(f, interval, y0, params, *, doses, solver=None, rtol: float = 1
             # Hessian through a steady state (FOCE-I, Laplace) needs.
             y_guess, inputs = primals
             _, d_inputs = tangents
+            eye = jnp.eye(d, dtype=y_guess.dtype)
             y = fixed_point(y_guess, inputs)
             J = jax.jacfwd(interval_map)(y, *inputs)
             _, dG = eqx.filter_jvp(lambda i: interval_map(y, *i), (inputs,), (d_inputs,))
