@@ -106,9 +106,7 @@ def main():
         progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), data, extra_fields=("diverging", "num_steps"))
     wall = time.perf_counter() - t
-    plain = az.from_numpyro(mcmc)
-    plain.sample_stats["n_steps"] = plain.sample_stats["num_steps"] if "num_steps" in \
-        plain.sample_stats else plain.sample_stats.get("tree_depth", 0)
+    plain = az.from_numpyro(mcmc)   # (ArviZ names NumPyro's num_steps n_steps)
     out["numpyro"] = summary("numpyro", plain, wall)
     p, z, n = out["program"], out["zoo"], out["numpyro"]
     print(f"program / zoo: time {p['wall'] / z['wall']:.2f}x, min ESS {p['ess'] / z['ess']:.2f}x; "
