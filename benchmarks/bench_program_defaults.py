@@ -105,6 +105,9 @@ def main():
         num_warmup=nw, num_samples=ns, num_chains=4, chain_method="vectorized",
         progress_bar=False)
     mcmc.run(jax.random.PRNGKey(0), data, extra_fields=("diverging", "num_steps"))
+    # MCMC.run returns before vectorised chains finish (JAX dispatches asynchronously): the
+    # clock stops when the draws exist
+    jax.block_until_ready((mcmc.get_samples(), mcmc.get_extra_fields()))
     wall = time.perf_counter() - t
     plain = az.from_numpyro(mcmc)   # (ArviZ names NumPyro's num_steps n_steps)
     out["numpyro"] = summary("numpyro", plain, wall)
