@@ -8,6 +8,8 @@ for many subjects with doses, `PopulationDataset` and `PopulationModel` (``theop
 ``gradsolve`` never imports ``models``. Importing this package changes no JAX config.
 """
 
+from typing import TYPE_CHECKING
+
 from . import _pk_population, _zoo
 from ._data import list_datasets, load_dataset
 from ._dataset import Dataset
@@ -21,6 +23,9 @@ from ._pk_population import (
 )
 from ._population import PopulationDataset, Subject
 from ._population_model import PopulationModel
+
+if TYPE_CHECKING:  # imported on first use (below); named here for readers and API docs
+    from ._petab import PetabProblem, load_petab
 from ._zoo import (
     brusselator,
     fitzhugh_nagumo,
