@@ -96,10 +96,15 @@ class CensoredObservations(dist.Distribution):
         return self.noise.sample(key, sample_shape)
 
     def log_prob(self, value):
+        return jnp.sum(self.entry_log_prob(value), axis=(-2, -1))
+
+    def entry_log_prob(self, value):
+        """``(S, K)``: each entry's term of `log_prob` (zero at missing entries), e.g. a
+        subject's sum for a population fit."""
         miss = jnp.isnan(value)
         filled = jnp.where(miss, jnp.broadcast_to(self.fill, jnp.shape(value)), value)
         lp = m3_log_prob(self.noise, filled, self.censored)
-        return jnp.sum(jnp.where(miss, 0.0, lp), axis=(-2, -1))
+        return jnp.where(miss, 0.0, lp)
 
 
 def m3_log_prob(noise: dist.Distribution, values, censored):

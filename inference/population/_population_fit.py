@@ -37,7 +37,6 @@ import numpyro.distributions as dist
 from numpyro.distributions.transforms import biject_to
 
 import gradsolve as gs
-from models._population_model import m3_log_prob
 
 from ._foce_sensitivity import Context, sensitivity_functions, sensitivity_refusal
 from ._sites import _effect_logprob, _effect_site, _sites
@@ -286,9 +285,11 @@ def _second_order_functions(pb: _Problem, solve_kw: dict):
     def joint(phi, eta):
         """``(S,)`` per-subject ``l_i``, the predictions and the residual variances."""
         pred, theta = predictions(phi, eta)
-        noise = model.noise(theta, jnp.where(seen, pred, 1.0))
-        lp = jnp.where(seen, m3_log_prob(noise, ys0, pb.cens) if pb.censored
-                       else noise.log_prob(ys0), 0.0)
+        fill = jnp.where(seen, pred, 1.0)
+        noise = model.noise(theta, fill)
+        # censored entries: the model's own M3 likelihood (`observations`), entry by entry
+        lp = jnp.where(seen, model.observations(theta, fill, pb.cens).entry_log_prob(ys0)
+                       if pb.censored else noise.log_prob(ys0), 0.0)
         var = jnp.broadcast_to(noise.variance, pred.shape) if pb.method == "foce-i" else None
         return jnp.sum(lp, axis=1) + _effect_logprob(model, data, theta, eff), pred, var
 
