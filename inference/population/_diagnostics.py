@@ -380,7 +380,8 @@ def population_table(fit, data, path: str | Path | None = None) -> dict[str, np.
 
     Example:
         >>> tab = inference.population_table(fit, data, "fit_table.csv")
-        >>> tab["CWRES"][tab["EVID"] == 0]
+        >>> cwres, observed = tab["CWRES"], tab["EVID"] == 0
+        >>> cwres[observed]
     """
     where = "inference.population_table"
     _observed_table(fit, data, where)
