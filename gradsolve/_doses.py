@@ -292,7 +292,8 @@ class DosedSolve(NamedTuple):
             ``t0`` runs its stretch on a local time that starts at ``t0`` (so it needs
             ``t0 - tau`` more to reach the given ``t1``).
         after: ``(n, k)`` which save times read the state just after the changes at
-            their time (`plan`'s ``ts_after``), or ``None``: none.
+            their time (`plan`'s ``ts_after``; with restarts ``(n, k + 1)``, as ``seg``),
+            or ``None``: none.
 
     Example:
         >>> plan = gs.DoseSchedule([gs.Bolus(0.0, 100.0), gs.Reset(12.0)]).plan(
@@ -586,9 +587,9 @@ class DoseSchedule(eqx.Module):
         # Each save time reads the stretch it lies in; one at a restart's time reads the
         # stretch before it, or (read after) the one the restart starts.
         past = taus[:, None, :] < text[:, :, None]
-        if after is not None:
-            ext = jnp.concatenate([after, jnp.zeros((n, 1), bool)], axis=1)
-            past = past | (ext[:, :, None] & (taus[:, None, :] == text[:, :, None]))
+        if after is not None:  # as text: the save times, then t1 (read before)
+            after = jnp.concatenate([after, jnp.zeros((n, 1), bool)], axis=1)
+            past = past | (after[:, :, None] & (taus[:, None, :] == text[:, :, None]))
         seg = jax.lax.stop_gradient(jnp.sum(past, axis=-1))
         # (clamped by `where`, not `clip`: a save time at an end keeps its whole derivative,
         # where clip's tie would halve it)
@@ -623,8 +624,7 @@ class DoseSchedule(eqx.Module):
             right = sol.ys + _right_limits(plan.ts, plan.jumps, sol.ys)
             right = right.reshape((n, S) + sol.ys.shape[1:])
             right = jnp.take_along_axis(right, plan.seg[:, None, :, None], axis=1)[:, 0, :, :d]
-            ext = jnp.concatenate([plan.after, jnp.zeros((n, 1), bool)], axis=1)
-            picked = jnp.where(ext[..., None], right, picked)
+            picked = jnp.where(plan.after[..., None], right, picked)
         y1 = picked[:, -1]
         ts_out = plan.ts_out
         ys_out = picked[:, :-1] if ts_out is not None else y1[:, None]
