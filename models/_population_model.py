@@ -341,11 +341,6 @@ class PopulationModel(eqx.Module):
             return jnp.zeros((data.n_subjects, d)), data.doses(d, scale=self.dose_scale,
                                                                parameters=params)
         times, sizes = data.jumps(d, scale=self.dose_scale)   # (S, J), (S, J, d) numpy
-        early = np.isfinite(times) & (times < self.t0)
-        if early.any():
-            i = int(np.flatnonzero(early.any(axis=1))[0])
-            raise ValueError(f"{self.name}: subject {data.ids[i]!r} has a dose at TIME "
-                             f"{times[i][early[i]][0]:g}, before the model's t0 = {self.t0}")
         sizes = jnp.asarray(self.dose_sizes_fn(theta, p, jnp.asarray(sizes)))
         if sizes.shape != times.shape + (d,):
             raise ValueError(f"{self.name}: `dose_sizes` must return shape "
