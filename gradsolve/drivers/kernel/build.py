@@ -123,7 +123,7 @@ def _groups(parts: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 _FLAGS = ["-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
           "-fopenmp-simd", "-w", "-pthread"]
-# First choice: SIMD libm from glibc's libmvec (see source.py), compiler flags before the
+# First choice: SIMD libm from glibc's libmvec (see cc/kernel.cc), compiler flags before the
 # source and linker flags after it. Every symbol must resolve at link time, else the build
 # is retried with scalar libm. Without -fno-builtin-sin/cos, sin and cos of one argument (a
 # reverse sweep recomputes sin(x) and differentiates it) are merged into a scalar sincos.
