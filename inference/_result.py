@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 
 __all__ = ["FitResult", "FAILED", "best_index"]
 
 FAILED = 1  # FitResult.status of a start whose solve failed
+
+_PER_START = ("n_records_per_start", "status", "max_error_ratio", "starts", "converged",
+              "exit_reasons")
 
 
 def best_index(losses: np.ndarray) -> int:
@@ -82,6 +86,40 @@ class FitResult:
     parameter_ids: tuple | None = None
     method: str | None = None
     exit_reasons: np.ndarray | None = None
+
+    @classmethod
+    def of_starts(cls, all_params: dict, losses, *, sort: bool = False,
+                  **fields) -> "FitResult":
+        """The result of a multistart from each start's final parameters and loss (the one
+        builder of every fitter): ``params`` and ``best_index`` are the start with the
+        smallest finite loss; with ``sort``, every per-start field is ordered by final
+        loss, best first (the waterfall order PEtab fits report). A ``RuntimeWarning``
+        where no start ended with a finite loss.
+
+        Args:
+            all_params: each start's parameters (leaves with a leading axis ``n``).
+            losses: ``(n,)`` final losses (non-finite: ``inf``).
+            fields: the other attributes (``loss_history`` ``(steps, n)``; per-start
+                arrays ``(n, ...)``).
+        """
+        losses = np.asarray(losses, float)
+        losses = np.where(np.isfinite(losses), losses, np.inf)
+        if not np.isfinite(losses).any():
+            warnings.warn("inference.fit: no start ended with a finite loss", RuntimeWarning,
+                          stacklevel=3)
+        if sort:
+            order = np.argsort(losses, kind="stable")
+            losses = losses[order]
+            all_params = {k: np.asarray(v)[order] for k, v in all_params.items()}
+            for k in _PER_START:
+                v = fields.get(k)
+                if v is not None:
+                    fields[k] = np.asarray(v)[order]
+            if fields.get("loss_history") is not None:
+                fields["loss_history"] = np.asarray(fields["loss_history"])[:, order]
+        best = best_index(losses)
+        return cls(params={k: v[best] for k, v in all_params.items()},
+                   all_params=all_params, losses=losses, best_index=best, **fields)
 
     @property
     def loss(self) -> float:

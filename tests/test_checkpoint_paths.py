@@ -56,7 +56,7 @@ def no_work(monkeypatch):
         raise AssertionError("the run started before its checkpoint path was checked")
 
     for module in (_fit, _sample):
-        monkeypatch.setattr(module, "problem_for", refuse)
+        monkeypatch.setattr(module, "problem_of", refuse)
 
 
 def _read_only_dir(tmp_path):

@@ -290,15 +290,15 @@ def test_lm_on_kept_meshes_records_less_than_it_iterates_and_reaches_the_optimum
     const = float(decay.residual_layout().constant)
     lo, hi = decay.bounds
     starts = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, -0.5], [0.5, -0.5, -1.0]])
-    mesh_terms = MeshTerms(lambda x: decay._record(x, 0.5), lambda x, m: (
-        lambda z, s, e: (z, s, 0.5 * e))(*decay._residuals_on(x, m)))
+    mesh_terms = MeshTerms(lambda x: decay.record(x, 0.5), lambda x, m: (
+        lambda z, s, e: (z, s, 0.5 * e))(*decay.replay_residuals(x, m)))
     kept = LMKernel(None, lower=lo, upper=hi, mesh_terms=mesh_terms)
     s, history = kept.run(starts, 300)
     assert np.all(np.asarray(s.code) == CONVERGED)
     np.testing.assert_allclose(np.asarray(s.f) - const, nll_ref, rtol=1e-8)
     np.testing.assert_allclose(np.asarray(s.x), np.broadcast_to(x_ref, (3, 3)), atol=1e-4)
     assert kept.n_records < 0.5 * len(history)
-    fresh = jax.vmap(lambda x: -decay._loglik(x))
+    fresh = jax.vmap(lambda x: -decay.log_likelihood(x))
     np.testing.assert_allclose(np.asarray(fresh(s.x)), np.asarray(s.f) - const, rtol=1e-7)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -49,12 +48,11 @@ import gradsolve as gs
 
 from .. import _checkpoint
 from ..problem._policy import MeshPolicy
-from ..petab._petab import fit_petab, is_petab
+from ..petab._petab import fit_petab
+from ..petab._problem import is_petab, problem_of
 from ..problem._abstract import AbstractProblem
-from ..problem._problem import TOLERANCES
-from ..problem._program import problem_for
 from .._progress import progress_bar
-from .._result import FAILED, FitResult, best_index
+from .._result import FAILED, FitResult
 from ..problem._starts import fit_starts, prior_draws
 
 __all__ = ["fit", "FitState", "FitKernel"]
@@ -298,17 +296,12 @@ class FitKernel:
             s = s._replace(n_grad_evals=s.n_grad_evals + 1)
             losses[live] = np.where(ok & np.isfinite(e.loss[live]), e.loss[live], np.inf)
             status[live[~ok]] = FAILED
-        if not np.isfinite(losses).any():
-            warnings.warn("inference.fit: no start ended with a finite loss", RuntimeWarning,
-                          stacklevel=3)
-        best = best_index(losses)
         x = self.constrained(jnp.asarray(s.u))
         history = np.stack(s.history) if s.history else np.zeros((0, n))
-        return FitResult(
-            params={k: v[best] for k, v in x.items()}, all_params=x, losses=losses,
-            loss_history=history, n_records=s.n_records,
+        return FitResult.of_starts(
+            x, losses, loss_history=history, n_records=s.n_records,
             n_records_per_start=s.n_records_per_start, n_grad_evals=s.n_grad_evals,
-            wall_time=wall_time, best_index=best, status=status, objective=self.objective,
+            wall_time=wall_time, status=status, objective=self.objective,
             n_steps=s.step, max_error_ratio=s.max_error_ratio, n_redrawn=s.n_redrawn)
 
 
@@ -354,8 +347,8 @@ def fit(
     n_starts: int = 1, objective: str = "map", rerecord: str = "auto",
     drift_tol: float = 0.1, error_ratio_max: float = 1.0, seed: int = 0,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 100,
-    progress: bool | None = None, rtol: float = TOLERANCES.rtol,
-    atol: float = TOLERANCES.atol, solver=None, max_steps: int | None = None,
+    progress: bool | None = None, rtol: float | None = None,
+    atol: float | None = None, solver=None, max_steps: int | None = None,
     record_tol_factor: float = 0.5, jacobian: bool = False, max_redraws: int = 10,
     callback: Callable[[int, dict], Any] | None = None,
 ) -> FitResult:
@@ -400,9 +393,10 @@ def fit(
             cannot be written is a ``ValueError`` before the fit starts; a save that fails
             later (a full disk) is a ``RuntimeWarning`` and the fit goes on.
         progress: show a tqdm bar (default: only when stderr is a terminal).
-        rtol, atol, solver, max_steps: the ODE solve (``solver=None``: the model's;
-            ``max_steps=None``: 4,096 steps, or 16,384 for the ode sites of a population
-            model or program).
+        rtol, atol, solver, max_steps: the ODE solve (``None``: ``rtol = 1e-6``,
+            ``atol = 1e-8``, the model's solver; ``max_steps=None``: 4,096 steps, or 16,384
+            for the ode sites of a population model or program; a PEtab problem's own
+            settings for one).
         jacobian: add the unconstrained transform's log-Jacobian to the MAP objective (the
             mode in unconstrained space, as a Laplace approximation there would use).
         max_redraws: rounds of re-drawing starts whose first record fails.
@@ -420,13 +414,16 @@ def fit(
         >>> res.losses, res.params                 # sorted objectives; best by parameter id
     """
     if is_petab(model):
-        for name, v in (("data", data), ("optimizer", optimizer), ("checkpoint", checkpoint),
+        # a problem of noise-weighted residuals: the least-squares multistart
+        for name, v in (("optimizer", optimizer), ("checkpoint", checkpoint),
                         ("callback", callback)):
             if v is not None:
-                raise ValueError(f"`{name}` does not apply to a PEtab problem (it carries "
-                                 "its data and is fitted by a multistart local optimiser)")
-        return fit_petab(model, init=init, n_starts=n_starts, seed=seed, objective=objective,
-                         max_iter=steps, progress=progress)
+                raise ValueError(f"`{name}` does not apply to a PEtab problem (it is fitted "
+                                 "by a multistart least-squares optimiser)")
+        problem = problem_of(model, data, solver=solver, rtol=rtol, atol=atol,
+                             max_steps=max_steps)
+        return fit_petab(problem.petab, init=init, n_starts=n_starts, seed=seed,
+                         objective=objective, max_iter=steps, progress=progress)
     optimizer = _checked_fit_args(objective, steps, n_starts, checkpoint_every,
                                   record_tol_factor, max_redraws, optimizer)
     _checkpoint.check_path(checkpoint)
@@ -435,8 +432,8 @@ def fit(
                                 record_tol_factor=record_tol_factor)
     t_start = time.perf_counter()
     gs.ensure_compilation_cache()
-    problem = problem_for(model, data, solver=solver, rtol=rtol, atol=atol,
-                          max_steps=max_steps)
+    problem = problem_of(model, data, solver=solver, rtol=rtol, atol=atol,
+                         max_steps=max_steps)
     kernel = FitKernel(problem, policy, optimizer, objective, jacobian)
     # The optimizer is identified by the structure of its state (adam vs sgd, chained
     # transforms), not its hyperparameters: resuming with another learning rate is allowed.

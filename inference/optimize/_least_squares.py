@@ -21,7 +21,7 @@ from jaxtyping import Array, Float
 
 from ..problem._policy import MeshPolicy
 from ..problem._problem import MAX_STEPS, TOLERANCES, Problem
-from .._result import FAILED, FitResult, best_index
+from .._result import FAILED, FitResult
 from ..problem._space import checked_init
 from ..problem._starts import prior_draws
 
@@ -221,12 +221,12 @@ def fit_least_squares(
         out.append((s, *kernel.finish(s)))
     u_all = jnp.stack([u for _, u, _, _, _ in out])
     losses = np.asarray([loss for _, _, loss, _, _ in out], float)
-    x_all, best = problem.space.from_unconstrained(u_all), best_index(losses)
+    x_all = problem.space.from_unconstrained(u_all)
     n_lm = sum(s.n_lm_steps for s, *_ in out)
-    return FitResult(
-        params={k: v[best] for k, v in x_all.items()}, all_params=x_all, losses=losses,
-        loss_history=losses[None].copy(), n_records=sum(s.n_records + r for s, *_, r in out),
+    return FitResult.of_starts(
+        x_all, losses, loss_history=losses[None].copy(),
+        n_records=sum(s.n_records + r for s, *_, r in out),
         n_records_per_start=np.asarray([s.n_records + r for s, *_, r in out], np.int64),
-        n_grad_evals=n_lm, wall_time=time.perf_counter() - t_start, best_index=best,
+        n_grad_evals=n_lm, wall_time=time.perf_counter() - t_start,
         status=np.asarray([st for *_, st, _ in out], np.int32), objective="least_squares",
         n_steps=n_lm, max_error_ratio=np.asarray([s.max_error_ratio for s, *_ in out]))

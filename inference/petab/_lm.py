@@ -30,10 +30,11 @@ Mesh reuse (``mesh_terms``): each start keeps the mesh its solves were last reco
 evaluates its trial points by a replay of that mesh (whose forward-mode derivative is the
 exact derivative of the replayed steps), so most iterations cost a replay, not an adaptive
 record plus a replay. A start's mesh is re-recorded at its trial point when the point moved
-more than ``drift_tol`` from the recording point (largest coordinate, on the parameter
-scale), or when the replay's embedded error estimate exceeds the requested tolerances
-there (then that evaluation is redone on the new mesh): every objective value meets the
-tolerances a fresh solve would.
+more than the policy's ``drift_tol`` from the recording point (`inference.MeshPolicy`,
+the rule every fitter and sampler follows; here measured as the largest coordinate's
+change on the parameter scale), or when the replay's embedded error estimate exceeds the
+requested tolerances there (then that evaluation is redone on the new mesh: ``redo_factor
+= 1``): every objective value meets the tolerances a fresh solve would.
 """
 
 from __future__ import annotations
@@ -45,8 +46,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..problem._policy import MeshPolicy
+
 __all__ = ["LMState", "LMKernel", "MeshTerms", "RUNNING", "CONVERGED", "FAILED_START",
-           "STALLED", "REASONS"]
+           "STALLED", "REASONS", "LM_POLICY"]
+
+LM_POLICY = MeshPolicy(rerecord="auto", drift_tol=0.5, error_ratio_max=1.0,
+                       record_tol_factor=0.5, redo_factor=1.0, drift_measure="absolute")
+"""The LM multistart's mesh rule: record at half the tolerances; re-record a start whose
+point moved by more than 0.5 on the parameter scale (a factor of 3 in a ``log10``
+parameter) or whose replay's error ratio exceeds 1 (and redo that evaluation: LM's
+acceptance compares objective values, which must meet the tolerances)."""
 
 RUNNING, CONVERGED, FAILED_START, STALLED = 0, 1, 2, 3
 
@@ -134,18 +144,20 @@ class LMKernel:
             (0, the default: off, as in Fides).
         lam_max: a start whose damping passes this without an accepted step is `STALLED`.
         mesh_terms: `MeshTerms`: evaluate on kept meshes (module docstring); ``terms`` is
-            then unused. drift_tol: re-record a start's mesh when its point moved more
-            than this from the recording point.
+            then unused.
+        policy: when a start's mesh is re-recorded (`MeshPolicy`; default `LM_POLICY`:
+            a move of 0.5 on the parameter scale, or an error ratio above 1, which also
+            redoes that evaluation).
     """
 
     def __init__(self, terms: Callable, laplace=None, penalty: Callable | None = None, *,
                  lower, upper, ftol: float = 1e-10, gtol: float = 1e-6, xtol: float = 0.0,
                  lam_max: float = 1e12, mesh_terms: MeshTerms | None = None,
-                 drift_tol: float = 0.5):
+                 policy: MeshPolicy = LM_POLICY):
         self.lower = jnp.asarray(lower, float)
         self.upper = jnp.asarray(upper, float)
         self.ftol, self.gtol, self.xtol, self.lam_max = ftol, gtol, xtol, lam_max
-        self.mesh_terms, self.drift_tol = mesh_terms, drift_tol
+        self.mesh_terms, self.policy = mesh_terms, policy
         self.n_records = 0  # batched records run (init included)
         self.n_evals = 0  # batched evaluations (residuals and Jacobians)
         lap = None if laplace is None else jnp.asarray(laplace, bool)
@@ -226,14 +238,15 @@ class LMKernel:
             return (s._replace(records=s.records + (s.code == RUNNING)),
                     *self._local_jit(x_new)[:3])
         running = np.asarray(s.code) == RUNNING
-        moved = np.max(np.abs(np.asarray(x_new) - np.asarray(s.x_rec)), axis=1)
-        due = running & ~(moved <= self.drift_tol)
+        moved = self.policy.distance(x_new, s.x_rec)
+        due = self.policy.rerecord_after(running, moved, np.zeros(len(running)))
         if due.any():
             # a batched record costs about the same for one row as for all: refresh all
             due = running
             s = self._rerecord(s, x_new, due)
         f, g, h, err = self._local_jit(x_new, s.mesh)
-        coarse = running & ~due & ~(np.asarray(err) <= 1.0)
+        coarse = (running & ~due
+                  & ~(np.asarray(err) <= self.policy.redo_factor * self.policy.error_ratio_max))
         if coarse.any():
             s = self._rerecord(s, x_new, coarse)
             self.n_evals += 1

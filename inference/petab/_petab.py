@@ -1,8 +1,10 @@
-"""Multistart fits and NUTS sampling of PEtab problems (`models.PetabProblem`).
+"""The least-squares multistart of PEtab problems (`models.PetabProblem`).
 
 A PEtab problem carries its data, bounds, scales and priors, and solves all its conditions
-as one ensemble (`models.PetabProblem.log_likelihood`); `inference.fit` and
-`inference.sample` hand such a problem to `fit_petab` and `sample_petab` here.
+as one ensemble (`models.PetabProblem.log_likelihood`); `inference.fit` of such a problem
+runs `fit_petab` here, on the problem's residuals (`models.PetabProblem.record`,
+`models.PetabProblem.replay_residuals`). (`inference.sample` runs it as a NumPyro program
+with ode sites: `inference.petab._problem`.)
 
 `fit_petab`: starts by Latin hypercube sampling inside the bounds on the parameter scale;
 all starts advance together, each evaluation one ensemble of every start and every
@@ -20,9 +22,7 @@ start.
 
 from __future__ import annotations
 
-import sys
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -30,14 +30,12 @@ import numpy as np
 
 import gradsolve as gs
 
-from ._lm import CONVERGED, FAILED_START, REASONS, LMKernel, MeshTerms
+from ._lm import CONVERGED, FAILED_START, LM_POLICY, REASONS, LMKernel, MeshTerms
 from .._progress import progress_bar
 from .._result import FAILED, FitResult
+from ._problem import finite_bounds
 
-__all__ = ["is_petab", "latin_hypercube", "fit_petab", "sample_petab"]
-
-_RECORD_TOL_FACTOR = 0.5
-"""LM fits record their meshes this much tighter than the tolerances they iterate at."""
+__all__ = ["latin_hypercube", "fit_petab"]
 
 _LOOSE_TOL_FACTOR = 100.0
 """LM fits first iterate with the solves at this many times the problem's tolerances, then
@@ -45,22 +43,6 @@ polish at the tolerances."""
 
 _LOOSE_FTOL = 1e-6
 """The loose pass stops where an accepted step lowers F by at most this times (1 + |F|)."""
-
-
-def is_petab(model) -> bool:
-    """Whether ``model`` is a `models.PetabProblem` (without importing the PEtab extra)."""
-    mod = sys.modules.get("models._petab._problem")
-    return mod is not None and isinstance(model, mod.PetabProblem)
-
-
-def _finite_bounds(problem) -> tuple[np.ndarray, np.ndarray]:
-    lo, hi = (np.asarray(b, float) for b in problem.bounds)
-    bad = [p for p, a, b in zip(problem.parameter_ids, lo, hi)
-           if not (np.isfinite(a) and np.isfinite(b) and b > a)]
-    if bad:
-        raise ValueError(f"parameters {bad} need finite bounds with lowerBound < upperBound on "
-                         "their parameter scale for starts inside the bounds")
-    return lo, hi
 
 
 def latin_hypercube(lower, upper, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -76,7 +58,7 @@ def latin_hypercube(lower, upper, n: int, rng: np.random.Generator) -> np.ndarra
 
 def _starts(problem, init, n_starts: int, seed: int) -> np.ndarray:
     """The starts ``(n, D)``: Latin hypercube draws, after the given ``init`` rows."""
-    lo, hi = _finite_bounds(problem)
+    lo, hi = finite_bounds(problem)
     rng = np.random.default_rng(seed)
     x = latin_hypercube(lo, hi, n_starts, rng)
     if init is None:
@@ -113,14 +95,14 @@ def _lm_pass(problem, x0, objective, max_iter, bar, tol_factor: float, ftol: flo
     tolerances: (final state, objective history, the kernel)."""
     terms, lap, penalty, _ = _objective_parts(problem, objective)
     lo, hi = problem.bounds
-    record_factor = tol_factor * _RECORD_TOL_FACTOR
+    record_factor = tol_factor * LM_POLICY.record_tol_factor
 
     # every iteration replays each start's kept mesh, recorded at half the pass's
     # tolerances so that it meets them in a neighbourhood (error ratios below in the
     # pass's units)
     def terms_on(x, mesh):
-        z, s, err = problem._residuals_on(x, mesh)
-        return z, s, err * _RECORD_TOL_FACTOR
+        z, s, err = problem.replay_residuals(x, mesh)
+        return z, s, LM_POLICY.error_ratio(err)
 
     # starts are evaluated in groups of similar mesh length (their longest condition's)
     # where each start solves several conditions: then a padded batch pads all of them
@@ -131,9 +113,9 @@ def _lm_pass(problem, x0, objective, max_iter, bar, tol_factor: float, ftol: flo
     if len(problem.condition_ids) > 1:
         def cost(mesh):
             return np.max(np.asarray(mesh.n_steps), axis=-1)
-    mesh_terms = MeshTerms(lambda x: problem._record(x, record_factor), terms_on, cost)
+    mesh_terms = MeshTerms(lambda x: problem.record(x, record_factor), terms_on, cost)
     kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi, mesh_terms=mesh_terms,
-                      ftol=ftol, gtol=1e-6)
+                      ftol=ftol, gtol=1e-6, policy=LM_POLICY)
     s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
     return s, history, kernel
 
@@ -163,7 +145,7 @@ def _fit_lm(problem, x0, objective, max_iter, progress):
     # the reported objective is a fresh solve's at each final point (the iterations'
     # values came from replays of kept meshes, equal to within the tolerances)
     def fresh(x):
-        value = -problem._loglik(x)
+        value = -problem.log_likelihood(x)
         if penalty is not None:
             value = value + penalty(x)
         return value
@@ -271,119 +253,12 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
     x, losses, converged, failed, hist, (per_start, n_records, n_evals), reasons = run(
         problem, x0, objective, int(max_iter), progress)
     losses = np.where(failed | ~np.isfinite(losses), np.inf, losses)
-    if not np.isfinite(losses).any():
-        warnings.warn("inference.fit: no start ended with a finite objective", RuntimeWarning,
-                      stacklevel=3)
-    order = np.argsort(losses, kind="stable")
     ids = problem.parameter_ids
-    xs = x[order]
-    n = len(order)
-    return FitResult(
-        params={p: float(xs[0, i]) for i, p in enumerate(ids)},
-        all_params={p: xs[:, i] for i, p in enumerate(ids)}, losses=losses[order],
-        loss_history=hist[:, order], n_records=n_records,
-        n_records_per_start=per_start[order].astype(np.int64), n_grad_evals=n_evals,
-        wall_time=time.perf_counter() - t0, best_index=0,
-        status=np.where(failed[order], FAILED, 0).astype(np.int32), objective=objective,
-        n_steps=len(hist) - 1, max_error_ratio=np.zeros(n), starts=x0[order],
-        converged=converged[order], parameter_ids=tuple(ids), method=method,
-        exit_reasons=reasons[order])
-
-
-def _unbounded(x, lo, hi):
-    """The sampler's coordinate ``u`` of ``x`` inside ``(lo, hi)`` (``x = lo + (hi - lo)
-    sigmoid(u)``), with ``x`` pulled 0.1 % of the range inside: a point on a bound (a
-    parameter the data leave flat up to it) would put NUTS far out in the sigmoid's flat
-    tail, away from the mass."""
-    w = np.clip((np.asarray(x, float) - lo) / (hi - lo), 1e-3, 1 - 1e-3)
-    return np.log(w) - np.log1p(-w)
-
-
-def sample_petab(problem, *, num_warmup: int = 500, num_samples: int = 1000,
-                 num_chains: int = 2, seed: int = 0, init="fit", target_accept: float = 0.8,
-                 dense_mass: bool = True, max_tree_depth: int = 10,
-                 init_jitter: float = 0.05, fit_kwargs=None, progress: bool | None = None):
-    """NumPyro NUTS on a `models.PetabProblem`'s posterior (what `inference.sample` runs).
-
-    The target on the parameter scale is ``log_likelihood(x) + log_prior(x)`` (the
-    table's priors as densities of ``x``; uniform inside the bounds where none is given).
-    NUTS moves in ``u`` with ``x = lower + (upper - lower) sigmoid(u)`` (its log-Jacobian
-    added), so every draw lies inside the bounds. The chains run vectorised, every chain's
-    solve one ensemble.
-
-    Args:
-        problem: the PEtab problem.
-        num_warmup, num_samples, num_chains, target_accept, dense_mass, max_tree_depth:
-            as NumPyro's ``MCMC`` and ``NUTS``.
-        seed: seeds the initialisation and the chains.
-        init: ``"fit"`` (the best point of a multistart fit, `fit_petab` with
-            ``fit_kwargs``, default 10 starts), ``"prior"`` (Latin hypercube draws inside
-            the bounds) or a point (a dict by parameter id or a vector on the parameter
-            scale); each chain starts there jittered by ``init_jitter`` in ``u``.
-        fit_kwargs: options of the initial fit.
-        progress: NumPyro's progress bar (default: only on a terminal).
-
-    Returns:
-        ``arviz.InferenceData``: ``posterior`` one variable per parameter id (chain, draw),
-        on the parameter scale; ``sample_stats`` ``diverging``, ``n_steps`` (leapfrog steps a
-        draw), ``lp`` (log posterior in ``x``); attrs ``init`` and, after a fit,
-        ``init_fit_loss``.
-    """
-    import arviz as az
-    import numpyro
-    import numpyro.distributions as dist
-    from numpyro.infer import MCMC, NUTS
-
-    gs.ensure_compilation_cache()
-    lo, hi = _finite_bounds(problem)
-    d = len(lo)
-    lo_j, hi_j = jnp.asarray(lo), jnp.asarray(hi)
-    rng = np.random.default_rng(seed)
-    attrs = {"init": init if isinstance(init, str) else "given"}
-    if isinstance(init, str) and init == "fit":
-        res = fit_petab(problem, seed=seed, **{"n_starts": 10, **dict(fit_kwargs or {})})
-        centre = np.asarray([res.params[p] for p in problem.parameter_ids])
-        attrs["init_fit_loss"] = float(res.loss)
-        u0 = _unbounded(centre, lo, hi)[None] + init_jitter * rng.standard_normal((num_chains, d))
-    elif isinstance(init, str) and init == "prior":
-        u0 = _unbounded(latin_hypercube(lo, hi, num_chains, rng), lo, hi)
-    elif isinstance(init, str):
-        raise ValueError(f"`init` must be 'fit', 'prior' or a point, got {init!r}")
-    else:
-        centre = (np.asarray([float(init[p]) for p in problem.parameter_ids])
-                  if isinstance(init, dict) else np.asarray(init, float))
-        if centre.shape != (d,):
-            raise ValueError(f"`init` has shape {centre.shape}, expected ({d},)")
-        u0 = _unbounded(centre, lo, hi)[None] + init_jitter * rng.standard_normal((num_chains, d))
-
-    def program():
-        u = numpyro.sample("u", dist.ImproperUniform(dist.constraints.real_vector, (), (d,)))
-        x = lo_j + (hi_j - lo_j) * jax.nn.sigmoid(u)
-        log_jac = jnp.sum(jnp.log(hi_j - lo_j) + jax.nn.log_sigmoid(u) + jax.nn.log_sigmoid(-u))
-        lp = problem.log_likelihood(x) + problem.log_prior(x)
-        numpyro.deterministic("lp", lp)
-        numpyro.factor("target", jnp.where(jnp.isfinite(lp), lp, -jnp.inf) + log_jac)
-
-    kernel = NUTS(program, target_accept_prob=target_accept, dense_mass=dense_mass,
-                  max_tree_depth=max_tree_depth)
-    mcmc = MCMC(kernel, num_warmup=num_warmup, num_samples=num_samples,
-                num_chains=num_chains, chain_method="vectorized",
-                progress_bar=bool(progress) if progress is not None else sys.stderr.isatty())
-    t0 = time.perf_counter()
-    # NumPyro takes one chain's initial point without the chain axis
-    u0 = jnp.asarray(u0[0] if num_chains == 1 else u0)
-    mcmc.run(jax.random.PRNGKey(seed), init_params={"u": u0},
-             extra_fields=("diverging", "num_steps"))
-    draws = mcmc.get_samples(group_by_chain=True)
-    x = np.asarray(lo + (hi - lo) * jax.nn.sigmoid(draws["u"]))
-    extra = mcmc.get_extra_fields(group_by_chain=True)
-    posterior = {p: x[..., i] for i, p in enumerate(problem.parameter_ids)}
-    stats = {"diverging": np.asarray(extra["diverging"]),
-             "n_steps": np.asarray(extra["num_steps"]), "lp": np.asarray(draws["lp"])}
-    attrs.update(num_warmup=int(num_warmup), num_samples=int(num_samples),
-                 num_chains=int(num_chains), divergences=int(stats["diverging"].sum()),
-                 wall_time_s=time.perf_counter() - t0)
-    idata = az.from_dict(posterior=posterior, sample_stats=stats)
-    for group in (idata.posterior, idata.sample_stats):
-        group.attrs.update(attrs)
-    return idata
+    return FitResult.of_starts(
+        {p: x[:, i] for i, p in enumerate(ids)}, losses, sort=True, loss_history=hist,
+        n_records=n_records, n_records_per_start=per_start.astype(np.int64),
+        n_grad_evals=n_evals, wall_time=time.perf_counter() - t0,
+        status=np.where(failed, FAILED, 0).astype(np.int32), objective=objective,
+        n_steps=len(hist) - 1, max_error_ratio=np.zeros(len(losses)), starts=x0,
+        converged=converged, parameter_ids=tuple(ids), method=method,
+        exit_reasons=reasons)

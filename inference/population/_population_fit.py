@@ -40,7 +40,6 @@ import gradsolve as gs
 
 from ._foce_sensitivity import Context, sensitivity_functions, sensitivity_refusal
 from ._sites import _effect_logprob, _effect_site, _sites
-from ..problem._problem import TOLERANCES
 
 __all__ = ["fit_population", "PopulationFit"]
 

@@ -61,6 +61,13 @@ class AbstractProblem(abc.ABC):
     dense_mass_by_default: bool
     default_init: str = "map"
     count_failures_by_default: bool
+    map_fit_options = {"n_starts": 16, "steps": 300}
+    """`inference.fit`'s ``n_starts`` and ``steps`` for the sampler's MAP start."""
+
+    def start_point(self, params) -> jax.Array:
+        """The unconstrained ``u (D,)`` of a constrained parameter dict (a fit's best
+        point) that the chains start around."""
+        return self.space.to_unconstrained(params)
 
     @abc.abstractmethod
     def fingerprint(self) -> dict:

@@ -4,8 +4,9 @@ A recorded mesh (`gradsolve.Mesh`) is the step sequence an adaptive solve accept
 parameters. Replaying it at other parameters is a fixed-step solve whose gradient is exact
 for that discretisation; the replay's ``error_ratio`` (in units of ``rtol``/``atol``; ``<=
 1``: the adaptive controller would still accept every step) says how well the mesh holds.
-`inference.fit`, `inference.fit_least_squares` and `inference.sample` ask one policy
-object the same questions:
+`inference.fit` (its gradient descent, and the least-squares multistart of PEtab problems),
+`inference.fit_least_squares` and `inference.sample` ask one policy object the same
+questions:
 
 - at which tolerances to record (`record_tol_factor` times the requested ones, so a fresh
   mesh starts at ``error_ratio <= record_tol_factor`` and parameters can move before it
@@ -65,6 +66,10 @@ class MeshPolicy:
             first).
         shared_margin: one sampling mesh serves every chain if its error ratio is at most
             ``shared_margin * error_ratio_max`` at each chain's position.
+        drift_measure: how `distance` measures a move: ``"relative"`` (`drift`, on
+            constrained values) or ``"absolute"`` (the largest coordinate's change, for
+            coordinates already on log scales, such as a PEtab problem's ``log10``
+            parameters, where a relative change of the logarithm means nothing).
 
     Example:
         >>> policy = inference.MeshPolicy(drift_tol=0.1, error_ratio_max=1.0)
@@ -80,6 +85,7 @@ class MeshPolicy:
     settle_factor: float = 0.1
     shared_margin: float = 0.5
     fill_urgency: float = 0.25
+    drift_measure: str = "relative"
 
     @classmethod
     def checked(cls, kind: str, rerecord: str, **fields) -> "MeshPolicy":
@@ -107,6 +113,13 @@ class MeshPolicy:
         """Relative drift ``max |x - x_rec| / |x_rec|`` over the last axis of flat
         constrained parameters ``(D,)`` or ``(n, D)``: `gradsolve.MeshReuse`'s rule."""
         return gs.MeshReuse.relative_drift(x, x_rec, ensemble=jnp.ndim(x) > 1)
+
+    def distance(self, x, x_rec) -> np.ndarray:
+        """How far points ``(D,)`` or ``(n, D)`` moved from where their meshes were
+        recorded, in `drift_measure`'s sense (compared with `drift_tol`)."""
+        if self.drift_measure == "absolute":
+            return np.max(np.abs(np.asarray(x) - np.asarray(x_rec)), axis=-1)
+        return np.asarray(self.drift(x, x_rec))
 
     def urgency(self, drift: np.ndarray, err: np.ndarray) -> np.ndarray:
         """How close each trajectory is to a re-record (1 = at the bound)."""

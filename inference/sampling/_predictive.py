@@ -11,7 +11,6 @@ solving the ODE once per draw; here all draws are one ``jax.vmap``, so every ``o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import jax
 import numpy as np

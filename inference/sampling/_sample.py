@@ -135,9 +135,8 @@ from .. import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState, chain_devices
 from ._idata import inference_data
 from ..problem._policy import MeshPolicy
-from ..petab._petab import is_petab, sample_petab
-from ..problem._problem import TOLERANCES, InferenceModel
-from ..problem._program import problem_for
+from ..petab._problem import problem_of
+from ..problem._problem import InferenceModel
 from .._progress import progress_bar
 from ._warmup import RETUNE_ITERATIONS, Run, respond_to_draws, start, warm_up
 
@@ -215,35 +214,14 @@ def _checked_sample_args(o: dict) -> None:
             "the posterior is already standardised", stacklevel=3)
 
 
-def _sample_petab(problem, data, o: dict):
-    """`sample` of a `models.PetabProblem` with the arguments ``o`` that apply, checked."""
-    kernel, checkpoint, init, target_accept, dense_mass = (
-        o[k] for k in ("kernel", "checkpoint", "init", "target_accept", "dense_mass"))
-    options = {k: o[k] for k in ("num_warmup", "num_samples", "num_chains", "seed",
-                                 "progress", "max_tree_depth", "init_jitter", "fit_kwargs")}
-    for name, v in (("data", data), ("checkpoint", checkpoint)):
-        if v is not None:
-            raise ValueError(f"`{name}` does not apply to a PEtab problem (it carries its "
-                             "data; no checkpoints)")
-    if kernel != "nuts":
-        raise ValueError(f"`kernel`={kernel!r}: a PEtab problem is sampled with 'nuts'")
-    if isinstance(init, str) and init == "advi":
-        raise ValueError("`init`='advi' does not apply to a PEtab problem: 'map', 'prior' "
-                         "or points")
-    return sample_petab(problem, init="fit" if init is None or (
-                            isinstance(init, str) and init == "map") else init,
-                        target_accept=0.8 if target_accept is None else target_accept,
-                        dense_mass=True if dense_mass is None else dense_mass, **options)
-
-
 def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
     """The problem, the mesh policy and the options ``o`` of `sample` with their
     problem-dependent defaults (``None``) settled and ``count`` (whether failed potential
     evaluations are counted) added."""
     # an ODEModel records at the default capacity (max_steps is its in-potential solve's);
     # a program's ode sites solve at max_steps themselves
-    problem = problem_for(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
-                          max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
+    problem = problem_of(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
+                         max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
     o = dict(o)
     if o["init"] is None:
         o["init"] = problem.default_init
@@ -328,7 +306,7 @@ def sample(
     kernel: str = "nuts", rerecord: str | None = None, seed: int = 0, init: Any = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
     progress: bool | None = None, target_accept: float | None = None,
-    rtol: float = TOLERANCES.rtol, atol: float = TOLERANCES.atol, solver=None,
+    rtol: float | None = None, atol: float | None = None, solver=None,
     max_steps: int | None = None, frozen_tol_factor: float = 0.1, dense_mass: bool | None = None,
     max_tree_depth: int = 10, init_jitter: float = 0.05,
     fit_kwargs: Mapping[str, Any] | None = None, count_failures: bool | None = None,
@@ -336,11 +314,11 @@ def sample(
 ):
     """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
 
-    A `models.PetabProblem` (``data=None``: it carries its data) is sampled by NumPyro NUTS
-    on its log-likelihood and priors (uniform in the bounds where none is given;
-    ``inference.petab._petab.sample_petab``) with only ``num_warmup``, ``num_samples``,
-    ``num_chains``, ``seed``, ``init`` (``"map"``: a multistart fit's best), ``target_accept``,
-    ``dense_mass``, ``max_tree_depth``, ``init_jitter``, ``fit_kwargs``, ``progress``.
+    A `models.PetabProblem` (``data=None``: it carries its data) is sampled as the NumPyro
+    program of its posterior (one site per estimated parameter
+    on its scale, inside its bounds, with the table's prior or uniform; its
+    pre-equilibration and simulation as ode sites), with every option below; its MAP
+    start is `fit`'s least-squares multistart (10 starts).
 
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
@@ -390,7 +368,8 @@ def sample(
             ``target_accept`` when the end of warmup or the first draws (on a dense metric:
             any draws) diverge (``0``:
             never; "Divergences" in the module docstring).
-        rtol, atol, solver: the ODE solve (``solver=None``: the model's).
+        rtol, atol, solver: the ODE solve (``None``: ``rtol = 1e-6``, ``atol = 1e-8``,
+            the model's solver; a PEtab problem's own settings for one).
         max_steps: step capacity of ``gs.solve`` inside the potential when
             ``rerecord="always"`` (``None``: automatic for an `ODEModel`, 16,384 for the
             ode sites of a population model or program).
@@ -423,8 +402,6 @@ def sample(
     """
     o = dict(locals())
     del o["model"], o["data"]
-    if is_petab(model):
-        return _sample_petab(model, data, o)
     _checked_sample_args(o)
     _checkpoint.check_path(checkpoint)
     t_start = time.perf_counter()
@@ -442,7 +419,7 @@ def sample(
     finally:
         bar.close()
     return inference_data(run.base, state, info, dict(
-        kernel=kernel, rtol=rtol, atol=atol, num_warmup=int(num_warmup),
+        kernel=kernel, rtol=problem.rtol, atol=problem.atol, num_warmup=int(num_warmup),
         target_accept_requested=float(o["target_accept"]), max_retunes=int(max_retunes),
         mass_matrix="dense" if run.kernel(state).settings["dense_mass"] else "diagonal",
         mass_matrix_requested="dense" if o["dense_mass"] else "diagonal",

@@ -114,19 +114,20 @@ def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: flo
     model, space = problem.model, problem.space
     k_fit, k_jit = jax.random.split(key)
     if isinstance(init, str) and init in ("map", "advi"):
-        kw = dict(n_starts=16, steps=300, seed=seed, rtol=problem.rtol, atol=problem.atol,
+        kw = dict(problem.map_fit_options, seed=seed, rtol=problem.rtol, atol=problem.atol,
                   solver=problem.solver, max_steps=problem.max_steps, progress=False)
         kw.update(fit_kwargs or {})
         res = fit(problem.source, data, **kw)
         info = dict(n_starts=int(kw["n_starts"]), steps=int(kw["steps"]),
                     best_loss=float(res.loss), n_records=int(res.n_records),
                     n_grad_evals=int(res.n_grad_evals), wall_time_s=float(res.wall_time))
-        desc = (f"MAP fit (inference.fit, {kw['n_starts']} starts, {kw['steps']} Adam "
-                f"steps, best loss {res.loss:.6g})")
+        how = "Adam" if res.method is None else res.method.upper()
+        desc = (f"MAP fit (inference.fit, {kw['n_starts']} starts, at most {kw['steps']} "
+                f"{how} steps, best loss {res.loss:.6g})")
         if init == "map":
             desc += (f"; chains start at its best point plus N(0, {jitter}^2) jitter in "
                      "unconstrained space")
-        centre = np.asarray(space.to_unconstrained(res.params))
+        centre = np.asarray(problem.start_point(res.params))
         return jittered(centre, jitter, k_jit, C), desc, info, centre
     if isinstance(init, str) and init == "prior":
         return prior_draws(model, space, k_jit, C), "independent prior draws", {}, None

@@ -10,6 +10,8 @@ the Jacobian of the log/log10 transformation included (the number AMICI and pyPE
 
 from __future__ import annotations
 
+import copy
+
 import logging
 import math
 import warnings
@@ -180,11 +182,7 @@ class PetabProblem:
         self._build_model_functions(odes)
         self._build_measurements(problem, odes)
         self._laplace, self._llh_constant = self._residual_constants()
-        self._loglik_jit = jax.jit(self._loglik)
-        self._residuals_jit = jax.jit(self._residuals)
-        self._prior_jit = jax.jit(self._log_prior, static_argnames=("jacobian", "given_only"))
-        self._predict_jit = jax.jit(self._predict)
-        self._residual_jit = jax.jit(self._preeq_residual)
+        self._jit_functions()
         if solver == "auto":
             self._choose_solver()
 
@@ -583,7 +581,14 @@ class PetabProblem:
         sizes = jnp.where(jnp.isfinite(at)[..., None], sizes, 0.0)
         return s0, (at, sizes)
 
-    def _preequilibrate(self, theta):
+    def _gs_solve(self, name, f, t0, t1, y0, params, *, ts=None, jumps=None):
+        """The default ``solve`` hook: `gradsolve.solve` at this problem's solver,
+        tolerances and step capacity (``name`` names the solve for hooks that keep
+        meshes by it: ``"preequilibration"`` or ``"simulation"``)."""
+        return gs.solve(f, t0, t1, y0, params, ts=ts, solver=self.solver, rtol=self.rtol,
+                        atol=self.atol, max_steps=self.max_steps, jumps=jumps)
+
+    def _preequilibrate(self, theta, solve=None):
         """Each trajectory's pre-equilibration condition solved from its initial state to
         ``t = 1e5``: ``(state reached (n, d), that condition's parameters (n, n_p))``."""
         pre_full = self._fill(self._pre_slots, theta)
@@ -594,9 +599,8 @@ class PetabProblem:
         if self._n_switch_states:
             s0, jumps = self._switch_jumps(pp, _STEADY_STATE_T)
             y_pre0 = jnp.concatenate([y_pre0, s0], axis=1)
-        pre = gs.solve(self.vector_field, 0.0, _STEADY_STATE_T, y_pre0, pp,
-                       solver=self.solver, rtol=self.rtol, atol=self.atol,
-                       max_steps=self.max_steps, jumps=jumps)
+        pre = (solve or self._gs_solve)("preequilibration", self.vector_field, 0.0,
+                                        _STEADY_STATE_T, y_pre0, pp, jumps=jumps)
         return pre.y1[:, :self._d], pp
 
     def _with_switch_states(self, y, p, t: float):
@@ -625,15 +629,15 @@ class PetabProblem:
             return None
         return self._residual_jit(self._as_vector(x))
 
-    def _inputs(self, x):
+    def _inputs(self, x, solve=None):
         """(``y0 (n, d')``, model parameters ``(n, n_p)``, theta, jumps or None) of the
-        ensemble at ``x`` (pre-equilibration solved here)."""
+        ensemble at ``x`` (pre-equilibration solved here, by ``solve``)."""
         theta = self._theta_lin(x)
         full = self._fill(self._sim_slots, theta)
         p = full[:, :self._n_p]
         ovr = jnp.asarray(self._sim_slots[3])
         y_model = jax.vmap(self._y0)(p)
-        y_start = self._preequilibrate(theta)[0] if self._has_preeq else y_model
+        y_start = self._preequilibrate(theta, solve)[0] if self._has_preeq else y_model
         y0 = jnp.where(ovr, full[:, self._n_p:], y_start)
         jumps = None
         if self._n_switch_states:
@@ -641,31 +645,34 @@ class PetabProblem:
             y0 = jnp.concatenate([y0, s0], axis=1)
         return y0, p, theta, jumps
 
-    def _record(self, x, tol_factor: float = 1.0):
-        """The ensemble's mesh at ``x`` (`gradsolve.record`, no derivative), recorded at
-        ``tol_factor`` times the tolerances, for `_solve` to replay at nearby points."""
-        y0, p, _, jumps = jax.lax.stop_gradient(self._inputs(x))
+    def record(self, x, tol_factor: float = 1.0) -> gs.Mesh:
+        """The ensemble's mesh at ``x`` (``(n_par,)`` on the parameters' scales): every
+        condition recorded by `gradsolve.record` at ``tol_factor`` times the tolerances,
+        without derivative, for `replay_residuals` to replay at nearby points. Jittable
+        and ``vmap``-able over ``x`` (pre-equilibration is solved afresh, not recorded).
+        Fitters that keep meshes call this."""
+        y0, p, _, jumps = jax.lax.stop_gradient(self._inputs(jnp.asarray(x)))
         return gs.record(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
                          solver=self.solver, rtol=self.rtol * tol_factor,
                          atol=self.atol * tol_factor,
                          max_steps=self.max_steps, jumps=jumps,
                          throw=False)
 
-    def _solve(self, x, mesh=None):
+    def _solve(self, x, mesh=None, solve=None):
         """(states at ``ts`` ``(n, k, d)``, model parameters ``(n, n_p)``, theta, the
-        solve's error ratio ``(n,)``): a fresh solve, or the replay of ``mesh`` (from
-        `_record`) whose error ratio says whether it still meets the tolerances at ``x``."""
-        y0, p, theta, jumps = self._inputs(x)
+        solve's error ratio ``(n,)``): a fresh solve (by ``solve``, default
+        `gradsolve.solve`), or the replay of ``mesh`` (from `record`) whose error ratio
+        says whether it still meets the tolerances at ``x``."""
+        y0, p, theta, jumps = self._inputs(x, solve)
         if mesh is None:
-            sol = gs.solve(self.vector_field, 0.0, self._t1, y0, p, ts=jnp.asarray(self.ts),
-                           solver=self.solver, rtol=self.rtol, atol=self.atol,
-                           max_steps=self.max_steps, jumps=jumps)
+            sol = (solve or self._gs_solve)("simulation", self.vector_field, 0.0, self._t1,
+                                            y0, p, ts=jnp.asarray(self.ts), jumps=jumps)
         else:
             sol = gs.replay(self.vector_field, mesh, y0, p, jumps=jumps)
         return sol.ys[..., :self._d], p, theta, sol.error_ratio
 
-    def _observe(self, x, mesh=None):
-        ys, p, theta, err = self._solve(x, mesh)
+    def _observe(self, x, mesh=None, solve=None):
+        ys, p, theta, err = self._solve(x, mesh, solve)
         out = []
         for g in self._groups:
             yr = ys[g["traj"], g["tidx"]]
@@ -688,11 +695,11 @@ class PetabProblem:
     def _residuals(self, x):
         return self._residuals_on(x, None)[:2]
 
-    def _residuals_on(self, x, mesh):
+    def _residuals_on(self, x, mesh, solve=None):
         """``(z, log_sigma, error ratio (n,))`` at ``x``, by a fresh solve (``mesh`` None)
         or a replay of ``mesh``."""
         zs, logs = [], []
-        obs, err = self._observe(x, mesh)
+        obs, err = self._observe(x, mesh, solve)
         for g, (h, sigma) in zip(self._groups, obs):
             m = jnp.asarray(g["meas"])
             if g["trans"] == "log":
@@ -719,19 +726,25 @@ class PetabProblem:
             const -= len(m) * (math.log(2.0) if is_lap else 0.5 * math.log(2 * math.pi))
         return np.concatenate(lap), const
 
-    def _loglik(self, x):
-        z, log_sigma = self._residuals(x)
+    def _loglik(self, x, solve=None):
+        z, log_sigma = self._residuals_on(x, None, solve)[:2]
         lap = jnp.asarray(self._laplace)
         return self._llh_constant - jnp.sum(
             jnp.where(lap, jnp.abs(z), 0.5 * z**2) + log_sigma)
 
     # ----------------------------------------------------------------- public
-    def log_likelihood(self, x=None) -> jax.Array:
+    def log_likelihood(self, x=None, *, solve=None) -> jax.Array:
         """PEtab's log-likelihood of all measurements at ``x``.
 
         Args:
             x: estimated parameters on their scale, ``(n_par,)`` in the order of
                 `parameter_ids`, or a dict by parameter id; ``None`` the nominal values.
+            solve: how the ODEs are solved: ``None`` (`gradsolve.solve` at the problem's
+                solver and tolerances), or a function ``solve(name, f, t0, t1, y0, params,
+                *, ts=None, jumps=None) -> gradsolve.Solution`` called once for the
+                pre-equilibration (``name="preequilibration"``, where the problem has one)
+                and once for the simulation (``"simulation"``): how `inference` runs the
+                solves as sites of a NumPyro program, whose meshes it keeps.
 
         Returns:
             A scalar: the sum over measurements of the noise model's log density (normal
@@ -739,7 +752,15 @@ class PetabProblem:
             the log/log10 transformation's Jacobian. Jittable and differentiable in ``x``
             (reverse mode through `gradsolve.solve`); NaN where a solve fails.
         """
+        if solve is not None:
+            return self._loglik(self._as_vector(x), solve)
         return self._loglik_jit(self._as_vector(x))
+
+    def replay_residuals(self, x, mesh) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """`residuals`' ``z`` and ``log_sigma`` at ``x`` from a replay of ``mesh`` (from
+        `record`), and that replay's error ratio per trajectory ``(n,)`` (above 1: the
+        mesh no longer meets the tolerances at ``x``). Jittable, differentiable."""
+        return self._residuals_on(jnp.asarray(x), mesh)
 
     def residuals(self, x=None) -> Residuals:
         """Every measurement's noise-weighted residual and log noise at ``x`` (a vector or
@@ -754,10 +775,44 @@ class PetabProblem:
         ``log_sigma`` are ``None``, ``laplace`` and ``constant`` as `residuals` gives them."""
         return Residuals(None, None, self._laplace, self._llh_constant)
 
-    def _log_prior(self, x, jacobian: bool = True, given_only: bool = False):
+    def log_prior_terms(self, x, *, jacobian: bool = True) -> jax.Array:
+        """Each estimated parameter's log prior density at ``x`` ``(n_par,)`` (their sum
+        is `log_prior`; a parameter without a prior: ``-log(upper - lower)`` inside its
+        bounds). Jittable; ``x (n_par,)`` on the parameters' scales."""
         lo, hi = self.bounds
         scale = jnp.asarray(self._est_scale)
-        lp = self.priors.log_density(x, _unscale(x, scale), scale, lo, hi, jacobian)
+        x = jnp.asarray(x)
+        return self.priors.log_density(x, _unscale(x, scale), scale, lo, hi, jacobian)
+
+    def with_settings(self, *, solver=None, rtol: float | None = None,
+                      atol: float | None = None, max_steps: int | None = None):
+        """This problem solved otherwise: a copy with ``solver``, ``rtol``, ``atol`` or
+        ``max_steps`` replaced where given (the tables are shared, the compiled functions
+        are not: they read the settings when first traced). Returns ``self`` where
+        nothing changes."""
+        changes = {k: v for k, v in dict(solver=solver, rtol=rtol, atol=atol,
+                                         max_steps=max_steps).items()
+                   if v is not None and v != getattr(self, k)}
+        if not changes:
+            return self
+        out = copy.copy(self)
+        for k, v in changes.items():
+            setattr(out, k, v)
+        if "solver" in changes:
+            out.solver_reason = "given"
+        out._jit_functions()
+        return out
+
+    def _jit_functions(self) -> None:
+        self._loglik_jit = jax.jit(self._loglik)
+        self._residuals_jit = jax.jit(self._residuals)
+        self._prior_jit = jax.jit(self._log_prior, static_argnames=("jacobian", "given_only"))
+        self._predict_jit = jax.jit(self._predict)
+        self._residual_jit = jax.jit(self._preeq_residual)
+
+    def _log_prior(self, x, jacobian: bool = True, given_only: bool = False):
+        lo, hi = self.bounds
+        lp = self.log_prior_terms(x, jacobian=jacobian)
         if given_only:
             inside = (x >= lo) & (x <= hi)
             lp = jnp.where(jnp.asarray(self.priors.given), lp, jnp.where(inside, 0.0, -jnp.inf))
@@ -968,7 +1023,9 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     """Load a PEtab v1 problem.
 
     Args:
-        path: the problem's YAML file, or a folder holding exactly one YAML file.
+        path: the problem's YAML file, or a folder holding exactly one YAML file, or
+            the name of a problem that ships with `models` (``"Boehm_JProteomeRes2014"``),
+            where no such file or folder exists.
         lint: run the `petab` linter first; its errors are a ``ValueError``.
         solve_options: ``solver`` (default ``"auto"``: `gradsolve.Tsit5` where it solves
             every condition at the nominal parameters within 2,000 steps, else
@@ -992,10 +1049,13 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
             that is empty (naming it and its file).
 
     Example:
-        >>> problem = models.load_petab("Boehm_JProteomeRes2014/Boehm_JProteomeRes2014.yaml")
+        >>> problem = models.load_petab("Boehm_JProteomeRes2014")   # ships with models
         >>> problem.parameter_ids, problem.log_likelihood(problem.nominal)
     """
     path = Path(path)
+    shipped = Path(__file__).parent.parent / "data" / "petab" / path.name
+    if not path.exists() and len(path.parts) == 1 and shipped.is_dir():
+        path = shipped
     if path.is_dir():
         yamls = sorted(path.glob("*.yaml")) + sorted(path.glob("*.yml"))
         named = [y for y in yamls if y.stem == path.name]
