@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -144,9 +146,11 @@ plt.show()
 # %% [markdown]
 # ## 4. A brief look at the posterior
 #
-# `inference.sample(problem, ...)` runs NumPyro NUTS on `log_likelihood + log_prior`:
-# the priors the parameter table gives, uniform inside the bounds (on the parameter scale)
-# where it gives none, as here. The chains start at the best fit. Several parameters are
+# `inference.sample(problem, ...)` runs NUTS on `log_likelihood + log_prior`, as it does
+# for any model: the priors the parameter table gives, uniform inside the bounds (on the
+# parameter scale) where it gives none, as here; the solves replay meshes kept between
+# warmup windows instead of solving adaptively at every gradient. The chains start at the
+# best fit. Several parameters are
 # pinned only by their bounds (the fit put `k_exp_hetero` on its lower bound), so the
 # posterior has long flat directions and NUTS takes its longest trajectories: the tree
 # depth is capped here to keep the run short (each leapfrog step is one gradient of the

@@ -149,13 +149,15 @@ class PetabProgramProblem(ProgramProblem):
                     measurements=digest(df.to_csv(index=False).encode()))
 
     def start_point(self, params) -> jax.Array:
-        """``u`` of a fit's best point, pulled 0.1 % of each range inside the bounds: a
+        """``u`` of a point (a fit's best, or the user's ``init``; leaves ``()`` or
+        ``(n,)``), pulled 0.1 % of each range inside the bounds: a
         parameter the data leave flat up to a bound would start NUTS far out in the
         sigmoid's flat tail (at ``u = +-inf`` on the bound itself)."""
         lo, hi = finite_bounds(self.petab)
-        x = np.asarray([float(params[p]) for p in self.petab.parameter_ids])
+        ids = self.petab.parameter_ids
+        x = np.stack([np.asarray(params[p], float) for p in ids], axis=-1)
         x = np.clip(x, lo + 1e-3 * (hi - lo), hi - 1e-3 * (hi - lo))
-        return self.space.to_unconstrained(dict(zip(self.petab.parameter_ids, x)))
+        return self.space.to_unconstrained({p: x[..., i] for i, p in enumerate(ids)})
 
     def to_x(self, u) -> jax.Array:
         """Unconstrained ``u (..., D)`` -> the parameters on their scales ``(..., D)`` in

@@ -65,8 +65,9 @@ class AbstractProblem(abc.ABC):
     """`inference.fit`'s ``n_starts`` and ``steps`` for the sampler's MAP start."""
 
     def start_point(self, params) -> jax.Array:
-        """The unconstrained ``u (D,)`` of a constrained parameter dict (a fit's best
-        point) that the chains start around."""
+        """The unconstrained ``u (D,)`` (or ``(n, D)``) of a constrained parameter dict
+        (a fit's best point, or the user's ``init``, already checked) that the chains
+        start at or around."""
         return self.space.to_unconstrained(params)
 
     @abc.abstractmethod

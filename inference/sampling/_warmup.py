@@ -132,6 +132,7 @@ def _chain_starts(problem: AbstractProblem, data, init, C: int, key, jitter: flo
     if isinstance(init, str) and init == "prior":
         return prior_draws(model, space, k_jit, C), "independent prior draws", {}, None
     u, n = checked_init(model, space, init)
+    u = np.asarray(problem.start_point(init), dtype=np.float64)
     if n is None:
         desc = f"given point plus N(0, {jitter}^2) jitter in unconstrained space"
         return jittered(u, jitter, k_jit, C), desc, {}, np.asarray(u, dtype=np.float64)
