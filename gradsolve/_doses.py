@@ -316,6 +316,48 @@ class DosedSolve(NamedTuple):
     after: jax.Array | None = None
 
 
+# Helpers of `DoseSchedule` that need none of its records.
+
+
+def _shifted(g: Callable) -> Callable:
+    """``h(u, z, (p, shift)) = g(u + shift, z, p)``: a trajectory started at a restart
+    runs on local time ``u`` from ``t0``; one function per ``g`` (cached as
+    `DoseSchedule.field`)."""
+    key = (g, "shifted")
+    if key not in _FIELDS:
+        def h(t, z, q):
+            return g(t + q[1], z, q[0])
+
+        h.__name__ = h.__qualname__ = getattr(g, "__qualname__", "field") + "_restarted"
+        h.__wrapped__ = g
+        _FIELDS[key] = h
+    return _FIELDS[key]
+
+
+def _merged(items, D: int):
+    """``(times (N, J), sizes (N, J, D))`` of ``(times, sizes)`` items, each row sorted
+    with its ``+inf`` padding last; ``None`` without items."""
+    if not items:
+        return None
+    T = jnp.concatenate([t for t, _ in items], axis=1)
+    S = jnp.concatenate([s for _, s in items], axis=1)
+    order = jnp.argsort(T, axis=1, stable=True)
+    return (jnp.take_along_axis(T, order, axis=1),
+            jnp.take_along_axis(S, order[..., None], axis=1))
+
+
+def _layout_jumps(jumps, n: int, d: int, D: int, dtype):
+    """Other jumps ``(times, sizes (.., d))`` as additive ``(times (n, J), origin,
+    sizes (n, J, D))``, or none."""
+    if jumps is None:
+        return []
+    jt, js = jnp.asarray(jumps[0], dtype), jnp.asarray(jumps[1], dtype)
+    jt = jnp.broadcast_to(jt, (n,) + jt.shape[-1:])
+    js = jnp.broadcast_to(js, (n,) + js.shape[-2:])
+    js = jnp.concatenate([js, jnp.zeros(js.shape[:-1] + (D - d,), dtype)], -1)
+    return [(jt, jt, jnp.where(jnp.isfinite(jt)[..., None], js, 0.0))]
+
+
 class DoseSchedule(eqx.Module):
     """Dose records of any types, as the vector field, initial state and jumps of a solve.
 
@@ -378,20 +420,6 @@ class DoseSchedule(eqx.Module):
         _FIELDS[key] = g
         return g
 
-    @staticmethod
-    def _shifted(g: Callable) -> Callable:
-        """``h(u, z, (p, shift)) = g(u + shift, z, p)``: a trajectory started at a restart
-        runs on local time ``u`` from ``t0``; one function per ``g`` (cached as `field`)."""
-        key = (g, "shifted")
-        if key not in _FIELDS:
-            def h(t, z, q):
-                return g(t + q[1], z, q[0])
-
-            h.__name__ = h.__qualname__ = getattr(g, "__qualname__", "field") + "_restarted"
-            h.__wrapped__ = g
-            _FIELDS[key] = h
-        return _FIELDS[key]
-
     def _layout(self, n: int, d: int, f, params, options, dtype):
         """The changes (callable values evaluated), the input compartments, the solve's
         width ``D`` and each change's ``(times (n, K), origin (n, K), sizes (n, K, D))``."""
@@ -420,18 +448,6 @@ class DoseSchedule(eqx.Module):
             additive.append((t, o, size))
         return additive, restarts, inputs, D
 
-    @staticmethod
-    def _merged(items, D: int):
-        """``(times (N, J), sizes (N, J, D))`` of ``(times, sizes)`` items, each row sorted
-        with its ``+inf`` padding last; ``None`` without items."""
-        if not items:
-            return None
-        T = jnp.concatenate([t for t, _ in items], axis=1)
-        S = jnp.concatenate([s for _, s in items], axis=1)
-        order = jnp.argsort(T, axis=1, stable=True)
-        return (jnp.take_along_axis(T, order, axis=1),
-                jnp.take_along_axis(S, order[..., None], axis=1))
-
     def apply(self, f: Callable, y0, *, t1=None, jumps=None):
         """The solve's ``(vector field, initial state, jumps)``, for a schedule without
         restarts and whose changes need no model (`plan` does every schedule).
@@ -458,7 +474,7 @@ class DoseSchedule(eqx.Module):
                              "steady-state dose, which need the model's parameters and the "
                              "save times: use DoseSchedule.plan (gs.solve does).")
         additive, _, inputs, D = self._layout(n, d, f, None, {}, Y.dtype)
-        additive += self._layout_jumps(jumps, n, d, D, Y.dtype)
+        additive += _layout_jumps(jumps, n, d, D, Y.dtype)
         items = []
         for t, _, size in additive:
             if t1 is not None:
@@ -466,25 +482,13 @@ class DoseSchedule(eqx.Module):
                 t = jnp.where(t > t1, jnp.inf, t)
             items.append((t, size))
         Z0 = jnp.concatenate([Y, jnp.zeros((n, D - d), Y.dtype)], axis=1)
-        merged = self._merged(items, D)
+        merged = _merged(items, D)
         if merged is None:
             return f, (Z0[0] if single else Z0), None
         g = self.field(f, d, inputs)
         if single:
             return g, Z0[0], (merged[0][0], merged[1][0])
         return g, Z0, merged
-
-    @staticmethod
-    def _layout_jumps(jumps, n: int, d: int, D: int, dtype):
-        """Other jumps ``(times, sizes (.., d))`` as additive ``(times (n, J), origin,
-        sizes (n, J, D))``, or none."""
-        if jumps is None:
-            return []
-        jt, js = jnp.asarray(jumps[0], dtype), jnp.asarray(jumps[1], dtype)
-        jt = jnp.broadcast_to(jt, (n,) + jt.shape[-1:])
-        js = jnp.broadcast_to(js, (n,) + js.shape[-2:])
-        js = jnp.concatenate([js, jnp.zeros(js.shape[:-1] + (D - d,), dtype)], -1)
-        return [(jt, jt, jnp.where(jnp.isfinite(jt)[..., None], js, 0.0))]
 
     def plan(self, f: Callable, t0, t1, y0, params, *, ts=None, jumps=None,
              options: dict | None = None, ts_after=None) -> "DosedSolve":
@@ -526,9 +530,9 @@ class DoseSchedule(eqx.Module):
         P = jax.tree.map(lambda x: jnp.asarray(x)[None], params) if single else params
         after = _after_mask(ts_after, ts, n, single, "gs.DoseSchedule.plan")
         additive, restarts, inputs, D = self._layout(n, d, f, P, options, Y.dtype)
-        additive += self._layout_jumps(jumps, n, d, D, Y.dtype)
+        additive += _layout_jumps(jumps, n, d, D, Y.dtype)
         if not restarts:
-            merged = self._merged(
+            merged = _merged(
                 [(jnp.where(t > t1, jnp.inf, t), jnp.where((t > t1)[..., None], 0.0, size))
                  for t, _, size in additive], D)
             Z0 = jnp.concatenate([Y, jnp.zeros((n, D - d), Y.dtype)], axis=1)
@@ -577,7 +581,7 @@ class DoseSchedule(eqx.Module):
             items.append((jnp.where(inside, u, jnp.inf).reshape(n * S, -1),
                           jnp.where(inside[..., None], size[:, None], 0.0).reshape(
                               n * S, -1, D)))
-        merged = self._merged(items, D)
+        merged = _merged(items, D)
         Z = jnp.concatenate([Y[:, None], vals], axis=1)                      # (n, S, d)
         Z0 = jnp.concatenate([Z, jnp.zeros((n, S, D - d), dtype)], -1).reshape(n * S, D)
         saves = ts is not None
@@ -598,7 +602,7 @@ class DoseSchedule(eqx.Module):
         lts = jnp.where(live[:, :, None], u, t0)
         reps = lambda x: jnp.repeat(jnp.asarray(x), S, axis=0)
         q = (jax.tree.map(reps, P), (at - t0).reshape(n * S))
-        g = self._shifted(self.field(f, d, inputs))
+        g = _shifted(self.field(f, d, inputs))
         return DosedSolve(g, Z0, q, lts.reshape(n * S, -1), merged, d, S, seg, single,
                           tb if saves else None, t_end, after)
 

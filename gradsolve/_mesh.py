@@ -8,6 +8,11 @@ list, so a new per-trajectory field cannot be forgotten by one of them.
 Host meshes (NumPy leaves, from `Mesh.to_host`) stay NumPy under that algebra: drivers that
 edit meshes between compiled steps (fitting, sampling) do it on the host, because eager JAX
 ops on ever-changing shapes would each compile a program.
+
+This module says what each operation means (the methods' signatures, docstrings and
+examples, which the API reference renders); how it is done (row validation, host/device
+branches, capacity reconciliation, the union/merge walk) is in `gradsolve._mesh_rows`, one
+function per method.
 """
 
 from __future__ import annotations
@@ -18,14 +23,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import equinox as eqx
-import jax
-import jax.numpy as jnp
-import numpy as np
 from jaxtyping import Array, Float, Int, PyTree
 
+from . import _mesh_rows as _rows
 from ._controller import PIDController
 from ._solver.base import AbstractSolver
-from ._sharding import host
 
 
 class Status(enum.IntEnum):
@@ -100,6 +102,10 @@ class Mesh(eqx.Module):
     `batch`/`unbatch`, `to_host`/`to_device`, `select`, `scatter`, `where`,
     `with_capacity`, `trim`, `padded`, `concatenate`, `repeat`, `row`, `chains`, `union`.
 
+    Why one class: a mesh is one checkpointed pytree (its fields cannot move), and its row
+    operations are its documented public face, so they stay methods here; their bodies are
+    functions in `gradsolve._mesh_rows`, and what remains is mostly their docstrings.
+
     Example:
         >>> mesh = gs.record(f, 0.0, 10.0, y0, params, ts=jnp.linspace(0.0, 10.0, 21))
         >>> mesh.times.shape                # (n, S + 1): trimmed outside jit
@@ -166,84 +172,6 @@ class Mesh(eqx.Module):
         """Boolean mask of trajectories whose record succeeded."""
         return self.status == Status.OK
 
-    @property
-    def _host(self) -> bool:
-        """Whether this is a host mesh (NumPy ``times`` and ``n_steps``): its row algebra
-        then stays in NumPy."""
-        return _is_host(self.times) and _is_host(self.n_steps)
-
-    def _map_rows(self, fn) -> "Mesh":
-        """``fn`` applied to every per-trajectory array: the `PER_TRAJECTORY` fields and
-        every leaf of ``params``."""
-        changes = {k: fn(getattr(self, k)) for k in self.PER_TRAJECTORY}
-        changes["params"] = jax.tree_util.tree_map(fn, self.params)
-        return dataclasses.replace(self, **changes)
-
-    def _need_ensemble(self, where: str) -> None:
-        if not self.is_ensemble:
-            raise ValueError(
-                f"Mesh.{where}: needs an ensemble mesh (n_steps of shape (n,)), got a "
-                "single-trajectory mesh; `mesh.repeat(1)` makes it an ensemble of one."
-            )
-
-    def _row_index(self, rows, where: str):
-        """``rows`` (int indices or a ``(n,)`` bool mask) as a 1-d int index array,
-        validated when concrete; a traced int array passes through unchecked."""
-        n = self.n
-        if isinstance(rows, jax.core.Tracer):
-            if rows.ndim != 1 or not jnp.issubdtype(rows.dtype, jnp.integer):
-                raise ValueError(
-                    f"Mesh.{where}: a traced `rows` must be a 1-d int array (a bool mask "
-                    f"has no static size under jit), got shape {rows.shape} {rows.dtype}."
-                )
-            return rows
-        r = np.asarray(rows)
-        if r.dtype == bool:
-            if r.shape != (n,):
-                raise ValueError(
-                    f"Mesh.{where}: a boolean `rows` must have shape ({n},) (one entry per "
-                    f"trajectory), got {r.shape}."
-                )
-            return np.flatnonzero(r)
-        if r.size == 0 and r.ndim == 1:
-            return r.astype(np.intp)
-        if r.ndim != 1 or not np.issubdtype(r.dtype, np.integer):
-            raise ValueError(
-                f"Mesh.{where}: `rows` must be a 1-d int index array or a ({n},) bool mask, "
-                f"got shape {r.shape} and dtype {r.dtype}."
-            )
-        if r.min() < -n or r.max() >= n:
-            raise ValueError(
-                f"Mesh.{where}: `rows` has indices outside [0, {n}) (e.g. "
-                f"{int(r[(r < -n) | (r >= n)][0])}) for an ensemble of {n}."
-            )
-        return r
-
-    def _check_compatible(self, other: "Mesh", where: str, name: str) -> None:
-        """Raise if ``other``'s rows cannot join ``self``'s (both ensembles): same solver
-        type, state size, number of save times and params structure, and (host meshes,
-        where comparing is free) the same ``t0``/``t1``."""
-        def fail(what):
-            raise ValueError(f"{where}: `{name}` {what}.")
-
-        if type(self.solver) is not type(other.solver):
-            fail(f"mixes solvers {type(self.solver).__name__} and {type(other.solver).__name__}")
-        if self.y0.shape[1:] != other.y0.shape[1:]:
-            fail(f"mixes states of shape {self.y0.shape[1:]} and {other.y0.shape[1:]}")
-        if self.ts.shape[1:] != other.ts.shape[1:]:
-            fail(f"mixes {self.ts.shape[-1]} and {other.ts.shape[-1]} save times")
-        for k in ("jump_times", "tstops"):
-            if getattr(self, k).shape[1:] != getattr(other, k).shape[1:]:
-                fail(f"mixes {getattr(self, k).shape[-1]} and {getattr(other, k).shape[-1]} "
-                     f"`{k}` slots")
-        a, b = jax.tree_util.tree_flatten(self.params), jax.tree_util.tree_flatten(other.params)
-        if a[1] != b[1] or any(np.shape(x)[1:] != np.shape(y)[1:] for x, y in zip(a[0], b[0])):
-            fail("mixes params of different structures or shapes")
-        if self._host and other._host:
-            for k in ("t0", "t1"):
-                if not np.array_equal(getattr(self, k), getattr(other, k)):
-                    fail(f"mixes meshes recorded with different `{k}`")
-
     # ------------------------------------------------------------------ axes
 
     def batch(self) -> "Mesh":
@@ -262,16 +190,7 @@ class Mesh(eqx.Module):
             >>> single = gs.record(f, 0.0, 1.0, y0[0], p[0])
             >>> single.batch().times.shape      # (1, S + 1)
         """
-        if self.is_ensemble:
-            return self
-
-        def add(x):
-            if x is None:
-                return None
-            return np.asarray(x)[None] if _is_host(x) else jnp.asarray(x)[None]
-
-        changes = {k: add(getattr(self, k)) for k in self.PER_TRAJECTORY}
-        return dataclasses.replace(self, **changes)
+        return _rows.batch(self)
 
     def unbatch(self) -> "Mesh":
         """An ensemble of one trajectory as a single mesh (``params`` included); a single
@@ -302,17 +221,7 @@ class Mesh(eqx.Module):
             >>> mesh.row(2).n_steps == mesh.n_steps[2]
             >>> gs.replay(f, mesh.row(2), y0[2], p[2])      # = row 2 of the ensemble replay
         """
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
-            raise ValueError(f"Mesh.row: `i` must be an int, got {i!r}.")
-        n = self.n
-        if not -n <= i < n:
-            raise ValueError(f"Mesh.row: `i`={i} is out of range for {n} trajectories.")
-        if not self.is_ensemble:
-            return self
-        i = int(i)
-        if self._host:
-            return self._map_rows(lambda x: np.asarray(np.asarray(x)[i]))
-        return self._map_rows(lambda x: jnp.asarray(x)[i])
+        return _rows.row(self, i)
 
     def repeat(self, count: int) -> "Mesh":
         """A single-trajectory mesh as an ensemble of ``count`` identical rows (``params``
@@ -327,18 +236,7 @@ class Mesh(eqx.Module):
             >>> p4 = jax.tree.map(lambda x: jnp.stack([x] * 4), p)
             >>> gs.replay(f, ens, jnp.tile(y0, (4, 1)), p4)
         """
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f"Mesh.repeat: `count` must be a positive int, got {count!r}.")
-        if self.is_ensemble:
-            raise ValueError(
-                f"Mesh.repeat: needs a single-trajectory mesh, got an ensemble of {self.n}; "
-                "use Mesh.concatenate or mesh.select to build ensembles from ensembles."
-            )
-        count = int(count)
-        if self._host:
-            return self._map_rows(
-                lambda x: np.broadcast_to(np.asarray(x), (count,) + np.shape(x)).copy())
-        return self._map_rows(lambda x: jnp.broadcast_to(jnp.asarray(x), (count,) + jnp.shape(x)))
+        return _rows.repeat(self, count)
 
     def chains(self, count: int, capacity: int | None = None) -> "Mesh":
         """One single-trajectory mesh per chain, stacked: EVERY array leaf (the shared
@@ -355,22 +253,7 @@ class Mesh(eqx.Module):
             >>> stack = mesh.chains(4, capacity=64)      # stack.times.shape == (4, 65)
             >>> ys = jax.vmap(lambda m, p: gs.replay(f, m, y0, p).ys)(stack, p4)
         """
-        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-            raise ValueError(f"Mesh.chains: `count` must be a positive int, got {count!r}.")
-        count = int(count)
-        if self.is_ensemble and self.n != count:
-            raise ValueError(
-                f"Mesh.chains: `count`={count} but the mesh is an ensemble of {self.n} "
-                "(one row per chain, or a single mesh to broadcast)."
-            )
-        mesh = self if capacity is None else self.with_capacity(capacity)
-        xp = np if mesh._host else jnp
-        stack = lambda x: (xp.broadcast_to(xp.asarray(x), (count,) + np.shape(x))
-                           if eqx.is_array(x) else x)
-        rowwise = set(self.PER_TRAJECTORY) | {"params"} if mesh.is_ensemble else set()
-        changes = {f.name: jax.tree_util.tree_map(stack, getattr(mesh, f.name))
-                   for f in dataclasses.fields(mesh) if f.name not in rowwise}
-        return dataclasses.replace(mesh, **changes).to_device()
+        return _rows.chains(self, count, capacity)
 
     # ------------------------------------------------------------------ host and device
 
@@ -387,8 +270,7 @@ class Mesh(eqx.Module):
             >>> host = mesh.to_host()         # type(host.times) is np.ndarray
             >>> gs.replay(f, host.to_device(), y0, p)
         """
-        to_np = lambda x: host(x) if eqx.is_array(x) else x
-        return jax.tree_util.tree_map(to_np, self).padded()
+        return _rows.to_host(self)
 
     def to_device(self) -> "Mesh":
         """The mesh with every NumPy leaf as a JAX array (``jnp.asarray``); others kept.
@@ -396,8 +278,7 @@ class Mesh(eqx.Module):
         Example:
             >>> mesh_d = mesh.to_host().select(rows).to_device()
         """
-        to_jnp = lambda x: jnp.asarray(x) if _is_host(x) else x
-        return jax.tree_util.tree_map(to_jnp, self)
+        return _rows.to_device(self)
 
     # ------------------------------------------------------------------ rows
 
@@ -416,11 +297,7 @@ class Mesh(eqx.Module):
             >>> sub = mesh.select(mesh.ok)                 # the successful records
             >>> gs.replay(f, sub, y0[mesh.ok], p[mesh.ok])
         """
-        self._need_ensemble("select")
-        idx = self._row_index(rows, "select")
-        if self._host:
-            return self._map_rows(lambda x: np.asarray(x)[idx])
-        return self._map_rows(lambda x: jnp.asarray(x)[idx])
+        return _rows.select(self, rows)
 
     def scatter(self, rows, other: "Mesh") -> "Mesh":
         """A copy of this ensemble whose rows ``rows`` are replaced by all rows of ``other``.
@@ -441,34 +318,7 @@ class Mesh(eqx.Module):
             >>> new = gs.record(f, t0, t1, y0[stale], p[stale], ts=ts).to_host()
             >>> mesh = mesh.scatter(stale, new).trim()
         """
-        self._need_ensemble("scatter")
-        idx = self._row_index(rows, "scatter")
-        other = other if other.is_ensemble else other.repeat(1)
-        if len(idx) != other.n:
-            raise ValueError(
-                f"Mesh.scatter: `rows` names {len(idx)} rows but `other` has {other.n}."
-            )
-        traced = isinstance(idx, jax.core.Tracer)
-        distinct = traced or len(np.unique(idx % max(self.n, 1))) == len(idx)
-        if not distinct:
-            raise ValueError("Mesh.scatter: `rows` repeats a row; each row can be replaced once.")
-        self._check_compatible(other, "Mesh.scatter", "other")
-        host = self._host
-        other = other.to_host() if host else other.to_device()
-        cap = max(self.capacity, other.capacity)
-        old, new = self.with_capacity(cap), other.with_capacity(cap)
-        if host:
-            def put(a, b):
-                a = np.array(a, copy=True)
-                a[idx] = b
-                return a
-        else:
-            def put(a, b):
-                a = jnp.asarray(a)
-                return a.at[idx].set(jnp.asarray(b).astype(a.dtype))
-        changes = {k: put(getattr(old, k), getattr(new, k)) for k in self.PER_TRAJECTORY}
-        changes["params"] = jax.tree_util.tree_map(put, old.params, new.params)
-        return dataclasses.replace(old, **changes)
+        return _rows.scatter(self, rows, other)
 
     def where(self, mask, other: "Mesh") -> "Mesh":
         """Row ``i`` from ``other`` where ``mask[i]``, else from this mesh (jittable).
@@ -486,28 +336,7 @@ class Mesh(eqx.Module):
             >>> fresh = gs.record(f, t0, t1, y0, p, ts=ts, max_steps=mesh.capacity)
             >>> mesh = mesh.where(sol.error_ratio > 1, fresh)
         """
-        self._check_compatible(other, "Mesh.where", "other")
-        if other.capacity != self.capacity:
-            raise ValueError(
-                f"Mesh.where: `other` has capacity {other.capacity} but this mesh has "
-                f"{self.capacity}; make them agree with with_capacity.")
-        if jnp.shape(other.n_steps) != jnp.shape(self.n_steps):
-            raise ValueError(
-                f"Mesh.where: `other` has rows {jnp.shape(other.n_steps)} but this mesh has "
-                f"{jnp.shape(self.n_steps)}.")
-        mask = jnp.asarray(mask, bool)
-        lead = (self.n,) if self.is_ensemble else ()
-        if mask.shape != lead:
-            raise ValueError(f"Mesh.where: `mask` must have shape {lead}, got {mask.shape}.")
-
-        def pick(a, b):
-            a, b = jnp.asarray(a), jnp.asarray(b)
-            m = mask.reshape(mask.shape + (1,) * (a.ndim - mask.ndim))
-            return jnp.where(m, b.astype(a.dtype), a)
-
-        changes = {k: pick(getattr(self, k), getattr(other, k)) for k in self.PER_TRAJECTORY}
-        changes["params"] = jax.tree_util.tree_map(pick, self.params, other.params)
-        return dataclasses.replace(self, **changes)
+        return _rows.where(self, mask, other)
 
     @staticmethod
     def concatenate(meshes: Sequence["Mesh"]) -> "Mesh":
@@ -528,20 +357,7 @@ class Mesh(eqx.Module):
             >>> b = gs.record(f, t0, t1, y0[2:], p[2:], ts=ts)
             >>> both = gs.Mesh.concatenate([a, b])        # both.n == n
         """
-        meshes = [m if m.is_ensemble else m.repeat(1) for m in meshes]
-        if not meshes:
-            raise ValueError("Mesh.concatenate: `meshes` is empty.")
-        for m in meshes[1:]:
-            meshes[0]._check_compatible(m, "Mesh.concatenate", "meshes")
-        host = all(m._host for m in meshes)
-        meshes = [m.to_host() if host else m.to_device() for m in meshes]
-        cap = max(m.capacity for m in meshes)
-        meshes = [m.with_capacity(cap) for m in meshes]
-        xp = np if host else jnp
-        cat = lambda *xs: xp.concatenate([xp.asarray(x) for x in xs], axis=0)
-        changes = {k: cat(*(getattr(m, k) for m in meshes)) for k in Mesh.PER_TRAJECTORY}
-        changes["params"] = jax.tree_util.tree_map(cat, *(m.params for m in meshes))
-        return dataclasses.replace(meshes[0], **changes)
+        return _rows.concatenate(meshes)
 
     @staticmethod
     def union(meshes: Sequence["Mesh"]) -> "Mesh":
@@ -564,7 +380,7 @@ class Mesh(eqx.Module):
             >>> fine = gs.Mesh.union([mesh_at_mean, mesh_per_chain])
             >>> gs.replay(f, fine.to_device(), y0, p_mean)
         """
-        return _combined(meshes, "union", thin=False)
+        return _rows.combined(meshes, "union", thin=False)
 
     @staticmethod
     def merge(meshes: Sequence["Mesh"]) -> "Mesh":
@@ -583,7 +399,7 @@ class Mesh(eqx.Module):
             >>> fine = gs.Mesh.merge([mesh_at_mean, mesh_at_draws])
             >>> fine.n_steps <= gs.Mesh.union([mesh_at_mean, mesh_at_draws]).n_steps
         """
-        return _combined(meshes, "merge", thin=True)
+        return _rows.combined(meshes, "merge", thin=True)
 
     # ------------------------------------------------------------------ step slots
 
@@ -599,29 +415,7 @@ class Mesh(eqx.Module):
         Example:
             >>> mesh.with_capacity(128).capacity        # 128
         """
-        if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
-            raise ValueError(f"Mesh.with_capacity: `cap` must be a positive int, got {cap!r}.")
-        cap = int(cap)
-        extra = cap - self.capacity
-        if extra == 0:
-            return self
-        if extra > 0:
-            xp = np if self._host else jnp
-            t = self.times
-            times = xp.concatenate([t, xp.repeat(t[..., -1:], extra, axis=-1)], axis=-1)
-            return dataclasses.replace(self, times=pad_times(times, self.n_steps))
-        if isinstance(self.n_steps, jax.core.Tracer):
-            raise ValueError(
-                f"Mesh.with_capacity: cutting to `cap`={cap} needs concrete `n_steps`; call "
-                "it outside jax.jit."
-            )
-        used = int(np.max(host(self.n_steps))) if np.size(self.n_steps) else 0
-        if cap < used:
-            raise ValueError(
-                f"Mesh.with_capacity: `cap`={cap} is below the longest trajectory's {used} "
-                "accepted steps."
-            )
-        return dataclasses.replace(self, times=self.times[..., : cap + 1])
+        return _rows.with_capacity(self, cap)
 
     def trim(self, exact: bool = False) -> "Mesh":
         """Drop unused trailing step slots (needs concrete values; not under ``jit``).
@@ -634,15 +428,7 @@ class Mesh(eqx.Module):
         Example:
             >>> mesh.scatter(rows, new).trim().capacity     # a power of two >= 16
         """
-        if isinstance(self.n_steps, jax.core.Tracer):
-            raise ValueError("Mesh.trim() needs concrete `n_steps`; call it outside jax.jit.")
-        used = int(np.max(host(self.n_steps))) if np.size(self.n_steps) else 0
-        used = max(used, 1)
-        if not exact:
-            used = max(16, 1 << (used - 1).bit_length())
-        if used >= self.capacity:
-            return self
-        return self.with_capacity(used)
+        return _rows.trim(self, exact)
 
     def padded(self) -> "Mesh":
         """The same mesh with the slots past ``n_steps`` filled with the last time.
@@ -654,87 +440,4 @@ class Mesh(eqx.Module):
         Example:
             >>> mesh = jax.jit(lambda p: gs.record(f, 0.0, 1.0, y0, p))(p).padded()
         """
-        return dataclasses.replace(self, times=pad_times(self.times, self.n_steps))
-
-
-def _combined(meshes, where: str, thin: bool) -> "Mesh":
-    """`Mesh.union` (``thin=False``) or `Mesh.merge` (``thin=True``)."""
-    parts = [m.to_host() for m in meshes]
-    if not parts:
-        raise ValueError(f"Mesh.{where}: `meshes` is empty.")
-    if any(m.n_jumps for m in parts):
-        raise ValueError(
-            f"Mesh.{where}: meshes recorded with `jumps` are not supported (each jump owns a "
-            "node of its own that a union of times would merge); re-record instead."
-        )
-    times = []
-    for m in parts:
-        b = m.batch()
-        for t, k, s in zip(b.times, b.n_steps, b.status):
-            if s == Status.OK:
-                times.append(t[: int(k) + 1])
-    if not times:
-        raise ValueError(f"Mesh.{where}: no trajectory of `meshes` was recorded successfully.")
-    first = parts[0].row(0)
-    union = np.unique(np.concatenate(times))
-    if thin:
-        forced = np.concatenate([np.ravel(np.asarray(first.ts)),
-                                 np.ravel(np.asarray(first.tstops))])
-        union = _thinned(union, [np.unique(t) for t in times], forced)
-    ts = np.asarray(first.ts)
-    save_index = np.searchsorted(union, ts).astype(np.asarray(first.save_index).dtype)
-    if not np.array_equal(union[np.minimum(save_index, len(union) - 1)], ts):
-        raise RuntimeError(
-            f"Mesh.{where}: save times missing from the union mesh (the parts were recorded "
-            "with different save times)."
-        )
-    return dataclasses.replace(
-        first,
-        times=union,
-        n_steps=np.asarray(len(union) - 1, np.asarray(first.n_steps).dtype),
-        n_rejected=np.zeros_like(np.asarray(first.n_rejected)),
-        status=np.zeros_like(np.asarray(first.status)),
-        save_index=save_index,
-        tstop_index=np.where(np.isfinite(first.tstops),
-                             np.searchsorted(union, np.asarray(first.tstops)), 0).astype(
-            np.asarray(first.tstop_index).dtype),
-    )
-
-
-def _thinned(nodes: np.ndarray, parts: list[np.ndarray], forced: np.ndarray) -> np.ndarray:
-    """The nodes of a greedy walk over sorted ``nodes``: from each node, the farthest one
-    within the smallest step any of ``parts`` (sorted node arrays) takes there, never
-    passing a ``forced`` node (save times, tstops) or the last node."""
-    cap = np.full(nodes.shape, np.inf)
-    for x in parts:
-        if x.size < 2:
-            continue
-        i = np.clip(np.searchsorted(x, nodes, side="right") - 1, 0, x.size - 2)
-        h = np.where(nodes < x[-1], x[i + 1] - x[i], np.inf)
-        cap = np.minimum(cap, h)
-    forced = np.unique(np.concatenate([forced[np.isfinite(forced)], nodes[-1:]]))
-    out, i, last = [0], 0, nodes.size - 1
-    tol = 1e-12 * max(1.0, float(np.max(np.abs(nodes))))
-    while i < last:
-        nxt = forced[np.searchsorted(forced, nodes[i] + tol, side="left"):][:1]
-        limit = min(nodes[i] + cap[i] + tol, nxt[0] if nxt.size else np.inf)
-        j = int(np.searchsorted(nodes, limit, side="right")) - 1
-        i = max(j, i + 1)
-        out.append(i)
-    return nodes[np.asarray(out)]
-
-
-def _is_host(x) -> bool:
-    """Whether ``x`` is a NumPy array or scalar (a host leaf)."""
-    return isinstance(x, (np.ndarray, np.generic))
-
-
-def pad_times(times, n_steps):
-    """``times (..., S + 1)`` with the slots past ``n_steps (...)`` set to ``times[n_steps]``.
-
-    NumPy in, NumPy out (host meshes, no compiled program per shape); otherwise ``jnp``.
-    """
-    xp = np if _is_host(times) and _is_host(n_steps) else jnp
-    n = xp.clip(xp.asarray(n_steps), 0, times.shape[-1] - 1)[..., None]
-    last = xp.take_along_axis(times, n, axis=-1)
-    return xp.where(xp.arange(times.shape[-1]) > n, last, times)
+        return dataclasses.replace(self, times=_rows.pad_times(self.times, self.n_steps))

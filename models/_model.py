@@ -262,6 +262,11 @@ class ODEModel(eqx.Module):
     ``numpyro.sample("obs", model.noise(params, model.predict(params, data.ts)),
     obs=data.ys)``.
 
+    Why one class: every method reads the model's own fields (priors, noise, observation,
+    initial state) and is part of the documented model interface that `inference` and the
+    zoo rely on; argument checking (construction, `replace`, `check_params`) is done by the
+    module's functions, so what stays is the model's meaning and its docstrings.
+
     Example:
         >>> import jax, jax.numpy as jnp, equinox as eqx
         >>> import numpyro.distributions as dist
@@ -365,56 +370,7 @@ class ODEModel(eqx.Module):
         If ``priors`` changes and ``defaults`` is not given, the defaults become the new
         priors' medians, except for parameters whose prior is unchanged.
         """
-        kwargs = dict(
-            name=self.name,
-            vector_field=self.vector_field,
-            priors=self.priors,
-            y0=self.y0,
-            t0=self.t0,
-            noise=self.noise,
-            observed=self.observed,
-            stiff=self.stiff,
-            defaults=self.defaults,
-            state_names=self.state_names,
-            log_likelihood=getattr(self.noise, "log_likelihood", None),
-            observation=self.observation,
-            observed_names=self._given_observed_names(),
-        )
-        unknown = sorted(set(changes) - set(kwargs))
-        if unknown:
-            raise ValueError(f"replace() got unknown arguments {unknown}")
-        if "priors" in changes and "defaults" not in changes:
-            kwargs["defaults"] = {
-                k: v
-                for k, v in self.defaults.items()
-                if k in changes["priors"] and changes["priors"][k] is self.priors.get(k)
-            }
-        if ("y0" in changes or "vector_field" in changes) and "state_names" not in changes:
-            kwargs["state_names"] = None
-            if "observed" not in changes and self.observation is None:
-                kwargs["observed"] = None
-        if "observed" in changes and changes["observed"] is not None and (
-                "observation" not in changes):
-            kwargs["observation"] = None
-        elif "observation" in changes and "observed" not in changes:
-            kwargs["observed"] = None
-        if "observed_names" not in changes and any(
-                k in changes for k in ("observed", "observation", "state_names", "y0",
-                                       "vector_field")):
-            kwargs["observed_names"] = None
-        if "noise" in changes and "log_likelihood" not in changes:
-            kwargs["log_likelihood"] = None
-        elif "log_likelihood" in changes and "noise" not in changes:
-            kwargs["noise"] = None
-        kwargs.update(changes)
-        return ODEModel(**kwargs)
-
-    def _given_observed_names(self) -> tuple[str, ...] | None:
-        """`observed_names` if they differ from the default (what `replace` passes on)."""
-        default = (tuple(f"obs{i}" for i in range(len(self.observed_names)))
-                   if self.observation is not None
-                   else tuple(self.state_names[i] for i in self.observed))
-        return None if self.observed_names == default else self.observed_names
+        return ODEModel(**_replaced_arguments(self, changes))
 
     # ---------------------------------------------------------------- parameter handling
 
@@ -423,42 +379,7 @@ class ODEModel(eqx.Module):
 
         Raises ``ValueError`` naming missing or unknown parameters and wrong shapes.
         """
-        if not isinstance(params, Mapping):
-            raise ValueError(
-                f"{self.name}: `params` must be a dict with keys {sorted(self.priors)}, "
-                f"got {type(params).__name__}"
-            )
-        missing = sorted(set(self.priors) - set(params))
-        unknown = sorted(set(params) - set(self.priors))
-        if missing or unknown:
-            parts = []
-            if missing:
-                parts.append(f"missing parameters {missing}")
-            if unknown:
-                parts.append(f"unknown parameters {unknown}")
-            raise ValueError(
-                f"{self.name}: `params` has " + " and ".join(parts)
-                + f"; expected exactly {sorted(self.priors)}"
-            )
-        sizes: dict[str, int | None] = {}
-        for k, ref in self.param_shapes.items():
-            shape = tuple(np.shape(params[k]))
-            if shape == ref:
-                sizes[k] = None
-            elif len(shape) == len(ref) + 1 and shape[1:] == ref:
-                sizes[k] = shape[0]
-            else:
-                raise ValueError(
-                    f"{self.name}: parameter {k!r} has shape {shape}; expected {ref} (one "
-                    f"parameter set) or (n, *{ref}) (an ensemble of n)"
-                )
-        distinct = set(sizes.values())
-        if len(distinct) > 1:
-            raise ValueError(
-                f"{self.name}: inconsistent ensemble axes in `params`: either no parameter or "
-                f"every parameter must have the same leading axis n; got {sizes}"
-            )
-        return distinct.pop()
+        return _ensemble_size(self.name, self.param_shapes, params)
 
     def _as_arrays(self, params: Mapping[str, Any]) -> dict[str, jax.Array]:
         return {k: jnp.asarray(params[k]) for k in self.priors}
@@ -829,3 +750,104 @@ def _checked_names(state_names, observed_names, d, m, observed):
             f"`observed_names` has {len(observed_names)} names for {want} observed quantities"
         )
     return state_names, observed_names
+
+
+def _replaced_arguments(model: ODEModel, changes: Mapping[str, Any]) -> dict:
+    """The constructor arguments of `ODEModel.replace`: ``model``'s own, with ``changes``
+    applied and the arguments derived from a changed one reset to their defaults (new
+    priors: medians for the changed parameters; a new state: state names; ``observed``
+    and ``observation`` exclude each other, as do ``noise`` and ``log_likelihood``)."""
+    kwargs = dict(
+        name=model.name,
+        vector_field=model.vector_field,
+        priors=model.priors,
+        y0=model.y0,
+        t0=model.t0,
+        noise=model.noise,
+        observed=model.observed,
+        stiff=model.stiff,
+        defaults=model.defaults,
+        state_names=model.state_names,
+        log_likelihood=getattr(model.noise, "log_likelihood", None),
+        observation=model.observation,
+        observed_names=_given_observed_names(model),
+    )
+    unknown = sorted(set(changes) - set(kwargs))
+    if unknown:
+        raise ValueError(f"replace() got unknown arguments {unknown}")
+    if "priors" in changes and "defaults" not in changes:
+        kwargs["defaults"] = {
+            k: v
+            for k, v in model.defaults.items()
+            if k in changes["priors"] and changes["priors"][k] is model.priors.get(k)
+        }
+    if ("y0" in changes or "vector_field" in changes) and "state_names" not in changes:
+        kwargs["state_names"] = None
+        if "observed" not in changes and model.observation is None:
+            kwargs["observed"] = None
+    if "observed" in changes and changes["observed"] is not None and (
+            "observation" not in changes):
+        kwargs["observation"] = None
+    elif "observation" in changes and "observed" not in changes:
+        kwargs["observed"] = None
+    if "observed_names" not in changes and any(
+            k in changes for k in ("observed", "observation", "state_names", "y0",
+                                   "vector_field")):
+        kwargs["observed_names"] = None
+    if "noise" in changes and "log_likelihood" not in changes:
+        kwargs["log_likelihood"] = None
+    elif "log_likelihood" in changes and "noise" not in changes:
+        kwargs["noise"] = None
+    kwargs.update(changes)
+    return kwargs
+
+
+def _given_observed_names(model: ODEModel) -> tuple[str, ...] | None:
+    """``model.observed_names`` if they differ from the default (what `replace` passes on)."""
+    default = (tuple(f"obs{i}" for i in range(len(model.observed_names)))
+               if model.observation is not None
+               else tuple(model.state_names[i] for i in model.observed))
+    return None if model.observed_names == default else model.observed_names
+
+
+def _ensemble_size(name: str, shapes: Mapping[str, tuple[int, ...]],
+                   params: Mapping[str, Any]) -> int | None:
+    """`ODEModel.check_params`: ``params`` checked against the parameter ``shapes`` of ONE
+    trajectory (exactly those keys; each of that shape, or all with one leading axis
+    ``n``); ``n``, or ``None`` for one parameter set. ``name`` starts the messages."""
+    if not isinstance(params, Mapping):
+        raise ValueError(
+            f"{name}: `params` must be a dict with keys {sorted(shapes)}, "
+            f"got {type(params).__name__}"
+        )
+    missing = sorted(set(shapes) - set(params))
+    unknown = sorted(set(params) - set(shapes))
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing parameters {missing}")
+        if unknown:
+            parts.append(f"unknown parameters {unknown}")
+        raise ValueError(
+            f"{name}: `params` has " + " and ".join(parts)
+            + f"; expected exactly {sorted(shapes)}"
+        )
+    sizes: dict[str, int | None] = {}
+    for k, ref in shapes.items():
+        shape = tuple(np.shape(params[k]))
+        if shape == ref:
+            sizes[k] = None
+        elif len(shape) == len(ref) + 1 and shape[1:] == ref:
+            sizes[k] = shape[0]
+        else:
+            raise ValueError(
+                f"{name}: parameter {k!r} has shape {shape}; expected {ref} (one "
+                f"parameter set) or (n, *{ref}) (an ensemble of n)"
+            )
+    distinct = set(sizes.values())
+    if len(distinct) > 1:
+        raise ValueError(
+            f"{name}: inconsistent ensemble axes in `params`: either no parameter or "
+            f"every parameter must have the same leading axis n; got {sizes}"
+        )
+    return distinct.pop()

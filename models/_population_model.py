@@ -37,14 +37,15 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
+from . import _population_doses as _doses
 from ._model import MissingObservations, default_solver
 from ._population import PopulationDataset
 
 __all__ = ["PopulationModel", "CensoredObservations"]
 
 
-def _identity_doses(theta, p, sizes):
-    return sizes
+# The default `dose_sizes` under its old name, so models pickled before it moved still load.
+_identity_doses = _doses.identity_doses
 
 
 def _checked_data(data: Any, where: str) -> PopulationDataset:
@@ -182,6 +183,10 @@ class PopulationModel(eqx.Module):
     ``observation_fn``, ``noise_fn`` and ``dose_sizes_fn``; the methods of the same names
     (without ``_fn``) validate their input and output around them. `replace` makes a
     changed copy.
+
+    Why one class: each method is one documented piece of the program above, checking a
+    user callable's input and output; how doses become ``y0``, jumps or a schedule is in
+    `models._population_doses`.
     """
 
     name: str = eqx.field(static=True)
@@ -229,7 +234,7 @@ class PopulationModel(eqx.Module):
         self.observation_fn = _callable("observation", observation,
                                         "observation(theta, p, ts, ys) -> (S, K)")
         self.noise_fn = _callable("noise", noise, "noise(theta, pred) -> distribution")
-        self.dose_sizes_fn = _identity_doses if dose_sizes is None else _callable(
+        self.dose_sizes_fn = _doses.identity_doses if dose_sizes is None else _callable(
             "dose_sizes", dose_sizes, "dose_sizes(theta, p, sizes) -> sizes")
         self.dose_parameters_fn = None if dose_parameters is None else _callable(
             "dose_parameters", dose_parameters, "dose_parameters(theta, p) -> dict")
@@ -324,63 +329,7 @@ class PopulationModel(eqx.Module):
         solve takes as ``doses=``.
         """
         data = _checked_data(data, f"{self.name}.dosing")
-        d = self.n_states
-        data.check_observed_compartments(d)
-        self._check_early_doses(data)
-        if data.needs_schedule or self.dose_parameters_fn is not None:
-            if self.dose_sizes_fn is not _identity_doses:
-                raise NotImplementedError(
-                    f"{self.name}: `dose_sizes` acts on bolus jumps; this data set or model "
-                    "needs a dose schedule (RATE/DUR, SS, EVID 3/4, dose parameters): give "
-                    "a bioavailability as `dose_parameters` (F1, ...) instead.")
-            params = (None if self.dose_parameters_fn is None
-                      else self.dose_parameters_fn(theta, p))
-            if params is not None and not isinstance(params, Mapping):
-                raise ValueError(f"{self.name}: `dose_parameters` must return a dict (ALAG1, "
-                                 f"F1, R1, D1, ...), got {type(params).__name__}")
-            return jnp.zeros((data.n_subjects, d)), data.doses(d, scale=self.dose_scale,
-                                                               parameters=params)
-        times, sizes = data.jumps(d, scale=self.dose_scale)   # (S, J), (S, J, d) numpy
-        sizes = jnp.asarray(self.dose_sizes_fn(theta, p, jnp.asarray(sizes)))
-        if sizes.shape != times.shape + (d,):
-            raise ValueError(f"{self.name}: `dose_sizes` must return shape "
-                             f"{times.shape + (d,)}, got {sizes.shape}")
-        at_t0 = times == self.t0
-        y0 = jnp.sum(jnp.where(at_t0[..., None], sizes, 0.0), axis=1)
-        t_last = data.observations()[0].max()
-        keep = np.isfinite(times) & ~at_t0 & (times <= t_last)
-        J = int(keep.sum(axis=1).max())
-        if J == 0:
-            return y0, None
-        # concrete gather: each row's kept doses first (in time order), padding after
-        order = np.argsort(~keep, axis=1, kind="stable")[:, :J]
-        live = np.take_along_axis(keep, order, axis=1)
-        jt = np.where(live, np.take_along_axis(times, order, axis=1), np.inf)
-        js = jnp.take_along_axis(sizes, jnp.asarray(order)[..., None], axis=1)
-        js = jnp.where(jnp.asarray(live)[..., None], js, 0.0)
-        return y0, (jnp.asarray(jt, dtype=js.dtype), js)
-
-    def _check_early_doses(self, data: PopulationDataset) -> None:
-        """A dose before ``t0`` that is not at steady state (a bolus, an infusion started
-        earlier) is a ``ValueError`` naming the subject, row and column: the solve starts
-        at ``t0`` and cannot give it. A steady-state dose or a reset before ``t0`` restarts
-        the state, so the solve runs it and the doses after it."""
-        for s in data.subjects:
-            ss = np.zeros(s.dose_times.size, np.int64) if s.dose_ss is None else s.dose_ss
-            # a restart (SS = 1, EVID 3/4) at or before a dose's time carries it
-            restarts = np.concatenate([s.dose_times[ss == 1],
-                                       [] if s.resets is None else s.resets])
-            first = restarts.min() if restarts.size else np.inf
-            early = np.flatnonzero((s.dose_times < self.t0) & (ss != 1)
-                                   & (s.dose_times < first))
-            if early.size:
-                j = early[0]
-                row = "" if s.dose_rows is None else f", row {int(s.dose_rows[j])}"
-                raise ValueError(
-                    f"{self.name}: subject {s.id!r}{row}, column TIME: a dose at TIME "
-                    f"{s.dose_times[j]:g}, before the model's t0 = {self.t0}; only a dose "
-                    "at steady state (SS = 1) or a reset may come before t0 (give the "
-                    "earlier doses, or start the model earlier).")
+        return _doses.initial_state_and_doses(self, theta, p, data)
 
     def solved_at_t0(self, data: PopulationDataset) -> np.ndarray:
         """``(S, K)`` booleans for `observation`'s ``as_solved``: the observations at
