@@ -11,6 +11,8 @@ the name of the one that ran.
   adjoint; explicit solvers with small fields, any backend.
 - `Batched` (``"gradsolve-batched"``): vmapped steps, JAX's AD; every solver and field.
 - `Diffrax` (``"diffrax-diffeqsolve"``): ``diffrax.diffeqsolve`` (reference and fallback).
+- `Pallas` (``"gradsolve-pallas"``): record, replay and adjoint as fused Pallas kernels on a
+  TPU; explicit solvers in float32 (``Pallas(interpret=True)``: the same kernels anywhere).
 - `Auto`: the first of those that applies.
 
 Example:
@@ -25,9 +27,10 @@ from .batched import Batched
 from .diffrax import Diffrax
 from .kernel import Kernel, KernelBuild
 from .lanes import Lanes
+from .pallas import Pallas
 
 __all__ = ["AbstractDriver", "Auto", "Kernel", "KernelBuild", "Lanes", "Batched", "Diffrax",
-           "by_route"]
+           "Pallas", "by_route"]
 
 
 def by_route(route: str) -> type[AbstractDriver]:
@@ -39,8 +42,8 @@ def by_route(route: str) -> type[AbstractDriver]:
     Example:
         >>> gs.drivers.by_route(sol.route).ragged     # True for the compiled kernel
     """
-    for driver in (Kernel, Lanes, Batched, Diffrax):
+    for driver in (Kernel, Lanes, Batched, Diffrax, Pallas):
         if driver.name == route:
             return driver
     raise ValueError(f"gs.drivers.by_route: no driver is named {route!r}; the drivers are "
-                     f"{[d.name for d in (Kernel, Lanes, Batched, Diffrax)]}")
+                     f"{[d.name for d in (Kernel, Lanes, Batched, Diffrax, Pallas)]}")

@@ -6,6 +6,8 @@ import sys
 import warnings
 from typing import ClassVar
 
+import jax
+
 from .._flat import cache_key
 from .._caches import cache
 from .base import AbstractDriver, refuse
@@ -13,6 +15,7 @@ from .batched import Batched
 from .kernel import Kernel, build, kernel_allowed
 from .kernel.driver import kernel_target
 from .lanes import Lanes, lane_field
+from .pallas import Pallas
 
 
 class Auto(AbstractDriver):
@@ -20,7 +23,8 @@ class Auto(AbstractDriver):
 
     Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler), else
     `Batched`. Replay: `Kernel`, else `Lanes` (explicit solvers with a small field; GPU and
-    TPU), else `Batched` (stiff and Diffrax solvers, anything else); known-time events
+    TPU), else `Batched` (stiff and Diffrax solvers, anything else); on a TPU `Pallas`
+    (fused kernels: explicit solvers, float32, no events) comes first in both; known-time events
     (``jumps=``, ``tstops=``) change nothing in that order. A solve with a solver
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
     the kernel or the lanes replay is passed over because the vector field uses something
@@ -61,6 +65,8 @@ class Auto(AbstractDriver):
         events (``jumps=``/``tstops=``), which every driver applies but the replay of
         `gradsolve.drivers.Diffrax`."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
+        if jax.default_backend() == "tpu":  # the fused kernels first, where they apply
+            order = (Pallas(),) + order
         untranslated = []  # (driver, what its translator did not handle)
         for driver in order:
             if isinstance(driver, Kernel) and (

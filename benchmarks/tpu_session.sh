@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One prepared run on a TPU machine lent to a session (the accelerator driver, issue "The
+# accelerator": gs.drivers.Pallas).
+#
+# The device tool runs a command in a copy of the working tree with JAX (and Pallas) but
+# without gradsolve's other pure-Python dependencies, and no package index. Download their
+# wheels here first, into an ignored folder, matching the versions in .venv:
+#
+#     mkdir -p build/tpu_wheels && cd build/tpu_wheels && ../../.venv/bin/pip download --no-deps \
+#         equinox==0.13.8 diffrax==0.7.2 lineax==0.1.1 optimistix==0.1.0 jaxtyping==0.3.11 \
+#         wadler_lindig==0.1.8 typing_extensions==4.16.0
+#
+# then run, carrying that folder:
+#
+#     run(command="bash benchmarks/tpu_session.sh", carry=["build/tpu_wheels"], timeout_s=590)
+#
+# Steps (each under its own time limit, output kept as it comes): install the wheels to a
+# folder on PYTHONPATH, print the device, compare the Pallas kernels with the lanes replay
+# on the chip (--check), then the benchmark at 32,768 trajectories. $STEPS picks steps
+# (default "setup check bench"); $NS the sizes of the bench step.
+set -u
+OUT=${OUT:-benchmarks/results/tpu}
+mkdir -p "$OUT"
+LOG="$OUT/tpu_session.log"
+DEPS=${DEPS:-/tmp/gradsolve_deps}
+export PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
+STEPS=${STEPS:-"setup check bench"}
+NS=${NS:-32768}
+PY=${PY:-python3}
+
+setup() {
+  mkdir -p "$DEPS"
+  if ! $PY -m pip install --no-index --no-deps --target "$DEPS" build/tpu_wheels/*.whl -q; then
+    # no pip: pure-Python wheels are zip files
+    for w in build/tpu_wheels/*.whl; do $PY -m zipfile -e "$w" "$DEPS"; done
+  fi
+  $PY -c "import jax, equinox, diffrax, gradsolve; print('jax', jax.__version__, jax.devices())"
+}
+
+for step in $STEPS; do
+  echo "### $step $(date -u +%H:%M:%S)" | tee -a "$LOG"
+  case $step in
+    setup) setup 2>&1 | tee -a "$LOG" ;;
+    check) timeout 200 $PY benchmarks/bench_accelerator.py --n 4096 --sides lanes,pallas \
+             --check --repeats 3 --json "$OUT/check_4096.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    bench) for n in $NS; do
+             timeout 300 $PY benchmarks/bench_accelerator.py --n "$n" --repeats 5 \
+               --json "$OUT/bench_$n.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG"
+           done ;;
+  esac
+done

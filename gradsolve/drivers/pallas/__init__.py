@@ -1,0 +1,12 @@
+"""The Pallas driver: record, replay and adjoint as fused Pallas kernels on a TPU.
+
+- `_layout`: trajectories on sublanes and lanes, ``(rows, 128)`` blocks.
+- `_field`: the vector field evaluated entry by entry over blocks; what Mosaic lowers.
+- `_replay`: the forward replay and its exact discrete adjoint, two kernels.
+- `_record`: the adaptive record, one kernel with a per-lane masked step loop.
+- `driver`: the `Pallas` driver that runs them.
+"""
+
+from .driver import Pallas
+
+__all__ = ["Pallas"]
