@@ -18,6 +18,7 @@ Usage::
 
     python benchmarks/bench_petab_sample.py                         # Boehm, 4 x (500 + 1,000)
     python benchmarks/bench_petab_sample.py --quick                 # 4 x (200 + 300)
+    python benchmarks/bench_petab_sample.py --quick --max-tree-depth 6
     python benchmarks/bench_petab_sample.py --problem Fujita_SciSignal2010
 """
 
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=1000)
     ap.add_argument("--quick", action="store_true", help="4 x (200 + 300)")
     ap.add_argument("--sides", default="gradsolve,numpyro")
+    ap.add_argument("--max-tree-depth", type=int, default=10,
+                    help="NUTS's, both sides (Boehm's flat directions reach depth 10)")
     a = ap.parse_args()
     if a.quick:
         a.warmup, a.samples = 200, 300
@@ -69,14 +72,16 @@ def main() -> None:
     if "gradsolve" in a.sides:
         t = time.perf_counter()
         idata = inference.sample(problem, num_warmup=a.warmup, num_samples=a.samples,
-                                 num_chains=a.chains, seed=0, init=init)
+                                 num_chains=a.chains, seed=0, init=init,
+                                 max_tree_depth=a.max_tree_depth)
         wall = time.perf_counter() - t
         rows["gradsolve"] = (wall, idata)
         print(f"gradsolve: {wall:.1f} s; records {idata.posterior.attrs['n_records']}, "
               f"mesh {idata.posterior.attrs['sampling_mesh']}")
     if "numpyro" in a.sides:
         program = petab_program(problem)
-        mcmc = MCMC(NUTS(program, dense_mass=True, target_accept_prob=0.8),
+        mcmc = MCMC(NUTS(program, dense_mass=True, target_accept_prob=0.8,
+                         max_tree_depth=a.max_tree_depth),
                     num_warmup=a.warmup, num_samples=a.samples, num_chains=a.chains,
                     chain_method="vectorized", progress_bar=False)
         t = time.perf_counter()
