@@ -62,6 +62,7 @@ from .problem._ode import ode
 from .problem._policy import MeshPolicy
 from .population._population_fit import PopulationFit, fit_population
 from .population._population_profile import ProfileIntervals, profile_intervals
+from .petab._profile import ProfileResult, profile
 from .sampling._predictive import predictive
 from .problem._problem import TOLERANCES as _TOLERANCES
 from .problem._problem import InferenceModel
@@ -103,6 +104,8 @@ __all__ = [
     "PopulationFit",
     "profile_intervals",
     "ProfileIntervals",
+    "profile",
+    "ProfileResult",
     "vpc",
     "VPC",
     "plot_vpc",

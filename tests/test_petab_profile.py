@@ -1,0 +1,197 @@
+"""Profile likelihoods of PEtab problems (`inference.profile`).
+
+Independent reference: the one-state decay problem of ``test_petab_fit`` (data ``y = A0
+exp(-k t)`` plus normal noise of sd ``sigma``, all three estimated on ``log10``), whose
+negative log-likelihood is closed-form: SciPy's Nelder–Mead minimises it over the other two
+coordinates on the profiled one's values, and ``brentq`` finds where that profile rises by
+``chi2_1(0.95) / 2`` above the closed-form optimum.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+pytest.importorskip("petab")
+libsbml = pytest.importorskip("libsbml")
+
+import gradsolve as gs  # noqa: E402
+import inference  # noqa: E402
+import models  # noqa: E402
+from inference._result import FitResult  # noqa: E402
+from test_petab_fit import DECAY_T, DECAY_Y, _decay_mle, _decay_problem  # noqa: E402
+
+THRESHOLD = stats.chi2.ppf(0.95, 1) / 2
+
+
+def _nll(x):
+    """The decay problem's negative log-likelihood, closed form, ``x`` on log10."""
+    a, k, s = 10.0 ** np.asarray(x, float)
+    r = DECAY_Y - a * np.exp(-k * DECAY_T)
+    n = len(DECAY_T)
+    return 0.5 * n * np.log(2 * np.pi) + n * np.log(s) + np.sum(r**2) / (2 * s**2)
+
+
+def _profile_ref(j, v, x_opt):
+    """min of `_nll` over the two coordinates other than ``j``, with ``x_j = v``."""
+    others = [i for i in range(3) if i != j]
+
+    def f(y):
+        x = np.empty(3)
+        x[j], x[others] = v, y
+        return _nll(x)
+
+    return optimize.minimize(f, x_opt[others], method="Nelder-Mead",
+                             options=dict(xatol=1e-11, fatol=1e-13, maxiter=20000,
+                                          maxfev=40000)).fun
+
+
+def _interval_ref(j, x_opt, f_opt):
+    """Both ends of ``j``'s 95 % profile interval, by brentq on `_profile_ref`."""
+    ends = []
+    for sign in (-1, 1):
+        def rise(v):
+            return _profile_ref(j, v, x_opt) - f_opt - THRESHOLD
+
+        far = x_opt[j] + sign * 0.05
+        while rise(far) < 0:
+            far = x_opt[j] + 2 * (far - x_opt[j])
+        ends.append(optimize.brentq(rise, x_opt[j], far, xtol=1e-12))
+    return ends
+
+
+def _result_at(problem, x):
+    """A one-start `FitResult` of ``problem`` at ``x`` (its loss a fresh solve's)."""
+    ids = problem.parameter_ids
+    loss = -float(problem.log_likelihood(np.asarray(x, float)))
+    return FitResult.of_starts(
+        {p: np.array([v]) for p, v in zip(ids, x)}, [loss], loss_history=np.array([[loss]]),
+        n_records=0, n_records_per_start=np.zeros(1, int), n_grad_evals=0, wall_time=0.0,
+        status=np.zeros(1, np.int32), objective="map", n_steps=0,
+        max_error_ratio=np.zeros(1), parameter_ids=tuple(ids))
+
+
+def _with_unused_parameter(path: Path):
+    """The decay problem with a fourth estimated parameter ``u`` that enters nothing."""
+    _decay_problem(path)
+    doc = libsbml.readSBMLFromFile(str(path / "model.xml"))
+    p = doc.getModel().createParameter()
+    p.setId("u"), p.setValue(1.0), p.setConstant(True)
+    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
+    with open(path / "parameters.tsv", "a") as f:
+        f.write("u\tlog10\t0.001\t1000.0\t1.0\t1\n")
+    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5())
+
+
+@pytest.fixture(scope="module")
+def decay(tmp_path_factory):
+    return _decay_problem(tmp_path_factory.mktemp("decay"))
+
+
+@pytest.fixture(scope="module")
+def decay_fit(decay):
+    return inference.fit(decay, n_starts=6, seed=1)
+
+
+@pytest.fixture(scope="module")
+def decay_profile(decay, decay_fit):
+    return inference.profile(decay, decay_fit)
+
+
+@pytest.fixture(scope="module")
+def with_unused(tmp_path_factory):
+    return _with_unused_parameter(tmp_path_factory.mktemp("unused"))
+
+
+def test_profile_intervals_match_the_closed_form_profiles(decay, decay_fit, decay_profile):
+    x_opt, f_opt = _decay_mle()
+    prof = decay_profile
+    assert prof.parameter_ids == ("A0", "k", "sigma") and prof.objective == "map"
+    assert prof.threshold == pytest.approx(THRESHOLD, rel=1e-12)
+    assert prof.objective_opt == pytest.approx(decay_fit.loss, abs=1e-8) and not prof.notes
+    worst_end = worst_path = 0.0
+    for j, p in enumerate(prof.parameter_ids):
+        ref = _interval_ref(j, x_opt, f_opt)
+        worst_end = max(worst_end, np.max(np.abs(np.asarray(prof.intervals[p]) - ref)))
+        assert prof.identifiable[p] == (True, True)
+        assert prof.stop_reasons[p] == ("threshold", "threshold")
+        path = prof.paths[p]
+        # the profiled column is the held value; the others minimise the objective there
+        np.testing.assert_array_equal(path.x[:, j], path.values)
+        assert np.all(np.diff(path.values) > 0) and path.converged.all()
+        assert path.values[0] < ref[0] and path.values[-1] > ref[1]
+        dev = [f - _profile_ref(j, v, x_opt) for v, f in zip(path.values, path.objective)]
+        worst_path = max(worst_path, np.max(np.abs(dev)))
+        np.testing.assert_allclose(path.ratio, np.exp(-(path.objective - prof.objective_opt)))
+        assert path.ratio[np.searchsorted(path.values, prof.estimate[p])] == \
+            pytest.approx(1.0, abs=1e-8)
+    assert worst_end < 1e-6, worst_end  # measured 1.6e-9
+    assert worst_path < 1e-6, worst_path  # measured 1.2e-8
+    # every walk advanced in the same rounds: far fewer rounds than points
+    points = sum(len(prof.paths[p].values) for p in prof.parameter_ids)
+    assert prof.n_rounds < points / 3
+
+
+def test_a_parameter_outside_the_likelihood_has_an_open_interval(with_unused):
+    x_opt, f_opt = _decay_mle()
+    res = _result_at(with_unused, [*x_opt, 0.0])
+    prof = inference.profile(with_unused, res, parameters=["u", "k"])
+    assert prof.parameter_ids == ("k", "u")
+    assert prof.intervals["u"] == (-np.inf, np.inf)
+    assert prof.identifiable["u"] == (False, False)
+    assert prof.stop_reasons["u"] == ("bound", "bound")
+    path = prof.paths["u"]
+    assert path.values[0] == -3.0 and path.values[-1] == 3.0
+    np.testing.assert_allclose(path.ratio, 1.0, atol=1e-6)  # flat: u changes nothing
+    # the identifiable one is unchanged by the extra coordinate
+    np.testing.assert_allclose(prof.intervals["k"], _interval_ref(1, x_opt, f_opt), atol=1e-6)
+    assert prof.identifiable["k"] == (True, True)
+
+
+def test_bad_arguments_are_named(decay, decay_fit, with_unused):
+    for c in (0.0, 1.0, 1.5, -0.1, "0.9", True):
+        with pytest.raises(ValueError, match="confidence"):
+            inference.profile(decay, decay_fit, confidence=c)
+    with pytest.raises(ValueError, match="nope"):
+        inference.profile(decay, decay_fit, parameters=["k", "nope"])
+    with pytest.raises(ValueError, match="another problem"):
+        inference.profile(with_unused, decay_fit)
+    # same parameters, another objective value: a fit of other data
+    other = _result_at(decay, [decay_fit.params[p] for p in decay.parameter_ids])
+    shifted = FitResult.of_starts(other.all_params, other.losses + 1.0,
+                                  **{k: getattr(other, k) for k in (
+                                      "loss_history", "n_records", "n_records_per_start",
+                                      "n_grad_evals", "wall_time", "status", "objective",
+                                      "n_steps", "max_error_ratio", "parameter_ids")})
+    with pytest.raises(ValueError, match="another problem"):
+        inference.profile(decay, shifted)
+    with pytest.raises(ValueError, match="max_steps"):
+        inference.profile(decay, decay_fit, max_steps=0)
+    with pytest.raises(TypeError, match="PetabProblem"):
+        inference.profile(object(), decay_fit)
+    with pytest.raises(TypeError, match="FitResult"):
+        inference.profile(decay, decay_fit.params)
+
+
+def test_plot_draws_each_profile_against_the_threshold(decay_profile):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes = decay_profile.plot()
+    try:
+        assert len(axes) == 3
+        assert [ax.get_xlabel() for ax in axes] == ["A0 (log10)", "k (log10)",
+                                                    "sigma (log10)"]
+        ax = axes[1]
+        threshold = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
+        np.testing.assert_allclose(threshold[0].get_ydata(), np.exp(-THRESHOLD))
+        curve = ax.get_lines()[0]
+        np.testing.assert_allclose(curve.get_xdata(), decay_profile.paths["k"].values)
+        np.testing.assert_allclose(curve.get_ydata(), decay_profile.paths["k"].ratio)
+        with pytest.raises(ValueError, match="not profiled"):
+            decay_profile.plot(["nope"])
+    finally:
+        plt.close("all")
