@@ -84,6 +84,14 @@ def pytest_configure(config):
     import tempfile
 
     cache = os.environ.get("GRADSOLVE_TEST_JAX_CACHE") or os.path.join(tempfile.gettempdir(), "gradsolve-jax-cache")
+    # Under pytest-xdist (`make test` runs two workers) each worker keeps its own folder:
+    # JAX writes cache entries in place, without a lock (`jax._src.lru_cache.LRUCache.put`
+    # with no size limit), so a worker could read another's half-written entry (a
+    # warning, which the tests that turn every warning into an error would fail on).
+    # The compiled-kernel cache is shared: its writes are atomic (`os.replace`).
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        cache = os.path.join(cache, worker)
     jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
