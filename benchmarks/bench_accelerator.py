@@ -21,8 +21,16 @@ Ratios are Diffrax's gradient time over each gradsolve gradient time. ``--check`
 compares the Pallas side with the lanes side on the same mesh (values, gradients w.r.t.
 ``y0``, parameters and save times) and the Pallas record with the XLA record.
 
+``--events`` runs the known-time-event workload instead (`events`): an oral dosing
+schedule (four boluses into a depot, one infusion into the central compartment, 20
+observations over 48 h, float32), recorded once by the XLA record; the replay gradient
+w.r.t. the parameters and the dose amounts and times on the lanes and Pallas sides (and
+how far apart they are), the dosed record under ``jit`` on both, and the save-time gradient
+(``ts=``) of the Lotka–Volterra workload with `gradsolve._savetimes.moved_out_of_order`,
+the on-device check of moved save times, timed alone against its former scatter form.
+
 Run: ``python benchmarks/bench_accelerator.py --n 32768 [--model lotka_volterra]
-[--sides diffrax,lanes,pallas] [--max-steps 1024] [--repeats 5] [--check]``.
+[--sides diffrax,lanes,pallas] [--max-steps 1024] [--repeats 5] [--check] [--events]``.
 """
 
 from __future__ import annotations
@@ -169,6 +177,99 @@ def bench(model: str, n: int, sides: list[str], max_steps: int, repeats: int) ->
     return out
 
 
+def oral(t, y, p):
+    """Depot and central compartment, first-order absorption and elimination."""
+    return jnp.stack([-p[0] * y[0], p[0] * y[0] - p[1] * y[1]])
+
+
+def _moved_out_of_order_scatter(times, save_index, tsave, subst):
+    """`gradsolve._savetimes.moved_out_of_order` as it was: through `node_times`' scatter."""
+    from gradsolve._savetimes import node_times
+
+    s1 = times.shape[1]
+    rows = jnp.arange(times.shape[0])[:, None]
+    subst = subst.astype(bool)
+    moved, _ = node_times(times, save_index, tsave.astype(times.dtype), subst)
+    left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
+    right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
+    return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
+
+
+def events(n: int, max_steps: int, repeats: int) -> dict:
+    """The known-time-event rows (module docstring): dosed replay gradients, dosed records,
+    the save-time gradient and its check of moved save times."""
+    from gradsolve._savetimes import moved_out_of_order, save_roles
+
+    rng = np.random.default_rng(0)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    p = f32(np.array([1.0, 0.15]) * (1 + 0.4 * (rng.random((n, 2)) - 0.5)))
+    y0 = jnp.zeros((n, 2), jnp.float32)
+    ts = f32(np.linspace(0.5, 47.5, 20))
+    bt = f32(np.array([0.0, 12.0, 24.0, 36.0]) + rng.uniform(0.0, 1.0, (n, 4)))
+    ba = f32(rng.uniform(50.0, 150.0, (n, 4)))
+    kw = dict(rtol=RTOL, atol=ATOL)
+
+    def doses(bt, ba):
+        return [gs.Bolus(time=bt, amount=ba, cmt=0),
+                gs.Infusion(time=f32(6.0), amount=f32(100.0), duration=f32(2.0), cmt=1)]
+
+    lanes = gs.drivers.Lanes()
+    mesh = gs.record(oral, 0.0, 48.0, y0, p, ts=ts, doses=doses(bt, ba), driver=lanes,
+                     max_steps=max_steps, **kw)
+    calls, grads, records = {}, {}, {}
+    for side, driver in (("lanes", lanes), ("pallas", PALLAS)):
+        def loss(q, a, b, d=driver):
+            return jnp.sum(gs.replay(oral, mesh, y0, q, doses=doses(b, a), driver=d).ys ** 2)
+
+        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+        rec = jax.jit(lambda q, a, b, d=driver: gs.record(
+            oral, 0.0, 48.0, y0, q, ts=ts, doses=doses(b, a), driver=d, max_steps=max_steps,
+            **kw).n_steps)
+        grads[side], records[side] = g, rec
+        calls[f"{side} dosed replay grad"] = lambda g=g: g(p, ba, bt)
+        calls[f"{side} dosed record"] = lambda r=rec: r(p, ba, bt)
+    # the save-time gradient of the Lotka–Volterra workload, and its check alone
+    f, t1, y0_lv, p_lv, ts_lv = workload("lotka_volterra", n)
+    mesh_lv = gs.record(f, 0.0, t1, y0_lv, p_lv, ts=ts_lv, rtol=RTOL, atol=ATOL, driver=lanes,
+                        max_steps=max_steps)
+    gts = jax.jit(jax.grad(lambda q, tt: jnp.sum(gs.replay(f, mesh_lv, y0_lv, q, ts=tt,
+                                                           driver=PALLAS).ys ** 2),
+                           argnums=(0, 1)))
+    calls["pallas ts grad (p, ts)"] = lambda: gts(p_lv, ts_lv)
+    bm = mesh_lv.batch()
+    times = bm.times.astype(jnp.float32)
+    subst = save_roles(bm.ts, bm.t0, bm.t1, bm.save_index)[3]
+    ts_n = jnp.broadcast_to(ts_lv, bm.ts.shape)
+    for name, fn in (("moved_out_of_order", moved_out_of_order),
+                     ("moved_out_of_order scatter", _moved_out_of_order_scatter)):
+        jf = jax.jit(fn)
+        calls[name] = lambda jf=jf: jf(times, bm.save_index, ts_n, subst)
+    failed = {}
+    for name, fn in list(calls.items()):  # a side that does not compile: say why, go on
+        try:
+            jax.block_until_ready(fn())
+        except Exception as e:  # noqa: BLE001 - reported in the results
+            failed[name] = f"{type(e).__name__}: {str(e)[:2000]}"
+            print(f"{name} failed: {failed[name]}", flush=True)
+            del calls[name]
+    ms = best(calls, repeats)
+    out = {"n": n, "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+           "failed": failed, "max_steps": max_steps, "mean_steps_dosed": float(np.mean(mesh.n_steps)),
+           "jumps_dosed": int(mesh.jump_index.shape[-1]),
+           "mean_steps_lv": float(np.mean(mesh_lv.n_steps)), "ms": ms}
+    out["dosed_grad_rel_vs_lanes"], out["dosed_record_same_n_steps"] = [], float("nan")
+    if "pallas dosed replay grad" in calls:
+        ga, gb = grads["pallas"](p, ba, bt), grads["lanes"](p, ba, bt)
+        out["dosed_grad_rel_vs_lanes"] = [rel(a, b) for a, b in zip(ga, gb)]
+    if "pallas dosed record" in calls:
+        out["dosed_record_same_n_steps"] = float(np.mean(
+            np.asarray(records["pallas"](p, ba, bt)) == np.asarray(mesh.n_steps)))
+    same = np.asarray(moved_out_of_order(times, bm.save_index, ts_n, subst)) == np.asarray(
+        _moved_out_of_order_scatter(times, bm.save_index, ts_n, subst))
+    out["moved_out_of_order_same"] = bool(np.all(same))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="32768", help="ensemble sizes, comma-separated")
@@ -180,11 +281,32 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--interpret", action="store_true",
                     help="Pallas(interpret=True): a dry run of this script off the chip")
+    ap.add_argument("--events", action="store_true",
+                    help="the known-time-event workload (doses) instead")
     a = ap.parse_args(argv)
     global PALLAS
     if a.interpret:
         PALLAS = gs.drivers.Pallas(interpret=True)
     print("jax", jax.__version__, "diffrax", diffrax.__version__, jax.devices(), flush=True)
+    if a.events:
+        results = []
+        for n in (int(x) for x in a.n.split(",")):
+            r = events(n, a.max_steps, a.repeats)
+            results.append(r)
+            print(f"\ndosed n={n} ({r['device']}, mean steps {r['mean_steps_dosed']:.1f}, "
+                  f"{r['jumps_dosed']} jumps; LV mean steps {r['mean_steps_lv']:.1f})")
+            for k, v in r["ms"].items():
+                print(f"  {k:<30}{v:>10.3f} ms")
+            print("  dosed grad rel diff pallas vs lanes (p, amounts, times):",
+                  ", ".join(f"{x:.2e}" for x in r["dosed_grad_rel_vs_lanes"]))
+            print(f"  dosed record: same n_steps as the XLA record "
+                  f"{r['dosed_record_same_n_steps']:.3f}; moved_out_of_order same as the "
+                  f"scatter form: {r['moved_out_of_order_same']}")
+            sys.stdout.flush()
+            if a.json:
+                with open(a.json, "w") as fh:
+                    json.dump(results, fh, indent=1)
+        return results
     sides = [s for s in a.sides.split(",") if s]
     results = []
     for n in (int(x) for x in a.n.split(",")):

@@ -1,8 +1,9 @@
 """The Pallas driver (`gs.drivers.Pallas`), run through the Pallas interpreter in float64
 (``Pallas(interpret=True)``: the same kernels as on the chip, on CPU), against independent
 references: the lanes replay (`gs.drivers.Lanes`, XLA) on the same mesh, and the XLA record
-loop (`gs.drivers.Batched`). Compiles are the cost here (a few seconds per kernel), so each
-test checks several things on one compiled program."""
+loop (`gs.drivers.Batched`), without and with known-time events (jumps, tstops, doses).
+Compiles are the cost here (a few seconds per kernel), so each test checks several things
+on one compiled program."""
 
 from typing import ClassVar
 
@@ -115,6 +116,73 @@ def test_replay_without_save_times_and_failed_trajectories(forced_mesh):
     np.testing.assert_array_equal(ys_b[keep], np.asarray(ys)[keep])
 
 
+def oral(t, y, p):
+    """Absorption from a depot into a central compartment, with a zero-order input into it
+    from ``p["on"]`` to ``p["off"]`` (tstops there)."""
+    rate = jnp.where((t >= p["on"]) & (t < p["off"]), 2.0, 0.0)
+    return jnp.stack([-p["ka"] * y[0], p["ka"] * y[0] - p["k"] * y[1] + rate])
+
+
+def test_events_and_doses_equal_lanes():
+    """Known-time events (FSAL: the carried stage restarts after each jump and tstop node)
+    from doses (boluses, ragged with +inf padding; an infusion: two rate jumps of an extra
+    state) merged with jumps of one's own (at t0, twice at once on one row, at a save time
+    (read before the jump), at t1) and tstops. The Pallas record takes the XLA record's
+    steps, jumps and tstops; on its mesh the Pallas replay's values and its gradients
+    w.r.t. y0, the parameters, the save times, the jump times and sizes and every dose
+    field equal the lanes replay's: ``gs.solve(..., doses=..., driver=Pallas())``, a record
+    then a replay, agrees with the lanes driver's."""
+    n = 10
+    rng = np.random.default_rng(2)
+    p = {"ka": jnp.asarray(rng.uniform(0.8, 1.5, n)), "k": jnp.asarray(rng.uniform(0.1, 0.4, n)),
+         "on": jnp.full((n,), 15.0), "off": jnp.full((n,), 17.0)}
+    y0 = jnp.asarray(rng.random((n, 2)))
+    ts = jnp.array([0.0, 3.5, 6.5, 9.0, 12.5, 15.5, 18.5, 21.5, 24.0])  # 9.0: a jump time
+    bolus_t = jnp.asarray(np.stack([rng.uniform(0.2, 1.0, n), rng.uniform(8.2, 8.8, n)], 1))
+    bolus_t = bolus_t.at[4, 1].set(jnp.inf)
+    dose = (bolus_t, jnp.asarray(rng.uniform(100, 300, (n, 2))),
+            jnp.asarray(rng.uniform(3.1, 4.0, (n, 1))), jnp.asarray(rng.uniform(50, 150, (n, 1))),
+            jnp.asarray(rng.uniform(1.0, 2.5, (n, 1))))
+    jt = jnp.tile(jnp.array([0.0, 9.0, 24.0]), (n, 1)).at[2, 1].set(0.0).at[6, 2].set(jnp.inf)
+    js = jnp.where(jnp.isfinite(jt)[..., None], jnp.asarray(rng.uniform(1, 5, (n, 3, 2))), 0.0)
+    kw = dict(tstops=jnp.array([15.0, 17.0]), rtol=1e-6, atol=1e-6)
+
+    def doses(bt, ba, it, ia, idur):
+        return [gs.Bolus(time=bt, amount=ba, cmt=0),
+                gs.Infusion(time=it, amount=ia, duration=idur, cmt=1)]
+
+    mesh = gs.record(oral, 0.0, 24.0, y0, p, ts=ts, doses=doses(*dose), jumps=(jt, js),
+                     driver=PALLAS, **kw)
+    ref = gs.record(oral, 0.0, 24.0, y0, p, ts=ts, doses=doses(*dose), jumps=(jt, js),
+                    driver=gs.drivers.Batched(), **kw)
+    for name in ("n_steps", "status", "save_index", "jump_index", "tstop_index"):
+        np.testing.assert_array_equal(np.asarray(getattr(mesh, name)),
+                                      np.asarray(getattr(ref, name)), err_msg=name)
+    assert mesh.jump_index.shape[-1] == 7  # 2 boluses, the infusion's 2 changes, 3 own
+    np.testing.assert_allclose(np.asarray(mesh.times), np.asarray(ref.times), rtol=1e-9)
+
+    def run(driver):
+        def loss(y, q, tt, a, b, *d):
+            s = gs.replay(oral, mesh, y, q, ts=tt, jumps=(a, b), doses=doses(*d),
+                          driver=driver)
+            return (jnp.sum(jnp.sin(s.ys / 30)) + jnp.sum((s.y1 / 30) ** 2),
+                    (s.ys, s.y1, s.error_ratio))
+
+        return jax.jit(jax.value_and_grad(loss, argnums=range(10), has_aux=True))(
+            y0, p, ts, jt, js, *dose)
+
+    (_, (ys, y1, err)), grads = run(PALLAS)
+    (_, (ys_l, y1_l, err_l)), grads_l = run(LANES)
+    assert _max_rel((ys, y1), (ys_l, y1_l)) <= 1e-10
+    # the error ratio (a difference of stages: digits cancel) to rounding of the states
+    assert _max_rel(err, err_l) <= 1e-8 and np.all(np.asarray(err) <= 1.0)
+    for g, g_l in zip(grads, grads_l):
+        assert _max_rel(g, g_l) <= 1e-10
+    # every one carries a gradient (but the input's switching times: a step of f there)
+    grads[1].pop("on"), grads[1].pop("off")
+    assert all(np.any(np.asarray(x) != 0) for x in jax.tree_util.tree_leaves(grads))
+
+
 def test_record_accepts_the_same_steps_as_the_xla_record():
     """Same accepted and rejected steps, save nodes and statuses as the XLA record loop, on
     a ragged ensemble (its meshes replayed: `test_solve_under_jit_...`)."""
@@ -164,7 +232,8 @@ def test_reasons_say_where_it_does_not_apply(monkeypatch):
     assert PALLAS.replay_reason(lotka_volterra, gs.Tsit5(), y0, p) is None
     assert PALLAS.record_reason(lotka_volterra, gs.Dopri5(), y0, p) is None
     assert "explicit" in PALLAS.replay_reason(lotka_volterra, gs.Rodas5P(), y0, p)
-    assert "events" in PALLAS.replay_reason(lotka_volterra, gs.Tsit5(), y0, p, events=True)
+    for reason in (PALLAS.replay_reason, PALLAS.record_reason):  # events run too
+        assert reason(lotka_volterra, gs.Tsit5(), y0, p, events=True) is None
     # a primitive Mosaic does not lower is named
     reason = PALLAS.replay_reason(lambda t, y, q: -jnp.expm1(q[0] * y), gs.Tsit5(), y0, p)
     assert "`expm1`" in reason and "Mosaic" in reason
@@ -190,21 +259,23 @@ def test_auto_picks_pallas_only_on_a_tpu_where_it_applies(monkeypatch):
     for kind in ("record", "replay"):
         chosen = gs.drivers.Auto().choose(kind, lotka_volterra, gs.Tsit5(), y32, p32)
         assert isinstance(chosen, gs.drivers.Pallas) and not chosen.interpret
-        # float64, a stiff solver, events: the next driver in the order
+        # float64, a stiff solver: the next driver in the order; events: Pallas still
         assert not isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Tsit5(),
                                                   y32.astype(jnp.float64),
                                                   p32.astype(jnp.float64)), gs.drivers.Pallas)
         assert not isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Rodas5P(), y32, p32),
                               gs.drivers.Pallas)
-        assert not isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Tsit5(), y32, p32,
-                                                  events=True), gs.drivers.Pallas)
+        assert isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Tsit5(), y32, p32,
+                                              events=True), gs.drivers.Pallas)
     assert gs.drivers.by_route("gradsolve-pallas") is gs.drivers.Pallas
 
 
 def test_kernels_lower_for_the_chip():
-    """The kernels (record, replay, adjoint with node-time cotangents) in float32 lower to
-    Mosaic for a TPU, checked here without one (JAX lowers Pallas TPU kernels on any host;
-    compiling them needs the chip, ``benchmarks/tpu_session.sh``)."""
+    """The kernels (record, replay, adjoint with node-time cotangents; each with and
+    without known-time events) in float32 lower to Mosaic for a TPU, checked here without
+    one (JAX lowers Pallas TPU kernels on any host; compiling them needs the chip,
+    ``benchmarks/tpu_session.sh``)."""
+    from gradsolve._events import Events, ReplayEvents
     from gradsolve.drivers.base import ReplayLayout, ReplayNodes
     from gradsolve.drivers.pallas._field import pallas_field
     from gradsolve.drivers.pallas._record import pallas_record
@@ -216,27 +287,70 @@ def test_kernels_lower_for_the_chip():
     field = pallas_field(lotka_volterra, solver, y0, p).field
     times = jnp.tile(jnp.linspace(0.0, 1.0, s1, dtype=f32), (n, 1))
     save = jnp.tile(jnp.arange(k, dtype=jnp.int32) * 8, (n, 1))
+    jidx = jnp.tile(jnp.array([10, 20], jnp.int32), (n, 1))
+    ev = ReplayEvents(jidx, jidx - 1, times[:, 9:11], jnp.ones((n, 2, 2), f32),
+                      jnp.concatenate([jidx, jidx + 3], axis=1))
     nodes = ReplayNodes(times, jnp.full((n,), s1 - 1, jnp.int32), save, times[:, :k] * 1,
                         jnp.ones((n, k), bool))
     layout = ReplayLayout(None, 8, "tpu")
 
-    def grad(y, q, tm):
-        def loss(y, q, tm):
-            out = pallas_replay(field, lotka_volterra, solver, nodes._replace(tsave=tm), y, q,
-                                1e-5, 1e-7, True, layout, False)
+    def grad(y, q, tm, jt, js, with_events):
+        def loss(y, q, tm, jt, js):
+            ev_ = ev._replace(jump_times=jt, jump_sizes=js) if with_events else None
+            out = pallas_replay(field, lotka_volterra, solver,
+                                nodes._replace(tsave=tm, events=ev_), y, q, 1e-5, 1e-7, True,
+                                layout, False)
             return jnp.sum(out.ys ** 2)
-        return jax.grad(loss, argnums=(0, 1, 2))(y, q, tm)
+        return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(y, q, tm, jt, js)
 
-    def record(y, q):
+    def record(y, q, jt, js, with_events):
+        events = Events(jt, js, jnp.full((n, 1), 0.5, f32)) if with_events else None
         return pallas_record(field, lotka_volterra, solver, gs.PIDController(), f32(0.0),
                              f32(1.0), y, q, times[:, :k], f32(1e-5), f32(1e-7), None, 64,
-                             False, False).times
+                             False, False, events).times
 
-    for fn, args in ((grad, (y0, p, times[:, :k])), (record, (y0, p))):
-        try:
-            text = jax.jit(fn).trace(*args).lower(lowering_platforms=("tpu",)).as_text()
-        except ValueError as e:  # a lowering rule that asks the (absent) chip its version
-            if "TPU device kind" in str(e):
-                pytest.skip(f"this JAX lowers a rule only on a TPU: {e}")
-            raise
-        assert "tpu_custom_call" in text
+    for with_events in (False, True):
+        grad_args = (y0, p, times[:, :k], ev.jump_times, ev.jump_sizes)
+        for fn, args in ((grad, grad_args), (record, (y0, p, ev.jump_times, ev.jump_sizes))):
+            try:
+                text = jax.jit(fn, static_argnums=len(args)).trace(*args, with_events).lower(
+                    lowering_platforms=("tpu",)).as_text()
+            except ValueError as e:  # a lowering rule that asks the (absent) chip its version
+                if "TPU device kind" in str(e):
+                    pytest.skip(f"this JAX lowers a rule only on a TPU: {e}")
+                raise
+            assert "tpu_custom_call" in text
+
+
+def test_moved_out_of_order_without_its_scatter_is_unchanged():
+    """`gradsolve._savetimes.moved_out_of_order` (the on-device check of moved save times,
+    part of every save-time gradient; rewritten without `node_times`' scatter, slow on a
+    TPU) gives what the scatter form gave, on random sorted meshes: few nodes for many save
+    slots (equal save times share a node), slots at the first and last node, moved and
+    unmoved slots, float32 and float64 save times."""
+    from gradsolve._savetimes import moved_out_of_order, node_times
+
+    def with_scatter(times, save_index, tsave, subst):
+        s1 = times.shape[1]
+        rows = jnp.arange(times.shape[0])[:, None]
+        subst = subst.astype(bool)
+        moved, _ = node_times(times, save_index, tsave.astype(times.dtype), subst)
+        left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
+        right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
+        return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
+
+    rng = np.random.default_rng(5)
+    # (trajectories, nodes, save slots, save times' dtype, may slots share a node)
+    for n, s1, k, dtype, shared in ((400, 6, 9, np.float64, True), (400, 17, 5, np.float32, True),
+                                    (100, 40, 6, np.float64, False)):
+        times = np.cumsum(rng.uniform(0.0, 1.0, (n, s1)), axis=1)
+        save = (rng.integers(0, s1, (n, k)) if shared
+                else np.argsort(rng.random((n, s1)), axis=1)[:, :k])
+        save = np.sort(save, axis=1).astype(np.int32)
+        tsave = (np.take_along_axis(times, save, 1) + rng.normal(0, 0.3, (n, k))).astype(dtype)
+        subst = rng.random((n, k)) < rng.random((n, 1))
+        args = (jnp.asarray(times), jnp.asarray(save), jnp.asarray(tsave), jnp.asarray(subst))
+        got = np.asarray(jax.jit(moved_out_of_order)(*args))
+        want = np.asarray(jax.jit(with_scatter)(*args))
+        np.testing.assert_array_equal(got, want)
+        assert np.any(want) and not np.all(want)  # both outcomes met

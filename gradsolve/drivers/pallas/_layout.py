@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 LANES = 128
 SUBLANES = 8
@@ -77,3 +79,14 @@ def pad_rows(x, multiple: int, axis: int = 0):
     reps = [1] * x.ndim
     reps[axis] = pad
     return jnp.concatenate([x, jnp.tile(last, reps)], axis=axis)
+
+
+def loop(n, body, carry):
+    """``body(i, carry)`` for ``i`` in ``[0, n)`` with an int32 counter (``n`` an int or an
+    int32 scalar), the loop every kernel uses. ``lax.fori_loop`` counts in int64 when x64
+    is enabled, which Mosaic cannot lower."""
+    def step(c):
+        i, x = c
+        return i + np.int32(1), body(i, x)
+
+    return jax.lax.while_loop(lambda c: c[0] < n, step, (np.int32(0), carry))[1]

@@ -16,6 +16,13 @@ ulp: a step accepted with an error ratio near 1 may go the other way (on a v5e, 
 4,096 Lotka–Volterra trajectories took the XLA record's step count; every mesh holds, its
 replay's error ratio <= 1).
 
+Known-time events (``jumps=``, ``tstops=``) are the XLA loop's (`_record_events` there):
+jump times and tstops are targets like save times; an attempt that finds a lane's next
+jump due at its time takes no step there but a node of its own (a zero-length step) where
+the state jumps; after a jump or a tstop node the carried stage is recomputed (a field
+evaluation, only in attempts where some lane of the block needs it). In float64 it takes
+the XLA record's steps, jumps and tstops (``tests/test_pallas.py``).
+
 Masked updates replace what Mosaic does not lower: a lane's next save time is the last
 ``ts[j]`` with ``j >= ptr`` over the ``k`` save slots (no gather with a vector index), and
 an accepted node is written to the mesh rows between the block's lowest and highest node
@@ -43,9 +50,10 @@ from ..._controller import initial_step
 from ..._events import empty_events
 from ..._flat import flat_params, flatten_spec
 from ..._mesh import Mesh, Status
+from ..lanes import LaneArray
 from ._field import BlockField
-from ._layout import blocks_for, from_lanes, to_lanes
-from ._replay import error_norm, loop, read, where, write
+from ._layout import blocks_for, from_lanes, loop, to_lanes
+from ._replay import error_norm, read, where, write
 
 ROWS = 16  # sublanes per block; fewer where the mesh capacity would crowd VMEM
 GROUP = 4  # attempts per check of the block's loop condition
@@ -67,29 +75,57 @@ def _reduce(op, x, dtype):
     return op(x.astype(dtype)).astype(jnp.int32)
 
 
+def _next_of(ref, count: int, ptr, end):
+    """Per lane ``ref[ptr]`` (``end`` past the last of ``count`` rows): the last row ``j``
+    with ``j >= ptr``, by masked selects (no gather with a vector index)."""
+    return loop(count, lambda jj, tg: jnp.where(count - 1 - jj >= ptr, ref[count - 1 - jj], tg),
+                end)
+
+
+def _count_reached(ref, count: int, t, zeros_i):
+    """Per lane: how many of the ``count`` sorted rows of ``ref`` are ``<= t``."""
+    return loop(count, lambda j, acc: acc + (ref[j] <= t).astype(jnp.int32), zeros_i)
+
+
 def _record_kernel(field: BlockField, solver, controller, d: int, P: int, k: int,
-                   max_steps: int, cap: int):
+                   max_steps: int, cap: int, events: tuple[int, int] | None = None):
     """The record kernel's body for one block (module docstring); ``cap`` attempts at
-    most, as the XLA loop."""
+    most, as the XLA loop. ``events``: ``(J, L)`` jumps and tstops per lane (each at least
+    one, padded with ``+inf`` times), as the XLA loop's `_record_events`: a lane whose next
+    jump is due at its time takes no step in that attempt but a node of its own, where its
+    state jumps; a jump or tstop node restarts the carried stage."""
     fsal = solver.fsal
     order = solver.error_order
+    J, L = events if events is not None else (0, 0)
 
-    def kernel(scal_ref, h0_ref, y0_ref, p_ref, ts_ref,
-               times_ref, save_ref, nacc_ref, nrej_ref, status_ref, h_ref, y_ref, t_ref):
+    def kernel(*refs):
+        scal_ref, h0_ref, y0_ref, p_ref, ts_ref = refs[:5]
+        refs = refs[5:]
+        jt_ref, js_ref, stop_ref = refs[:3] if events else (None,) * 3
+        refs = refs[3:] if events else refs
+        times_ref, save_ref, nacc_ref, nrej_ref, status_ref, h_ref, y_ref, t_ref = refs[:8]
+        jidx_ref, sidx_ref = refs[8:10] if events else (None, None)
         dtype = y0_ref.dtype
         t0, t1, rtol, atol = scal_ref[0], scal_ref[1], scal_ref[2], scal_ref[3]
         p = read(p_ref, P)
         y0 = read(y0_ref, d)
         zeros_i = jnp.zeros(t0.shape, jnp.int32)
         one = jnp.ones_like(t0)
+        inf = jnp.full_like(t0, jnp.inf)
         times_ref[0] = t0
         save_ref[...] = jnp.zeros_like(save_ref)
-        ptr0 = loop(k, lambda j, acc: acc + (ts_ref[j] <= t0).astype(jnp.int32), zeros_i)
+        ptr0 = _count_reached(ts_ref, k, t0, zeros_i)
         st0 = solver.init(field, t0, y0, p) if fsal else None
         eps = float(jnp.finfo(dtype).eps)
+        if events:
+            jidx_ref[...] = jnp.zeros_like(jidx_ref)
+            sidx_ref[...] = jnp.zeros_like(sidx_ref)
+
+        def any_lane(x):
+            return _reduce(jnp.max, x.astype(jnp.int32), dtype) > 0
 
         def cond(c):
-            done, iters = c[-2], c[-1]
+            done, iters = c[9], c[10]
             return (_reduce(jnp.min, done, dtype) == 0) & (iters < cap)
 
         def attempts(c):
@@ -98,11 +134,18 @@ def _record_kernel(field: BlockField, solver, controller, d: int, P: int, k: int
             return loop(GROUP, lambda _, x: body(x), c)
 
         def body(c):
-            t, y, h, st, err_prev, n_acc, n_rej, ptr, status, done, iters = c
+            t, y, h, st, err_prev, n_acc, n_rej, ptr, status, done, iters, jptr, sptr = c
             idle = done != 0
-            # next save time (ts[ptr]; t1 past the last): the last ts[j] with j >= ptr
-            target = loop(k, lambda jj, tg: jnp.where(k - 1 - jj >= ptr, ts_ref[k - 1 - jj], tg),
-                          t1)
+            # next save time (ts[ptr]; t1 past the last)
+            target = _next_of(ts_ref, k, ptr, t1)
+            is_jump = None
+            if events:
+                # a jump due at the lane's time: this attempt is its node, not a step
+                jump_next = _next_of(jt_ref, J, jptr, inf)
+                is_jump = ~idle & (jump_next <= t)
+                target = jnp.minimum(target, jnp.minimum(jump_next, _next_of(stop_ref, L, sptr,
+                                                                             inf)))
+                idle = idle | is_jump
             t_try = t + h
             clipped = t_try >= target
             t_new = jnp.where(idle, t, jnp.where(clipped, target, t_try))
@@ -113,20 +156,20 @@ def _record_kernel(field: BlockField, solver, controller, d: int, P: int, k: int
             accept = (err <= 1.0) & ~idle
             h_next = h_eff * controller.factor(err, err_prev, accept, order)
             h_next = jnp.where(accept & clipped, jnp.maximum(h_next, h), h_next)
-            n_acc1 = n_acc + accept.astype(jnp.int32)
+            node = accept | is_jump if events else accept  # a new mesh node
+            n_acc1 = n_acc + node.astype(jnp.int32)
             n_rej1 = n_rej + (~accept & ~idle).astype(jnp.int32)
-            # the accepted node at row n_acc1 of each lane: rows lo..hi of the block
-            lo = _reduce(jnp.min, jnp.where(accept, n_acc1, max_steps + 1), dtype)
-            hi = _reduce(jnp.max, jnp.where(accept, n_acc1, -1), dtype)
+            # the new node at row n_acc1 of each lane: rows lo..hi of the block
+            lo = _reduce(jnp.min, jnp.where(node, n_acc1, max_steps + 1), dtype)
+            hi = _reduce(jnp.max, jnp.where(node, n_acc1, -1), dtype)
 
             def put(m, _):
                 row = lo + m
-                times_ref[row] = jnp.where(accept & (n_acc1 == row), t_new, times_ref[row])
+                times_ref[row] = jnp.where(node & (n_acc1 == row), t_new, times_ref[row])
                 return _
 
             loop(hi - lo + 1, put, None)
-            reached = loop(k, lambda j, acc: acc + (ts_ref[j] <= t_new).astype(jnp.int32),
-                           zeros_i)
+            reached = _count_reached(ts_ref, k, t_new, zeros_i)
             new_ptr = jnp.where(accept, reached, ptr)
 
             @pl.when(_reduce(jnp.max, new_ptr - ptr, dtype) > 0)
@@ -138,24 +181,71 @@ def _record_kernel(field: BlockField, solver, controller, d: int, P: int, k: int
 
                 loop(k, mark, None)
 
-            y = where(accept, y1, y)
+            y_old, y = y, where(accept, y1, y)
             st = where(accept, st1, st) if fsal else None
-            finished = accept & (t_new >= t1)
-            active = ~idle & ~finished
+            if events:
+                y, st, h_next, jptr, sptr, finished = _events(
+                    is_jump, accept, node, y_old, y, st, h, h_next, t_new, n_acc1, jptr, sptr)
+            else:
+                finished = accept & (t_new >= t1)
+            active = ~(done != 0) & ~finished
             tiny = 10 * eps * jnp.maximum(jnp.abs(t_new), jnp.abs(t))
             underflow = active & (h_next <= tiny)
             over = active & ((n_acc1 >= max_steps) | (n_acc1 + n_rej1 >= cap))
             status = jnp.where(underflow, jnp.where(jnp.isfinite(err), int(Status.STEP_UNDERFLOW),
                                                     int(Status.NONFINITE)), status)
             status = jnp.where(over & ~underflow, int(Status.MAX_STEPS), status)
-            return (jnp.where(accept, t_new, t), y, jnp.where(idle, h, h_next), st,
+            return (jnp.where(accept, t_new, t), y, jnp.where(done != 0, h, h_next), st,
                     jnp.where(accept, jnp.maximum(err, 1e-4), err_prev), n_acc1, n_rej1,
                     new_ptr, status.astype(jnp.int32),
-                    (idle | finished | underflow | over).astype(jnp.int32), iters + 1)
+                    ((done != 0) | finished | underflow | over).astype(jnp.int32), iters + 1,
+                    jptr, sptr)
+
+        def _events(is_jump, accept, node, y_old, y, st, h, h_next, t_new, n_acc1, jptr, sptr):
+            """`gradsolve.drivers.batched._record_events` on a block: the jump applied at
+            its node, the tstops passed, the carried stage restarted after either."""
+            size = [loop(J, lambda jj, acc, q=q: jnp.where(jptr == jj, js_ref[jj, q], acc),
+                         jnp.zeros_like(t_new)) for q in range(d)]
+            y = LaneArray(jnp.where(is_jump, a + s_, b)
+                          for a, s_, b in zip(y_old.rows, size, y.rows))
+
+            @pl.when(any_lane(is_jump))
+            def _jump_nodes():
+                def mark(jj, _):
+                    jidx_ref[jj] = jnp.where(is_jump & (jptr == jj), n_acc1, jidx_ref[jj])
+                    return _
+
+                loop(J, mark, None)
+
+            jptr = jptr + is_jump.astype(jnp.int32)
+            sptr1 = jnp.where(accept, _count_reached(stop_ref, L, t_new, jnp.zeros_like(sptr)),
+                              sptr)
+
+            @pl.when(any_lane(sptr1 > sptr))
+            def _stop_nodes():
+                def mark(ll, _):
+                    newly = (ll >= sptr) & (ll < sptr1)
+                    sidx_ref[ll] = jnp.where(newly, n_acc1, sidx_ref[ll])
+                    return _
+
+                loop(L, mark, None)
+
+            reset = is_jump | (sptr1 > sptr)
+            if fsal:
+                def restart(st):
+                    return where(reset, solver.init(field, t_new, y, p), st)
+
+                st = jax.lax.cond(any_lane(reset), restart, lambda st: st, st)
+            h_next = jnp.where(is_jump, h, h_next)
+            pending = _next_of(jt_ref, J, jptr, jnp.full_like(t_new, jnp.inf)) <= t_new
+            finished = node & (t_new >= t1) & ~pending
+            return y, st, h_next, jptr, sptr1, finished
 
         h0 = jnp.minimum(h0_ref[...], t1 - t0)
-        init = (t0, y0, h0, st0, one, zeros_i, zeros_i, ptr0, zeros_i, zeros_i, np.int32(0))
-        t, y, h, _, _, n_acc, n_rej, _, status, done, _ = jax.lax.while_loop(cond, attempts, init)
+        init = (t0, y0, h0, st0, one, zeros_i, zeros_i, ptr0, zeros_i, zeros_i, np.int32(0),
+                zeros_i, _count_reached(stop_ref, L, t0, zeros_i) if events else zeros_i)
+        out = jax.lax.while_loop(cond, attempts, init)
+        t, y, h, _, _, n_acc, n_rej, _, status, done = out[:10]
         nacc_ref[...] = n_acc
         nrej_ref[...] = n_rej
         status_ref[...] = jnp.where(done == 0, int(Status.MAX_STEPS), status)
@@ -166,12 +256,21 @@ def _record_kernel(field: BlockField, solver, controller, d: int, P: int, k: int
     return kernel
 
 
+def _at_least_one(x, fill):
+    """``x (n, m, ...)`` with ``m`` at least one (a padded, inert entry)."""
+    if x.shape[1]:
+        return x
+    return jnp.full((x.shape[0], 1) + x.shape[2:], fill, x.dtype)
+
+
 def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
-                  dt0, max_steps: int, fill: bool, interpret: bool) -> Mesh:
-    """The record of batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation, no events)
-    by the record kernel, as a `gradsolve.Mesh` like the XLA record's."""
+                  dt0, max_steps: int, fill: bool, interpret: bool, events=None) -> Mesh:
+    """The record of batched inputs ``y0 (n, d)``, ``ts (n, k)`` (no validation) by the
+    record kernel, as a `gradsolve.Mesh` like the XLA record's; ``events``: ``None`` or
+    the validated `gradsolve._events.Events`."""
     sg = jax.lax.stop_gradient
-    t0, t1, y0, params, ts = jax.tree_util.tree_map(sg, (t0, t1, y0, params, ts))
+    t0, t1, y0, params, ts, events = jax.tree_util.tree_map(sg, (t0, t1, y0, params, ts,
+                                                                 events))
     n, d = y0.shape
     k = ts.shape[1]
     dtype = y0.dtype
@@ -184,9 +283,15 @@ def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, 
     P = max(pf.shape[1], 1)
     if not pf.shape[1]:
         pf = jnp.zeros((n, 1), dtype)
+    ev = events if events is not None else empty_events(n, d, dtype)
+    y_start = y0
+    if ev.n_jumps:
+        # With jumps at t0 the first step is taken from the jumped state: pick h0 there.
+        y_start = y0 + jnp.sum(jnp.where((ev.jump_times <= t0)[..., None], ev.jump_sizes, 0.0),
+                               axis=1)
     if dt0 is None:
         h0 = jax.vmap(lambda y, q: initial_step(f, t0, y, q, solver.error_order, rtol, atol))(
-            y0, params)
+            y_start, params)
     else:
         h0 = jnp.broadcast_to(jnp.asarray(dt0, dtype), (n,))
     scal = jnp.broadcast_to(jnp.stack([jnp.asarray(x, dtype) for x in (t0, t1, rtol, atol)]),
@@ -203,28 +308,43 @@ def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, 
                  jax.ShapeDtypeStruct((nr, 128), i32), jax.ShapeDtypeStruct((nr, 128), i32),
                  jax.ShapeDtypeStruct((nr, 128), i32), jax.ShapeDtypeStruct((nr, 128), dtype),
                  jax.ShapeDtypeStruct((d, nr, 128), dtype), jax.ShapeDtypeStruct((nr, 128), dtype))
+    in_specs = [spec(4), spec(), spec(d), spec(P), spec(k_in)]
+    out_specs = [spec(s1p), spec(k_in), spec(), spec(), spec(), spec(), spec(d), spec()]
+    args = [to_lanes(scal, blocks), to_lanes(h0.astype(dtype), blocks), to_lanes(y0, blocks),
+            to_lanes(pf, blocks), to_lanes(ts_in.astype(dtype), blocks)]
+    counts = None
+    if events is not None:
+        jt = _at_least_one(ev.jump_times.astype(dtype), jnp.inf)
+        js = _at_least_one(ev.jump_sizes.astype(dtype), 0.0)
+        stops = _at_least_one(ev.tstops.astype(dtype), jnp.inf)
+        counts = (jt.shape[1], stops.shape[1])
+        in_specs += [spec(counts[0]), spec(counts[0], d), spec(counts[1])]
+        out_specs += [spec(counts[0]), spec(counts[1])]
+        out_shape += (jax.ShapeDtypeStruct((counts[0], nr, 128), i32),
+                      jax.ShapeDtypeStruct((counts[1], nr, 128), i32))
+        args += [to_lanes(jt, blocks, fill=jnp.inf), to_lanes(js, blocks, fill=0.0),
+                 to_lanes(stops, blocks, fill=jnp.inf)]
     call = pl.pallas_call(
         _record_kernel(field, solver, controller, d, P, k_in if k else 0, max_steps,
-                       4 * max_steps + 64),
-        out_shape=out_shape, grid=(blocks.n_blocks,),
-        in_specs=[spec(4), spec(), spec(d), spec(P), spec(k_in)],
-        out_specs=(spec(s1p), spec(k_in), spec(), spec(), spec(), spec(), spec(d), spec()),
+                       4 * max_steps + 64, counts),
+        out_shape=out_shape, grid=(blocks.n_blocks,), in_specs=in_specs,
+        out_specs=tuple(out_specs),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",),
                                              vmem_limit_bytes=_VMEM_LIMIT),
         interpret=interpret)
-    outs = call(to_lanes(scal, blocks), to_lanes(h0.astype(dtype), blocks),
-                to_lanes(y0, blocks), to_lanes(pf, blocks), to_lanes(ts_in.astype(dtype), blocks))
-    times, save, n_steps, n_rej, status, dt_next, y_last, t_last = (
-        from_lanes(o, blocks) for o in outs)
+    outs = [from_lanes(o, blocks) for o in call(*args)]
+    times, save, n_steps, n_rej, status, dt_next, y_last, t_last = outs[:8]
+    if events is not None:
+        jump_index = outs[8][:, :ev.n_jumps]
+        tstop_index = outs[9][:, :ev.tstops.shape[1]]
+    else:
+        jump_index = tstop_index = jnp.zeros((n, 0), jnp.int32)
     times = times[:, :s1]
     if fill:
         times = jnp.where(jnp.arange(s1)[None] > n_steps[:, None], t_last[:, None], times)
-    ev = empty_events(n, d, dtype)
     return Mesh(
         times=times, n_steps=n_steps, n_rejected=n_rej, status=status,
         save_index=save[:, :k], ts=ts, t0=t0, t1=t1, dt_next=dt_next, y_last=y_last, y0=y0,
-        jump_times=ev.jump_times, jump_sizes=ev.jump_sizes,
-        jump_index=jnp.zeros((n, 0), jnp.int32), tstops=ev.tstops,
-        tstop_index=jnp.zeros((n, 0), jnp.int32), params=params, solver=solver, rtol=rtol,
+        jump_times=ev.jump_times, jump_sizes=ev.jump_sizes, jump_index=jump_index,
+        tstops=ev.tstops, tstop_index=tstop_index, params=params, solver=solver, rtol=rtol,
         atol=atol, controller=controller)
-

@@ -26,6 +26,14 @@ block waits only for its own slowest lane.
   cotangents (moved save times) are finished one node behind the step (each step touches
   nodes ``i - 1``, ``i``, ``i + 1``), so every write stays in the current chunk.
 
+Known-time events (``jumps=``, ``tstops=``, doses) follow the lanes replay's semantics in
+its arithmetic (`gradsolve.drivers.pallas._events`): a step applies its start node's jump
+and restarts the FSAL stage there before stepping (the node's stored state is the one
+before the jump; the final node's jumps come after the last step); the adjoint recomputes
+both from the stored state and hands each jump size the cotangent of the state after its
+node. Jump times reach the node times by comparison (`_events.event_nodes`), and their
+cotangents come back through that function's VJP.
+
 `pallas_replay` pairs them through `gradsolve.drivers._adjoint.adjoint_replay` (as the
 compiled CPU kernel and the lanes replay do): reverse mode runs the adjoint kernel
 (``pallas_call`` itself has no reverse-mode rule; the pair is a ``custom_jvp`` whose
@@ -48,7 +56,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -57,22 +64,12 @@ from .._adjoint import adjoint_replay
 from ..base import ReplayLayout, ReplayNodes, ReplayOutput
 from ..lanes import LaneArray
 from ._field import BlockField
-from ._layout import Blocks, blocks_for, from_lanes, pad_rows, to_lanes
+from ._events import KernelEvents, event_nodes, lane_events
+from ._layout import Blocks, blocks_for, from_lanes, loop, pad_rows, to_lanes
 
 CHUNK = 8  # steps per grid step of the chunk axis
 ROWS = 32  # sublanes per block (fewer where the ensemble or VMEM is smaller)
 _VMEM_LIMIT = 64 * 1024 * 1024
-
-
-def loop(n, body, carry):
-    """``body(i, carry)`` for ``i`` in ``[0, n)`` with an int32 counter (``n`` an int or an
-    int32 scalar). ``lax.fori_loop`` counts in int64 when x64 is enabled, which Mosaic
-    cannot lower."""
-    def step(c):
-        i, x = c
-        return i + np.int32(1), body(i, x)
-
-    return jax.lax.while_loop(lambda c: c[0] < n, step, (np.int32(0), carry))[1]
 
 
 def error_norm(y_err: LaneArray, y0: LaneArray, y1: LaneArray, rtol, atol):
@@ -118,14 +115,16 @@ def _node_before(t_prv, t_cur, r, c, chunk: int):
                                              lambda: t_cur[0]))
 
 
-def _rows_for(blocks: Blocks, d: int, p: int, k: int, dtype, chunk: int) -> int:
+def _rows_for(blocks: Blocks, d: int, p: int, k: int, dtype, chunk: int, jumps: int = 0,
+              resets: int = 0) -> int:
     """The rows per block the replay uses: ``blocks.rows`` unless the per-block buffers
     (double-buffered save slots and their cotangents, parameters, chunks of node times and
-    states) would take more than half the VMEM limit."""
+    states, jump sizes and their cotangents) would take more than half the VMEM limit."""
     rows = blocks.rows
     row_bytes = 128 * jnp.dtype(dtype).itemsize
     while rows > 8:
-        per_block_rows = k * d * 2 + k + p * 2 + chunk * (d + 4) + 4 * d
+        per_block_rows = (k * d * 2 + k + p * 2 + chunk * (d + 4) + 4 * d
+                          + jumps * (2 * d + 1) + resets)
         if 2 * row_bytes * rows * per_block_rows <= _VMEM_LIMIT // 2:
             break
         rows //= 2
@@ -135,17 +134,20 @@ def _rows_for(blocks: Blocks, d: int, p: int, k: int, dtype, chunk: int) -> int:
 class Shapes:
     """Static sizes of one replay: ``d`` states, ``p`` parameters (at least one row, a
     zero one where the field has none), ``k`` save slots, ``s1p`` node rows (a multiple of
-    the chunk), the blocks and the chunk."""
+    the chunk), the blocks and the chunk; with known-time events (``events``) ``J`` jumps
+    and ``R`` reset nodes per lane (at least one each: inert padding), else zero."""
 
     def __init__(self, n: int, d: int, p: int, k: int, s1: int, dtype, chunk: int | None = None,
-                 rows: int | None = None):
+                 rows: int | None = None, events: tuple[int, int] | None = None):
         chunk = CHUNK if chunk is None else chunk
         rows = ROWS if rows is None else rows
         self.d, self.p, self.k, self.chunk = d, max(p, 1), k, chunk
+        self.events = events is not None
+        self.J, self.R = (max(events[0], 1), max(events[1], 1)) if self.events else (0, 0)
         self.n_chunks = max(1, math.ceil(s1 / chunk))
         self.s1p = self.n_chunks * chunk
         blocks = blocks_for(n, rows)
-        r = _rows_for(blocks, d, self.p, k, dtype, chunk)
+        r = _rows_for(blocks, d, self.p, k, dtype, chunk, self.J, self.R)
         self.blocks = blocks if r == blocks.rows else blocks_for(n, r)
 
     def spec(self, *lead: int, chunked: str | None = None):
@@ -168,15 +170,21 @@ class Shapes:
 
         return pl.BlockSpec((*lead, rows, 128), at)
 
+    def event_specs(self):
+        """The specs of the event inputs: jump nodes, jump sizes, reset nodes."""
+        return [self.spec(self.J), self.spec(self.J, self.d), self.spec(self.R)]
+
 
 def _call(kernel, shapes: Shapes, in_specs, out_specs, out_shape, scratch, interpret: bool):
-    """``kernel`` on the grid ``(blocks, chunks)`` with two prefetched scalar arrays (the
-    blocks' last chunks and the save slots' node ranges, `_prefetch`); blocks are
-    independent ("parallel"), a block's chunks run in order ("arbitrary")."""
+    """``kernel`` on the grid ``(blocks, chunks)`` with prefetched scalar arrays (the
+    blocks' last chunks, the save slots' node ranges and, with events, the events' node
+    ranges: `_prefetch`); blocks are independent ("parallel"), a block's chunks run in
+    order ("arbitrary")."""
     return pl.pallas_call(
         kernel, out_shape=out_shape,
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=(shapes.blocks.n_blocks, shapes.n_chunks),
+            num_scalar_prefetch=3 if shapes.events else 2,
+            grid=(shapes.blocks.n_blocks, shapes.n_chunks),
             in_specs=in_specs, out_specs=out_specs, scratch_shapes=scratch),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
                                              vmem_limit_bytes=_VMEM_LIMIT),
@@ -189,16 +197,37 @@ def _save_span(span_ref, b, slot: int, k: int):
     return span_ref[at], span_ref[at + 1]
 
 
+def _split(refs, s: Shapes, n_in: int, n_out: int, n_ev_out: int):
+    """A kernel's refs as ``(prefetch, inputs, event inputs, outputs, event outputs,
+    scratch)``: the event groups (3 inputs, ``n_ev_out`` outputs) are empty without events
+    (`_call`'s order: prefetched scalars, inputs, outputs, scratch; the event ones last of
+    their kind)."""
+    refs = list(refs)
+    n_pre = 3 if s.events else 2
+    n_ev_in, n_ev_out = (3, n_ev_out) if s.events else (0, 0)
+    pre, refs = refs[:n_pre], refs[n_pre:]
+    ins, ev_ins, refs = refs[:n_in], refs[n_in:n_in + n_ev_in], refs[n_in + n_ev_in:]
+    outs, ev_outs, scratch = refs[:n_out], refs[n_out:n_out + n_ev_out], refs[n_out + n_ev_out:]
+    return pre, ins, ev_ins, outs, ev_outs, scratch
+
+
 def _forward_kernel(field: BlockField, solver, s: Shapes):
     """The forward kernel's body (module docstring): at chunk 0 the state and the FSAL
-    stage from ``y0``, then ``C`` masked steps per chunk, the node states out, the save
-    slots in range filled; at the last grid step the final state and largest error ratio."""
+    stage from ``y0``, then ``C`` masked steps per chunk (each applying its start node's
+    events first, `gradsolve.drivers.pallas._events`), the node states out, the save slots
+    in range filled; at the last grid step the final state (after its node's jumps) and
+    largest error ratio."""
     d, P, k, chunk = s.d, s.p, s.k, s.chunk
     fsal = solver.fsal
 
-    def kernel(last_ref, span_ref, t_cur, t_nxt, neff_ref, y0_ref, p_ref, save_ref, tol_ref,
-               ys_ref, y1_ref, err_ref, states_ref, y_s, st_s, e_s):
+    def kernel(*refs):
+        pre, ins, ev_ins, outs, _, scratch = _split(refs, s, 7, 4, 0)
+        last_ref, span_ref = pre[:2]
+        t_cur, t_nxt, neff_ref, y0_ref, p_ref, save_ref, tol_ref = ins
+        ys_ref, y1_ref, err_ref, states_ref = outs
+        y_s, st_s, e_s = scratch
         b, j = pl.program_id(0), pl.program_id(1)
+        ev = KernelEvents(pre[2], *ev_ins, b, s.J, s.R) if s.events else None
         p = read(p_ref, P)
         n_eff = neff_ref[...]
         rtol, atol = tol_ref[0], tol_ref[1]
@@ -221,7 +250,12 @@ def _forward_kernel(field: BlockField, solver, s: Shapes):
                 tb = _node_after(t_cur, t_nxt, r, chunk)
                 active = i < n_eff
                 h = jnp.where(active, tb - ta, jnp.zeros_like(ta))
-                write(states_ref, y, r)
+                write(states_ref, y, r)  # the node's state before its jump
+                if ev is not None:
+                    live = active & (i >= 1)
+                    y = ev.jumped(y, i, live)
+                    if fsal:
+                        st = ev.restart(solver, field, st, ta, y, p, i, live)
                 y1, y_err, st1 = solver.step(field, ta, h, y, p, st)
                 err = error_norm(y_err, y, y1, rtol, atol)
                 emax = jnp.maximum(emax, jnp.where(active, err, jnp.zeros_like(err)))
@@ -258,26 +292,30 @@ def _forward_kernel(field: BlockField, solver, s: Shapes):
 
         @pl.when(j == pl.num_programs(1) - 1)
         def _finish():
-            for q in range(d):
-                y1_ref[q] = y_s[q]
-            err_ref[...] = e_s[...]
-            # Slots at the final node (the chunk holding it may not have run).
+            y = read(y_s, d)
+            # Slots at the final node (the chunk holding it may not have run), before its
+            # jumps.
             def final_slot(slot, _):
                 hit = save_ref[slot] == n_eff
                 for q in range(d):
-                    ys_ref[slot, q] = jnp.where(hit, y_s[q], ys_ref[slot, q])
+                    ys_ref[slot, q] = jnp.where(hit, y.rows[q], ys_ref[slot, q])
                 return _
 
             loop(k, final_slot, None)
+            if ev is not None:
+                y = ev.jumped(y, n_eff, n_eff >= 1, guarded=False)
+            write(y1_ref, y)
+            err_ref[...] = e_s[...]
 
     return kernel
 
 
 def forward(field: BlockField, solver, s: Shapes, interpret: bool, last, span, t_l, neff_l,
-            y0_l, p_l, save_l, tol_l):
-    """The forward kernel on lanes-layout inputs; returns ``ys (k, d, R, 128)``, ``y1``,
+            y0_l, p_l, save_l, tol_l, ev_l=None):
+    """The forward kernel on lanes-layout inputs (``ev_l``: the events,
+    `gradsolve.drivers.pallas._events.LaneEvents`); returns ``ys (k, d, R, 128)``, ``y1``,
     ``err`` and the node states ``(s1p, d, R, 128)`` (only the chunks a block ran are
-    written)."""
+    written; a node's state is the one before its jump)."""
     d, k, rows = s.d, s.k, s.blocks.rows
     dtype = y0_l.dtype
     nr = s.blocks.n_rows
@@ -290,25 +328,43 @@ def forward(field: BlockField, solver, s: Shapes, interpret: bool, last, span, t
     out_specs = (s.spec(k, d), s.spec(d), s.spec(), s.spec(s.chunk, d, chunked="fwd"))
     scratch = [pltpu.VMEM((d, rows, 128), dtype), pltpu.VMEM((d, rows, 128), dtype),
                pltpu.VMEM((rows, 128), dtype)]
+    pre, ev_in = (last, span), ()
+    if s.events:
+        in_specs += s.event_specs()
+        pre, ev_in = (last, span, ev_l.spans), (ev_l.jump_index, ev_l.jump_sizes,
+                                                ev_l.reset_index)
     call = _call(_forward_kernel(field, solver, s), s, in_specs, out_specs, out_shape,
                  scratch, interpret)
-    return call(last, span, t_l, t_l, neff_l, y0_l, p_l, save_l, tol_l)
+    return call(*pre, t_l, t_l, neff_l, y0_l, p_l, save_l, tol_l, *ev_in)
 
 
 def _backward_kernel(field: BlockField, solver, s: Shapes, with_times: bool):
     """The adjoint kernel's body (module docstring): ``lambda`` from the final state's
     cotangent, then per chunk (in reverse) the save slots' cotangents injected and ``C``
-    step VJPs; ``with_times`` adds the node-time cotangents."""
+    step VJPs; ``with_times`` adds the node-time cotangents. With events, a step first
+    hands ``lambda`` (the cotangent of the state after its end node) to the jumps there,
+    and recomputes its start node's jump and reset as the forward applied them."""
     d, P, k, chunk = s.d, s.p, s.k, s.chunk
     c_last = float(solver.c[-1])
 
-    def unit(y, p, t_prev, ta, tb):
-        st = field(t_prev + c_last * (ta - t_prev), y, p) if solver.fsal else None
+    def unit(y, p, t_prev, ta, tb, reset):
+        if solver.fsal:
+            # The carried stage as the forward computed it: at the previous step's last
+            # stage time, or recomputed at the node after a jump or tstop.
+            ts = t_prev + c_last * (ta - t_prev)
+            st = field(ts if reset is None else jnp.where(reset, ta, ts), y, p)
+        else:
+            st = None
         return solver.step(field, ta, tb - ta, y, p, st)[0]
 
-    def kernel(last_ref, span_ref, t_prv, t_cur, t_nxt, neff_ref, p_ref, save_ref, states_ref,
-               ctys_ref, cty1_ref, cty0_ref, ctp_ref, u_ref, p0_ref, lam_s, gp_s, pq_s, inj_s):
+    def kernel(*refs):
+        pre, ins, ev_ins, outs, ev_outs, scratch = _split(refs, s, 9, 4, 1)
+        last_ref, span_ref = pre[:2]
+        t_prv, t_cur, t_nxt, neff_ref, p_ref, save_ref, states_ref, ctys_ref, cty1_ref = ins
+        cty0_ref, ctp_ref, u_ref, p0_ref = outs
+        lam_s, gp_s, pq_s, inj_s = scratch
         b, j = pl.program_id(0), pl.program_id(1)
+        ev = KernelEvents(pre[2], *ev_ins, b, s.J, s.R) if s.events else None
         last = last_ref[b]
         c = jnp.maximum(last - j, 0)
         p = read(p_ref, P)
@@ -320,6 +376,8 @@ def _backward_kernel(field: BlockField, solver, s: Shapes, with_times: bool):
                 lam_s[q] = cty1_ref[q]
             gp_s[...] = jnp.zeros_like(gp_s)
             pq_s[...] = jnp.zeros_like(pq_s)
+            if ev is not None:
+                ev_outs[0][...] = jnp.zeros_like(ev_outs[0])
 
         @pl.when(j <= last)
         def _steps():
@@ -347,7 +405,7 @@ def _backward_kernel(field: BlockField, solver, s: Shapes, with_times: bool):
             loop(k, inject_slot, None)
 
             def body(rr, carry):
-                lam, gp, pc, qc = carry
+                lam, gp, pc, qc = carry  # lam: cotangent of the state after node i + 1
                 r = chunk - 1 - rr
                 i = first + r
                 active = i < n_eff
@@ -355,7 +413,14 @@ def _backward_kernel(field: BlockField, solver, s: Shapes, with_times: bool):
                 ta = t_cur[r]
                 tb = _node_after(t_cur, t_nxt, r, chunk)
                 y = read(states_ref, d, r)
-                _, vjp = jax.vjp(lambda *a: unit(*a), y, p, tp, ta, tb)
+                reset = None
+                if ev is not None:
+                    ev.take_cotangents(ev_outs[0], lam, i + 1, active)
+                    y = ev.jumped(y, i, active)
+                    reset = ev.reset(i, ta)
+                _, vjp = jax.vjp(lambda *a: unit(*a, reset), y, p, tp, ta, tb)
+                # The state at node i + 1 before its jump feeds the saves there and the
+                # next step.
                 dy, dp, dtp, dta, dtb = vjp(lam + read(inj_s, d, r))
                 lam = where(active, dy, lam)
                 gp = where(active, gp + dp, gp)
@@ -394,10 +459,11 @@ def _backward_kernel(field: BlockField, solver, s: Shapes, with_times: bool):
 
 
 def backward(field: BlockField, solver, s: Shapes, interpret: bool, with_times: bool, last,
-             span, t_l, neff_l, p_l, save_l, states_l, ctys_l, cty1_l):
+             span, t_l, neff_l, p_l, save_l, states_l, ctys_l, cty1_l, ev_l=None):
     """The adjoint kernel; returns ``ct_y0 (d, R, 128)``, ``ct_p (P, R, 128)``, the
     node-time cotangents one node behind (``u[i]`` is node ``i + 1``'s, ``(s1p, R, 128)``,
-    written for the chunks a block ran) and node 0's ``(R, 128)``."""
+    written for the chunks a block ran), node 0's ``(R, 128)`` and, with events
+    (``ev_l``), the jump sizes' cotangents ``(J, d, R, 128)``."""
     d, rows = s.d, s.blocks.rows
     dtype = p_l.dtype
     nr = s.blocks.n_rows
@@ -412,9 +478,16 @@ def backward(field: BlockField, solver, s: Shapes, interpret: bool, with_times: 
     out_specs = (s.spec(d), s.spec(s.p), u_spec, s.spec())
     scratch = [pltpu.VMEM((d, rows, 128), dtype), pltpu.VMEM((s.p, rows, 128), dtype),
                pltpu.VMEM((2, rows, 128), dtype), pltpu.VMEM((s.chunk, d, rows, 128), dtype)]
+    pre, ev_in = (last, span), ()
+    if s.events:
+        in_specs += s.event_specs()
+        out_shape += (jax.ShapeDtypeStruct((s.J, d, nr, 128), dtype),)
+        out_specs += (s.spec(s.J, d),)
+        pre, ev_in = (last, span, ev_l.spans), (ev_l.jump_index, ev_l.jump_sizes,
+                                                ev_l.reset_index)
     call = _call(_backward_kernel(field, solver, s, with_times), s, in_specs, out_specs,
                  out_shape, scratch, interpret)
-    return call(last, span, t_l, t_l, t_l, neff_l, p_l, save_l, states_l, ctys_l, cty1_l)
+    return call(*pre, t_l, t_l, t_l, neff_l, p_l, save_l, states_l, ctys_l, cty1_l, *ev_in)
 
 
 def _prefetch(neff_l, save_l, s: Shapes):
@@ -447,54 +520,78 @@ def _one_hot(save, s1: int):
 
 def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, rtol, atol,
                   moved: bool, layout: ReplayLayout, interpret: bool) -> ReplayOutput:
-    """The Pallas replay of ``nodes`` (no events), differentiable in every mode
-    (`gradsolve.drivers._adjoint.adjoint_replay`)."""
+    """The Pallas replay of ``nodes`` (known-time events included), differentiable in
+    every mode (`gradsolve.drivers._adjoint.adjoint_replay`)."""
     n, d = y0.shape
     k, s1 = nodes.save_index.shape[1], nodes.times.shape[1]
+    ev0 = nodes.events
+    counts = None if ev0 is None else (ev0.jump_index.shape[1], ev0.reset_index.shape[1])
 
-    def prepare(times, n_eff, pf, save, tm, subst):
-        s = Shapes(n, d, pf.shape[1], k, s1, times.dtype)
-        bl = s.blocks
+    def node_fn(times, save, tm, subst, ev):
+        """The replayed node times: moved save times, then jump times (as the lanes
+        replay's `node_times` and `jump_node_times`, by comparison)."""
         node_t = moved_nodes(times, save, tm, subst)[0] if moved else times
-        t_l = to_lanes(pad_rows(node_t, s.chunk, axis=1), bl)           # (s1p, R, 128)
+        return node_t if ev is None else event_nodes(node_t, ev)
+
+    def prepare(times, n_eff, pf, save, tm, subst, ev):
+        s = Shapes(n, d, pf.shape[1], k, s1, times.dtype, events=counts)
+        bl = s.blocks
+        t_l = to_lanes(pad_rows(node_fn(times, save, tm, subst, ev), s.chunk, axis=1), bl)
         neff_l = to_lanes(n_eff.astype(jnp.int32), bl, fill=0)
         pf = pf if pf.shape[1] else jnp.zeros((n, 1), times.dtype)
         p_l = to_lanes(pf, bl)
         save_l = to_lanes(jnp.minimum(save, n_eff[:, None]).astype(jnp.int32), bl)
-        return s, t_l, neff_l, p_l, save_l
+        ev_l = None if ev is None else lane_events(ev, bl, times.dtype)
+        return s, t_l, neff_l, p_l, save_l, ev_l
 
-    def fwd(times, n_eff, y, pf, save, tol, tm, subst):
-        s, t_l, neff_l, p_l, save_l = prepare(times, n_eff, pf, save, tm, subst)
+    def fwd(times, n_eff, y, pf, save, tol, tm, subst, ev=None):
+        s, t_l, neff_l, p_l, save_l, ev_l = prepare(times, n_eff, pf, save, tm, subst, ev)
         bl = s.blocks
         last, span = _prefetch(neff_l, save_l, s)
         ys, y1, err, states = forward(field, solver, s, interpret, last, span, t_l, neff_l,
-                                      to_lanes(y, bl), p_l, save_l, to_lanes(tol, bl))
+                                      to_lanes(y, bl), p_l, save_l, to_lanes(tol, bl), ev_l)
         ys = from_lanes(ys, bl)                                          # (n, k, d)
         per_block = (last + 1) * s.chunk
         cost = jnp.repeat(per_block, bl.rows * 128)[:n].astype(jnp.int32)
         return ys, from_lanes(y1, bl), from_lanes(err, bl), (t_l, states), cost
 
-    def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times):
+    def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, ev=None):
         p_size = pf.shape[1]
-        s, _, neff_l, p_l, save_l = prepare(times, n_eff, pf, save, tm, subst)
+        s, _, neff_l, p_l, save_l, ev_l = prepare(times, n_eff, pf, save, tm, subst, ev)
         bl = s.blocks
         t_l, states_l = states
         last, span = _prefetch(neff_l, save_l, s)
         ctys_l = to_lanes(ct_ys, bl, fill=0)
-        ct_y0, ct_p, u, p0 = backward(field, solver, s, interpret, with_times, last, span, t_l,
-                                      neff_l, p_l, save_l, states_l, ctys_l,
-                                      to_lanes(ct_y1, bl, fill=0))
+        outs = backward(field, solver, s, interpret, with_times, last, span, t_l, neff_l, p_l,
+                        save_l, states_l, ctys_l, to_lanes(ct_y1, bl, fill=0), ev_l)
+        ct_y0, ct_p, u, p0 = outs[:4]
         ct_y0 = from_lanes(ct_y0, bl)
         ct_pf = from_lanes(ct_p, bl)[:, :p_size]
-        if not with_times:
-            return jnp.zeros(save.shape, ct_y1.dtype), ct_y0, ct_pf
-        u = from_lanes(u, bl)                                            # (n, s1p)
-        ct_t = jnp.concatenate([from_lanes(p0, bl)[:, None], u[:, :s1 - 1]], axis=1)
-        ct_t = jnp.where(jnp.arange(s1)[None] <= n_eff[:, None], ct_t, 0.0)
-        owner = moved_nodes(times, save, tm, subst)[1]
-        # each owning slot takes its node's cotangent (one-hot over the nodes: no gather)
-        at_slot = jnp.sum(jnp.where(_one_hot(save, s1), ct_t[:, :, None], 0.0), axis=1)
-        return jnp.where(owner, at_slot, 0.0), ct_y0, ct_pf
+        if with_times:
+            u = from_lanes(u, bl)                                        # (n, s1p)
+            ct_t = jnp.concatenate([from_lanes(p0, bl)[:, None], u[:, :s1 - 1]], axis=1)
+            ct_t = jnp.where(jnp.arange(s1)[None] <= n_eff[:, None], ct_t, 0.0)
+        if ev is None:
+            if not with_times:
+                return jnp.zeros(save.shape, ct_y1.dtype), ct_y0, ct_pf
+            owner = moved_nodes(times, save, tm, subst)[1]
+            # each owning slot takes its node's cotangent (one-hot over the nodes: no gather)
+            at_slot = jnp.sum(jnp.where(_one_hot(save, s1), ct_t[:, :, None], 0.0), axis=1)
+            return jnp.where(owner, at_slot, 0.0), ct_y0, ct_pf
+        # A jump size's cotangent is that of the state after its node; padded jumps
+        # (index 0) get none.
+        n_jumps = ev.jump_index.shape[1]
+        ct_js = from_lanes(outs[4], bl)[:, :n_jumps]                      # (n, J, d)
+        ct_js = jnp.where((ev.jump_index > 0)[..., None], ct_js, 0.0)
+        if with_times:
+            # Node-time cotangents back to the save times and jump times that set them.
+            _, back = jax.vjp(lambda a, t: node_fn(times, save, a, subst,
+                                                   ev._replace(jump_times=t)),
+                              tm, ev.jump_times)
+            ct_tm, ct_jt = back(ct_t)
+        else:
+            ct_tm = jnp.zeros(save.shape, ct_y1.dtype)
+            ct_jt = jnp.zeros(ev.jump_times.shape, ct_y1.dtype)
+        return ct_tm, ct_y0, ct_pf, ct_jt, ct_js
 
     return adjoint_replay(fwd, bwd, f, solver, nodes, y0, params, rtol, atol, layout, moved)
-

@@ -25,9 +25,10 @@ class Pallas(AbstractDriver):
     `gradsolve.Dopri5`, `gradsolve.Vern7`, your own `gradsolve.AbstractExplicitRK`) in
     float32 on a TPU, where the vector field translates entry by entry and one step and its
     adjoint use only primitives Mosaic lowers (``replay_reason`` names those it does not,
-    e.g. ``expm1``, ``sinh``, ``lgamma``). Not yet: known-time events (``jumps=``,
-    ``tstops=``, ``doses=``), ``jax.vmap`` of a record or replay. `gradsolve.drivers.Auto`
-    takes it first on a TPU where it applies.
+    e.g. ``expm1``, ``sinh``, ``lgamma``). Known-time events (``jumps=``, ``tstops=``, and
+    so ``doses=``) run in the record, the replay and the adjoint, as in the lanes replay
+    (`gradsolve.drivers.pallas._events`). Not yet: ``jax.vmap`` of a record or replay.
+    `gradsolve.drivers.Auto` takes it first on a TPU where it applies.
 
     Measured on a TPU v5e (Lotka–Volterra, Tsit5, float32, rtol 1e-5, 32,768 trajectories,
     ``benchmarks/bench_accelerator.py``): replay gradient 1.6 ms, ``gs.solve`` gradient
@@ -49,11 +50,8 @@ class Pallas(AbstractDriver):
     interpret: bool = eqx.field(static=True, default=False)
     name: ClassVar[str] = "gradsolve-pallas"
 
-    def _reason(self, f, solver, y0, params, events: bool) -> str | None:
+    def _reason(self, f, solver, y0, params) -> str | None:
         """Why the kernels cannot run this work (record and replay share the rules)."""
-        if events:
-            return ("known-time events (jumps=, tstops=, doses=) are not implemented in the "
-                    "Pallas kernels yet; gs.drivers.Lanes() replays them on a TPU.")
         if not self.interpret:
             backend = jax.default_backend()
             if backend != "tpu":
@@ -68,10 +66,10 @@ class Pallas(AbstractDriver):
         return pallas_field(f, solver, y0, params).reason
 
     def record_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
-        return self._reason(f, solver, y0, params, events)
+        return self._reason(f, solver, y0, params)
 
     def replay_reason(self, f, solver, y0, params, *, events: bool = False) -> str | None:
-        return self._reason(f, solver, y0, params, events)
+        return self._reason(f, solver, y0, params)
 
     def record(self, f, solver, controller, t0, t1, y0, params, ts, rtol, atol, dt0,
                max_steps: int, fill: bool, events=None):
@@ -79,7 +77,7 @@ class Pallas(AbstractDriver):
 
         field = pallas_field(f, solver, y0, params).field
         return pallas_record(field, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
-                             dt0, max_steps, fill, self.interpret)
+                             dt0, max_steps, fill, self.interpret, events)
 
     def replay(self, f, solver, nodes, y0, params, rtol, atol, *, moved, layout):
         field = pallas_field(f, solver, y0, params).field
