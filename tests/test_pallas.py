@@ -320,37 +320,3 @@ def test_kernels_lower_for_the_chip():
                     pytest.skip(f"this JAX lowers a rule only on a TPU: {e}")
                 raise
             assert "tpu_custom_call" in text
-
-
-def test_moved_out_of_order_without_its_scatter_is_unchanged():
-    """`gradsolve._savetimes.moved_out_of_order` (the on-device check of moved save times,
-    part of every save-time gradient; rewritten without `node_times`' scatter, slow on a
-    TPU) gives what the scatter form gave, on random sorted meshes: few nodes for many save
-    slots (equal save times share a node), slots at the first and last node, moved and
-    unmoved slots, float32 and float64 save times."""
-    from gradsolve._savetimes import moved_out_of_order, node_times
-
-    def with_scatter(times, save_index, tsave, subst):
-        s1 = times.shape[1]
-        rows = jnp.arange(times.shape[0])[:, None]
-        subst = subst.astype(bool)
-        moved, _ = node_times(times, save_index, tsave.astype(times.dtype), subst)
-        left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
-        right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
-        return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
-
-    rng = np.random.default_rng(5)
-    # (trajectories, nodes, save slots, save times' dtype, may slots share a node)
-    for n, s1, k, dtype, shared in ((400, 6, 9, np.float64, True), (400, 17, 5, np.float32, True),
-                                    (100, 40, 6, np.float64, False)):
-        times = np.cumsum(rng.uniform(0.0, 1.0, (n, s1)), axis=1)
-        save = (rng.integers(0, s1, (n, k)) if shared
-                else np.argsort(rng.random((n, s1)), axis=1)[:, :k])
-        save = np.sort(save, axis=1).astype(np.int32)
-        tsave = (np.take_along_axis(times, save, 1) + rng.normal(0, 0.3, (n, k))).astype(dtype)
-        subst = rng.random((n, k)) < rng.random((n, 1))
-        args = (jnp.asarray(times), jnp.asarray(save), jnp.asarray(tsave), jnp.asarray(subst))
-        got = np.asarray(jax.jit(moved_out_of_order)(*args))
-        want = np.asarray(jax.jit(with_scatter)(*args))
-        np.testing.assert_array_equal(got, want)
-        assert np.any(want) and not np.all(want)  # both outcomes met

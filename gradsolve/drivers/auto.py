@@ -24,7 +24,7 @@ class Auto(AbstractDriver):
     Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler), else
     `Batched`. Replay: `Kernel`, else `Lanes` (explicit solvers with a small field; GPU and
     TPU), else `Batched` (stiff and Diffrax solvers, anything else); on a TPU `Pallas`
-    (fused kernels: explicit solvers, float32, no events) comes first in both; known-time events
+    (fused kernels: explicit solvers, float32, known-time events included) comes first in both; known-time events
     (``jumps=``, ``tstops=``) change nothing in that order. A solve with a solver
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
     the kernel or the lanes replay is passed over because the vector field uses something
