@@ -350,7 +350,8 @@ def fit(
     progress: bool | None = None, rtol: float | None = None,
     atol: float | None = None, solver=None, max_steps: int | None = None,
     record_tol_factor: float = 0.5, jacobian: bool = False, max_redraws: int = 10,
-    callback: Callable[[int, dict], Any] | None = None,
+    callback: Callable[[int, dict], Any] | None = None, method: str = "auto",
+    max_time: float | None = None,
 ) -> FitResult:
     """Fit ``model`` to ``data`` by gradient descent (Optax) from one or many starts.
 
@@ -364,7 +365,12 @@ def fit(
     noise-weighted residuals where every noise model is normal (Fisher scoring when noise
     parameters are estimated), SciPy's L-BFGS-B otherwise; ``steps`` caps the iterations
     per start, ``objective="map"`` adds the priors the parameter table gives, and the
-    result's starts are sorted by final objective (`FitResult.plot_waterfall`).
+    result's starts are sorted by final objective (`FitResult.plot_waterfall`). With
+    ``method="global"`` it is fitted by a global search instead (where bounds span many
+    decades and local starts stall far from the optimum): CMA-ES restarts with a growing
+    population, every generation one ensemble, each run's best polished by the
+    Levenberg–Marquardt, and the ``n_starts`` best distinct points found refined by it at
+    the end (``inference/petab/_global.py``).
 
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
@@ -375,8 +381,11 @@ def fit(
             scale (the first starts; the others Latin hypercube draws).
         optimizer: an Optax transformation of the flat unconstrained vector (default
             ``optax.adam(1e-2)``).
-        steps: total optimisation steps (a resumed fit continues up to this number).
-        n_starts: number of starts.
+        steps: total optimisation steps (a resumed fit continues up to this number); for
+            a PEtab problem the LM's iterations per start, or with ``method="global"`` the
+            search's generations (all its runs together).
+        n_starts: number of starts (``method="global"``: the best distinct points found
+            that are refined at the end, the rows of the result).
         objective: ``"map"`` (log prior + log likelihood; the constrained-space mode unless
             ``jacobian=True``) or ``"mle"`` (log likelihood only).
         rerecord, drift_tol, error_ratio_max, record_tol_factor: the mesh policy
@@ -391,7 +400,9 @@ def fit(
             ``KeyboardInterrupt``) stops the fit; a later call with the same path resumes
             from it and ends at the same result as an uninterrupted run. A path that
             cannot be written is a ``ValueError`` before the fit starts; a save that fails
-            later (a full disk) is a ``RuntimeWarning`` and the fit goes on.
+            later (a full disk) is a ``RuntimeWarning`` and the fit goes on. For a PEtab
+            problem only with ``method="global"`` (the search's state, saved every
+            ``checkpoint_every`` generations and after each polish).
         progress: show a tqdm bar (default: only when stderr is a terminal).
         rtol, atol, solver, max_steps: the ODE solve (``None``: ``rtol = 1e-6``,
             ``atol = 1e-8``, the model's solver; ``max_steps=None``: 4,096 steps, or 16,384
@@ -402,6 +413,12 @@ def fit(
         max_redraws: rounds of re-drawing starts whose first record fails.
         callback: ``callback(step, info)`` after every step (``info`` has ``losses``,
             ``params``, ``n_records``); returning ``True`` stops the fit early.
+        method: PEtab problems only: ``"auto"`` (the Levenberg–Marquardt multistart where
+            every noise model is normal, else L-BFGS-B), ``"lm"``, ``"lbfgs"``, or
+            ``"global"`` (the global search above; ``FitResult.method`` says which ran).
+        max_time: PEtab problems with ``method="global"`` only: seconds after which the
+            search stops (``None``: none; a resumed search counts its earlier seconds);
+            the final refinement runs after it.
 
     Returns:
         `FitResult`.
@@ -412,18 +429,26 @@ def fit(
         >>> res.params["theta"], res.n_records, res.n_grad_evals
         >>> res = inference.fit(models.load_petab("Boehm_JProteomeRes2014"), n_starts=20)
         >>> res.losses, res.params                 # sorted objectives; best by parameter id
+        >>> res = inference.fit(models.load_petab("Fujita_SciSignal2010"),
+        ...                     method="global", max_time=1800, n_starts=5, seed=1)
     """
     if is_petab(model):
-        # a problem of noise-weighted residuals: the least-squares multistart
-        for name, v in (("optimizer", optimizer), ("checkpoint", checkpoint),
-                        ("callback", callback)):
+        # a problem of noise-weighted residuals: the least-squares multistart, or the
+        # global search (`fit_petab` refuses `checkpoint` and `max_time` for the former)
+        for name, v in (("optimizer", optimizer), ("callback", callback)):
             if v is not None:
                 raise ValueError(f"`{name}` does not apply to a PEtab problem (it is fitted "
                                  "by a multistart least-squares optimiser)")
         problem = problem_of(model, data, solver=solver, rtol=rtol, atol=atol,
                              max_steps=max_steps)
         return fit_petab(problem.petab, init=init, n_starts=n_starts, seed=seed,
-                         objective=objective, max_iter=steps, progress=progress)
+                         objective=objective, max_iter=steps, progress=progress,
+                         method=method, max_time=max_time, checkpoint=checkpoint,
+                         checkpoint_every=checkpoint_every)
+    for name, v, default in (("method", method, "auto"), ("max_time", max_time, None)):
+        if v != default:
+            raise ValueError(f"`{name}` applies to PEtab problems only (got {name}={v!r}); "
+                             f"a {type(model).__name__} is fitted by Optax (`optimizer`, `steps`)")
     optimizer = _checked_fit_args(objective, steps, n_starts, checkpoint_every,
                                   record_tol_factor, max_redraws, optimizer)
     _checkpoint.check_path(checkpoint)

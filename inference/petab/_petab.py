@@ -217,7 +217,8 @@ def _lbfgs_reason(res) -> str:
 
 def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
               objective: str = "map", max_iter: int = 1000, method: str = "auto",
-              progress: bool | None = None) -> FitResult:
+              progress: bool | None = None, max_time: float | None = None,
+              checkpoint=None, checkpoint_every: int = 100) -> FitResult:
     """Multistart fit of a `models.PetabProblem` (what `inference.fit` runs for one).
 
     Args:
@@ -229,8 +230,12 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         objective: ``"map"`` (negative log-likelihood minus the log priors the parameter
             table gives: PEtab's and pyPESTO's objective) or ``"mle"``.
         max_iter: iterations per start.
-        method: ``"lm"``, ``"lbfgs"`` or ``"auto"`` (LM where every noise model is normal).
+        method: ``"lm"``, ``"lbfgs"`` or ``"auto"`` (LM where every noise model is normal),
+            or ``"global"``: `inference.petab._global.fit_global` (CMA-ES restarts, every
+            generation one ensemble, LM polishes; ``n_starts`` the best distinct points
+            it refines at the end, ``max_iter`` its generations).
         progress: a progress bar (default: only on a terminal).
+        max_time, checkpoint, checkpoint_every: ``method="global"`` only (`fit_global`'s).
 
     Returns:
         `FitResult` with the starts sorted by final objective (the waterfall, best first).
@@ -239,8 +244,20 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
     gs.ensure_compilation_cache()
     if objective not in ("map", "mle"):
         raise ValueError(f"`objective` must be 'map' or 'mle', got {objective!r}")
-    if method not in ("auto", "lm", "lbfgs"):
-        raise ValueError(f"`method` must be 'auto', 'lm' or 'lbfgs', got {method!r}")
+    if method not in ("auto", "lm", "lbfgs", "global"):
+        raise ValueError(f"`method` must be 'auto', 'lm', 'lbfgs' or 'global', got "
+                         f"{method!r}")
+    if method == "global":
+        from ._global import fit_global
+
+        return fit_global(problem, init=init, n_starts=n_starts, seed=seed,
+                          objective=objective, max_generations=max_iter, max_time=max_time,
+                          checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                          progress=progress)
+    for name, v in (("max_time", max_time), ("checkpoint", checkpoint)):
+        if v is not None:
+            raise ValueError(f"`{name}` applies to method='global' only (the multistart "
+                             f"{method!r} runs each start to convergence)")
     for name, v in (("n_starts", n_starts), ("max_iter", max_iter)):
         if not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"`{name}` must be an int >= 1, got {v!r}")
