@@ -17,10 +17,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gradsolve demo
 
-# Two pytest-xdist workers, whole files to each (module fixtures and kernel builds are not
-# repeated): XLA compiles on one core, so a 2-core machine runs the suite ~1.5-2x faster.
-# `make test XDIST=` runs in one process.
-XDIST ?= -n 2 --dist loadfile
+# Opt-in pytest-xdist (in the `test` extra): `make test XDIST="-n 2 --dist loadfile"` runs
+# two workers, whole files to each (module fixtures are not repeated; tests/conftest.py
+# gives each worker its own JAX compilation cache). Off by default: on a shared 2-core
+# machine it did not measurably beat one process (each already keeps ~1.5 threads busy).
+XDIST ?=
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST)
