@@ -130,6 +130,7 @@ class _LaneScalarizer(Scalarizer):
 
     def __init__(self, n: int):
         self.n = n
+        self.shape = (n,)  # the shape of one entry (a subclass's blocks have others)
 
     def constant(self, value, dtype) -> np.ndarray:
         arr = self._concrete(value)
@@ -150,7 +151,7 @@ class _LaneScalarizer(Scalarizer):
             with jax.ensure_compile_time_eval():
                 outs = fn(*[jnp.asarray(a, dt) for a, dt in zip(args, dtypes)])
             return [np.asarray(o) for o in outs] if multiple else np.asarray(outs)
-        args = [a if _is_array(a) else jnp.full((self.n,), a, dt) for a, dt in zip(args, dtypes)]
+        args = [a if _is_array(a) else jnp.full(self.shape, a, dt) for a, dt in zip(args, dtypes)]
         return fn(*args)
 
     def elementwise(self, eqn, ins):

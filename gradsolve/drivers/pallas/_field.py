@@ -22,55 +22,24 @@ import numpy as np
 
 from ..._caches import cache
 from ..._flat import cache_key, flat_field, flatten_spec
-from ..._jaxpr import Scalarizer, Unsupported, unsupported_primitive
+from ..._jaxpr import Unsupported
 from ..._solver.base import AbstractExplicitRK
-from ..lanes import LaneArray
+from ..lanes import LaneArray, _LaneScalarizer
 
 
 def _is_array(x) -> bool:
     return isinstance(x, (jax.Array, jax.core.Tracer))
 
 
-class _BlockScalarizer(Scalarizer):
-    """`Scalarizer` whose entries are blocks of one ``shape`` (JAX values inside a kernel)
-    or concrete numpy scalars for constants (folded at translation time)."""
+class _BlockScalarizer(_LaneScalarizer):
+    """The lanes driver's `Scalarizer` with entries that are blocks of one ``shape`` (JAX
+    values inside a kernel) instead of ``(n,)`` rows; constants are concrete numpy scalars,
+    folded at translation time. A custom derivative rule is refused as there: it would be
+    lost by differentiating its primal entry by entry (the adjoint kernel differentiates
+    the translated step)."""
 
     def __init__(self, shape: tuple[int, ...]):
-        self.shape = shape
-
-    def constant(self, value, dtype) -> np.ndarray:
-        arr = self._concrete(value)
-        out = np.empty(arr.shape, dtype=object)
-        for idx in np.ndindex(arr.shape):
-            out[idx] = np.asarray(arr[idx], dtype)
-        return out
-
-    def constant_value(self, entry):
-        return None if _is_array(entry) else entry
-
-    def _bind(self, prim, args, dtypes, params):
-        if not any(_is_array(a) for a in args):  # constants: fold now
-            with jax.ensure_compile_time_eval():
-                outs = prim.bind(*[jnp.asarray(a, dt) for a, dt in zip(args, dtypes)], **params)
-            return [np.asarray(o) for o in outs] if prim.multiple_results else np.asarray(outs)
-        args = [a if _is_array(a) else jnp.full(self.shape, a, dt) for a, dt in zip(args, dtypes)]
-        return prim.bind(*args, **params)
-
-    def elementwise(self, eqn, ins):
-        shape = tuple(eqn.outvars[0].aval.shape)
-        dtypes = [v.aval.dtype for v in eqn.invars]
-        ins = [np.broadcast_to(a, shape) for a in ins]
-        out = np.empty(shape, dtype=object)
-        for idx in np.ndindex(shape):
-            out[idx] = self._bind(eqn.primitive, [a[idx] for a in ins], dtypes, eqn.params)
-        return [out]
-
-    def primitive(self, eqn, ins):
-        # A custom derivative rule would be lost by differentiating its primal entry by
-        # entry (the adjoint kernel differentiates the translated step).
-        if eqn.primitive.name.startswith("custom_"):
-            raise unsupported_primitive(eqn.primitive.name)
-        return super().primitive(eqn, ins)
+        self.shape = tuple(shape)
 
 
 def _objects(entries) -> np.ndarray:
