@@ -14,7 +14,7 @@ a bound there.
 
     python benchmarks/bench_petab_global.py Boehm_JProteomeRes2014 --seeds 0 --max-time 300
     python benchmarks/bench_petab_global.py Fujita_SciSignal2010 --seeds 1 --max-time 1800 \\
-        --out /tmp/global.jsonl
+        --out /tmp/global.jsonl --checkpoint-dir /tmp/global_ckpt
 
 A problem is looked up in ``../shared/petab-benchmark-collection``, then in
 ``tests/data/petab``, then among those that ship with `models`.
@@ -49,9 +49,13 @@ def run_seed(problem, seed: int, args) -> dict:
 
     import inference
 
-    fd, ckpt = tempfile.mkstemp(suffix=".pkl")
-    os.close(fd)
-    os.remove(ckpt)
+    if args.checkpoint_dir is None:
+        fd, ckpt = tempfile.mkstemp(suffix=".pkl")
+        os.close(fd)
+        os.remove(ckpt)
+    else:
+        # kept: the same command again resumes a search that was stopped
+        ckpt = str(args.checkpoint_dir / f"{problem.odes.model_id}_seed{seed}.pkl")
     t0 = time.perf_counter()
     res = inference.fit(problem, method="global", seed=seed, max_time=args.max_time,
                         n_starts=args.n_starts, steps=args.steps, checkpoint=ckpt,
@@ -59,7 +63,8 @@ def run_seed(problem, seed: int, args) -> dict:
     wall = time.perf_counter() - t0
     with open(ckpt, "rb") as fh:
         state = pickle.load(fh).state
-    os.remove(ckpt)
+    if args.checkpoint_dir is None:
+        os.remove(ckpt)
     x0 = np.asarray(problem.nominal, float)
     nominal = float(-problem.log_likelihood(x0)
                     - problem.log_prior(x0, jacobian=False, given_only=True))
@@ -99,6 +104,8 @@ def main(argv=None):
     ap.add_argument("--n-starts", type=int, default=5)
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--out", type=Path, help="append one JSON line per seed")
+    ap.add_argument("--checkpoint-dir", type=Path,
+                    help="keep each seed's checkpoint here (the same command resumes it)")
     args = ap.parse_args(argv)
 
     import jax
