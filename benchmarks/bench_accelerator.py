@@ -17,6 +17,11 @@ Rows per side (``-`` where a side does not have it):
 - Diffrax: ``jax.grad`` through ``jax.vmap(diffrax.diffeqsolve)`` with its default
   ``RecursiveCheckpointAdjoint`` (``max_steps=--max-steps``), and its forward solve.
 
+Sides ``kernel`` (the compiled CPU kernel) and ``batched`` run where JAX's default backend
+is: ``JAX_PLATFORMS=cpu`` gives the host's CPU side of a TPU machine. The peak device
+allocation of the process so far is reported where the device keeps statistics (run one
+size per process to read it per size).
+
 Ratios are Diffrax's gradient time over each gradsolve gradient time. ``--check`` first
 compares the Pallas side with the lanes side on the same mesh (values, gradients w.r.t.
 ``y0``, parameters and save times) and the Pallas record with the XLA record.
@@ -30,7 +35,7 @@ how far apart they are), the dosed record under ``jit`` on both, and the save-ti
 the on-device check of moved save times, timed alone against its former scatter form.
 
 Run: ``python benchmarks/bench_accelerator.py --n 32768 [--model lotka_volterra]
-[--sides diffrax,lanes,pallas] [--max-steps 1024] [--repeats 5] [--check] [--events]``.
+[--sides diffrax,lanes,pallas,kernel,batched] [--max-steps 1024] [--repeats 5] [--check] [--events]``.
 """
 
 from __future__ import annotations
@@ -82,6 +87,14 @@ def best(calls: dict, repeats: int) -> dict:
     return out
 
 
+def peak_bytes():
+    """The device's peak allocation so far in this process (bytes), where it reports one."""
+    try:
+        return int(jax.devices()[0].memory_stats()["peak_bytes_in_use"])
+    except Exception:  # noqa: BLE001 - CPU devices keep no statistics
+        return None
+
+
 def rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
@@ -127,8 +140,11 @@ def check(f, t1, y0, p, ts, max_steps: int) -> dict:
 
 def bench(model: str, n: int, sides: list[str], max_steps: int, repeats: int) -> dict:
     f, t1, y0, p, ts = workload(model, n)
+    # one mesh for every gradsolve side; recorded by Lanes unless only Pallas runs (at a
+    # million trajectories the XLA record's buffers are what would not fit)
+    rec_driver = PALLAS if set(sides) <= {"pallas", "diffrax"} else gs.drivers.Lanes()
     mesh = gs.record(f, 0.0, t1, y0, p, ts=ts, rtol=RTOL, atol=ATOL,
-                     driver=gs.drivers.Lanes(), max_steps=max_steps)
+                     driver=rec_driver, max_steps=max_steps)
     calls, grads = {}, {}
     for side in sides:
         if side == "diffrax":
@@ -148,7 +164,8 @@ def bench(model: str, n: int, sides: list[str], max_steps: int, repeats: int) ->
             calls["diffrax grad"], calls["diffrax fwd"] = (lambda: g(p)), (lambda: fw(p))
             grads["diffrax"] = g
             continue
-        driver = {"lanes": gs.drivers.Lanes(), "pallas": PALLAS}[side]
+        driver = {"lanes": gs.drivers.Lanes(), "pallas": PALLAS, "kernel": gs.drivers.Kernel(),
+                  "batched": gs.drivers.Batched()}[side]
         rg = jax.jit(jax.grad(lambda q, d=driver: jnp.sum(gs.replay(f, mesh, y0, q, driver=d).ys ** 2)))
         rf = jax.jit(lambda q, d=driver: gs.replay(f, mesh, y0, q, driver=d).ys)
         sg = jax.jit(jax.grad(lambda q, d=driver: jnp.sum(gs.solve(
@@ -165,6 +182,7 @@ def bench(model: str, n: int, sides: list[str], max_steps: int, repeats: int) ->
     ms = best(calls, repeats)
     out = {"model": model, "n": n, "backend": jax.default_backend(),
            "device": str(jax.devices()[0].device_kind), "max_steps": max_steps,
+           "peak_bytes": peak_bytes(), "cpu_cores": os.cpu_count(),
            "mean_steps": float(np.mean(mesh.n_steps)), "max_steps_taken": int(np.max(mesh.n_steps)),
            "ms": ms}
     if "diffrax" in sides:
@@ -315,8 +333,9 @@ def main(argv=None):
             print("check", json.dumps(check(f, t1, y0, p, ts, a.max_steps)), flush=True)
         r = bench(a.model, n, sides, a.max_steps, a.repeats)
         results.append(r)
-        print(f"\n{a.model} n={n} ({r['device']}, mean steps {r['mean_steps']:.1f}, "
-              f"max {r['max_steps_taken']}, capacity {a.max_steps})")
+        peak = "" if r["peak_bytes"] is None else f", peak {r['peak_bytes'] / 2**30:.2f} GiB"
+        print(f"\n{a.model} n={n} ({r['device']}, {r['cpu_cores']} host cores, mean steps "
+              f"{r['mean_steps']:.1f}, max {r['max_steps_taken']}, capacity {a.max_steps}{peak})")
         for k, v in r["ms"].items():
             print(f"  {k:<22}{v:>10.3f} ms")
         for k, v in r.get("ratios_vs_diffrax_grad", {}).items():

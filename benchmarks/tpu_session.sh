@@ -17,7 +17,9 @@
 # Steps (each under its own time limit, output kept as it comes): install the wheels to a
 # folder on PYTHONPATH, print the device, compare the Pallas kernels with the lanes replay
 # on the chip (--check), then the benchmark at 32,768 trajectories. $STEPS picks steps
-# (default "setup check bench"); $NS the sizes of the bench step.
+# (default "setup check bench"; also "events", "sweep" (Pallas alone up to 1,048,576
+# trajectories, peak HBM per size), "lorenz", "cpu" (the host's cores)); $NS the sizes of
+# the bench step.
 set -u
 OUT=${OUT:-benchmarks/results/tpu}
 mkdir -p "$OUT"
@@ -47,5 +49,19 @@ for step in $STEPS; do
              timeout 300 $PY benchmarks/bench_accelerator.py --n "$n" --repeats 5 \
                --json "$OUT/bench_$n.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG"
            done ;;
+    events) timeout 400 $PY benchmarks/bench_accelerator.py --events --n "${EVENTS_N:-32768}" \
+             --repeats 5 --json "$OUT/events.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # Pallas alone, one process per size (so the peak HBM is per size), mesh capacity 256
+    sweep) for n in ${SWEEP_NS:-1024 32768 262144 1048576}; do
+             timeout 240 $PY benchmarks/bench_accelerator.py --n "$n" --sides pallas \
+               --max-steps 256 --repeats 5 --json "$OUT/sweep_$n.json" 2>&1 \
+               | grep -v "^WARNING" | tee -a "$LOG"
+           done ;;
+    lorenz) timeout 300 $PY benchmarks/bench_accelerator.py --model lorenz --n 32768 \
+              --repeats 3 --json "$OUT/lorenz.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # the same machine's CPU cores: the compiled kernel, the XLA lanes and Diffrax
+    cpu) JAX_PLATFORMS=cpu timeout 400 $PY benchmarks/bench_accelerator.py --n 32768 \
+           --sides diffrax,lanes,kernel --repeats 3 --json "$OUT/cpu.json" 2>&1 \
+           | grep -v "^WARNING" | tee -a "$LOG" ;;
   esac
 done
