@@ -8,7 +8,8 @@
 #
 #     mkdir -p build/tpu_wheels && cd build/tpu_wheels && ../../.venv/bin/pip download --no-deps \
 #         equinox==0.13.8 diffrax==0.7.2 lineax==0.1.1 optimistix==0.1.0 jaxtyping==0.3.11 \
-#         wadler_lindig==0.1.8 typing_extensions==4.16.0
+#         wadler_lindig==0.1.8 typing_extensions==4.16.0 optax==0.2.8 numpyro==0.22.0 \
+#         absl-py==2.5.1 multipledispatch==1.0.0 tqdm==4.70.1
 #
 # then run, carrying that folder:
 #
@@ -18,7 +19,8 @@
 # folder on PYTHONPATH, print the device, compare the Pallas kernels with the lanes replay
 # on the chip (--check), then the benchmark at 32,768 trajectories. $STEPS picks steps
 # (default "setup check bench"; also "events", "sweep" (Pallas alone up to 1,048,576
-# trajectories, peak HBM per size), "lorenz", "cpu" (the host's cores)); $NS the sizes of
+# trajectories, peak HBM per size), "lorenz", "cpu" (the host's cores), "tutorial"
+# (tutorial 11 run into a notebook with its output)); $NS the sizes of
 # the bench step.
 set -u
 OUT=${OUT:-benchmarks/results/tpu}
@@ -63,5 +65,8 @@ for step in $STEPS; do
     cpu) JAX_PLATFORMS=cpu timeout 400 $PY benchmarks/bench_accelerator.py --n 32768 \
            --sides diffrax,lanes,kernel --repeats 3 --json "$OUT/cpu.json" 2>&1 \
            | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # tutorial 11 at full size, its printed output written into the notebook
+    tutorial) timeout 500 $PY tools/run_notebook.py tutorials/11_on_a_tpu.ipynb \
+                "$OUT/11_on_a_tpu.ipynb" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
   esac
 done
