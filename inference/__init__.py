@@ -4,7 +4,7 @@
   `models.ODEModel` given a `models.Dataset`, its NumPyro program, and the map to a flat
   unconstrained vector.
 - `fit` (Optax, many starts as one ensemble, mesh reuse with re-recording on drift),
-  `fit_least_squares` (Optimistix Levenberg–Marquardt), `FitResult`.
+  `fit_least_squares` (batched Levenberg–Marquardt, all starts one ensemble), `FitResult`.
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
 - `fit_population`, `PopulationFit`: population maximum likelihood, random effects

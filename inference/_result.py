@@ -45,10 +45,12 @@ class FitResult:
         n_redrawn: starts re-drawn from the prior because their first solve failed.
         starts: ``(n_starts, D)`` each start's initial point (PEtab fits; else ``None``).
         converged: ``(n_starts,)`` whether each start met its optimiser's convergence
-            test (PEtab fits; else ``None``).
+            test (PEtab fits and `fit_least_squares`; else ``None``).
         parameter_ids: the order of a row of ``starts`` (PEtab fits; else ``None``).
-        method: the optimiser (``"lm"``, ``"lbfgs"``; PEtab fits; else ``None``).
-        exit_reasons: ``(n_starts,)`` why each start stopped (PEtab fits; else ``None``),
+        method: the optimiser (``"lm"``, ``"lbfgs"``; PEtab fits and `fit_least_squares`;
+            else ``None``).
+        exit_reasons: ``(n_starts,)`` why each start stopped (PEtab fits and
+            `fit_least_squares`; else ``None``),
             Fides' names: ``"ftol"`` (a converged step's decrease at most ``1e-8 (1 +
             |F|)``), ``"gtol"`` (projected gradient at most ``1e-6``), ``"xtol"`` (no step
             left inside the bounds), ``"damping"`` (the LM damping grew past ``1e12``

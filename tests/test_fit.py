@@ -368,6 +368,42 @@ def test_fit_least_squares(lv_synthetic, lynx):
         assert np.all(np.abs(z) < 2), (k, z)
 
 
+def test_fit_least_squares_matches_scipy_least_squares():
+    """The batched LM behind fit_least_squares reaches SciPy's least-squares optimum of the
+    same residuals (a closed-form decay y = A exp(-k t) with unknown A and k; noise that is
+    not of the model's form, so the residuals do not vanish), from the defaults and from
+    prior draws; sigma is the residuals' RMS."""
+    import numpyro.distributions as dist
+    from scipy import optimize
+
+    m = models.ODEModel(
+        name="decay_a", vector_field=lambda t, y, p: -p["k"] * y,
+        priors={"A": dist.LogNormal(np.log(2.0), 0.5), "k": dist.LogNormal(0.0, 0.5),
+                "sigma": dist.HalfNormal(1.0)},
+        y0=lambda p: jnp.reshape(p["A"], (1,)), defaults={"A": 1.0, "k": 1.5, "sigma": 0.1},
+    )
+    ts = np.linspace(0.25, 6.0, 15)
+    ys = (2.3 * np.exp(-0.65 * ts) + 0.04 * np.cos(4 * ts) + 0.02 * np.sin(11 * ts))[:, None]
+    data = models.Dataset(ts=ts, ys=ys)
+
+    def resid(p):
+        return ys[:, 0] - p[0] * np.exp(-p[1] * ts)
+
+    ref = optimize.least_squares(resid, [1.0, 1.0], method="lm", xtol=1e-15, ftol=1e-15,
+                                 gtol=1e-15)
+    loss_ref = 0.5 * float(np.sum(ref.fun**2))
+    for kw in (dict(), dict(n_starts=6, seed=3)):
+        res = inference.fit_least_squares(m, data, rtol=1e-10, atol=1e-12, **kw)
+        assert res.objective == "least_squares" and np.all(res.status == 0)
+        assert abs(res.loss / loss_ref - 1) < 1e-6, (res.loss, loss_ref)
+        np.testing.assert_allclose([float(res.params["A"]), float(res.params["k"])], ref.x,
+                                   rtol=1e-5)
+        assert float(res.params["sigma"]) == pytest.approx(np.sqrt(2 * loss_ref / len(ts)),
+                                                           rel=1e-6)
+        assert np.all(res.converged)
+        np.testing.assert_allclose(res.losses, loss_ref, rtol=1e-6)
+
+
 def test_fit_rejects_bad_arguments(lynx):
     m, data = lynx
     with pytest.raises(ValueError, match="objective"):

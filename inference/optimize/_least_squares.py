@@ -1,53 +1,52 @@
-"""`fit_least_squares`: Levenberg–Marquardt (Optimistix) on forward-mode Jacobians of the
-replay, re-recording between LM solves until the mesh holds at the solution.
+"""`fit_least_squares`: least squares by the package's one Levenberg–Marquardt, the
+batched LM of the PEtab multistart (`inference.petab._lm.LMKernel`).
 
-Each start is a `LeastSquaresState` advanced by `LeastSquaresKernel.step`: record a mesh
-at the current point, run one LM solve on that fixed mesh, measure the solution's drift and
-``error_ratio``; `MeshPolicy.settled` says when the solution ran on its own mesh.
+Every start advances in the same compiled step: one ensemble evaluation of the residuals
+and their forward-mode Jacobians (replays of each start's kept mesh), each start accepting
+or rejecting its own trial point with its own damping. The parameters are the model's
+unconstrained coordinates that move the predictions (no bounds: ``-inf``/``+inf``).
+
+Meshes (`LeastSquaresResiduals.policy`, a `MeshPolicy`): each start's mesh is recorded at
+``record_tol_factor`` times the tolerances and re-recorded at its trial point when that
+point moved more than ``drift_tol`` from where it was recorded, measured as the largest
+change of an unconstrained coordinate (``drift_measure="absolute"``: for a positive
+parameter, whose coordinate is its logarithm, 0.1 is a relative change of about 10 %, the
+same rule as the relative drift of `inference.fit`; a relative change of a logarithm, or
+of a coordinate near zero, would mean nothing), or when the replay's error ratio exceeds
+``error_ratio_max`` (then that evaluation is redone on the new mesh, ``redo_factor = 1``:
+LM accepts steps by comparing objective values, which must meet the tolerances).
+
+Settling: a start whose LM run stopped on a mesh recorded more than ``settle_factor *
+drift_tol`` from its final point (`MeshPolicy.settled`), or that was still running at the
+iteration cap, runs again from there (a pass: a fresh record at its own point, then LM),
+at most ``max_rerecords`` passes, so that the reported optimum is that of its own mesh.
+The reported losses are half the residual sum of squares on a fresh record at each final
+point.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
-from jaxtyping import Array, Float
 
+import gradsolve as gs
+
+from .._result import FAILED, FitResult
+from ..petab._lm import CONVERGED, FAILED_START, REASONS, RUNNING, LMKernel, MeshTerms
 from ..problem._policy import MeshPolicy
 from ..problem._problem import MAX_STEPS, TOLERANCES, Problem
-from .._result import FAILED, FitResult
 from ..problem._space import checked_init
 from ..problem._starts import prior_draws
 
-__all__ = ["fit_least_squares", "LeastSquaresState", "LeastSquaresKernel"]
+__all__ = ["fit_least_squares", "LeastSquaresResiduals"]
 
-
-class LeastSquaresState(NamedTuple):
-    """One start of a least-squares fit between LM solves.
-
-    Attributes:
-        v: ``(P,)`` the unconstrained coordinates that move the predictions.
-        base: ``(D,)`` the full unconstrained vector the others are taken from.
-        solves: LM solves done; settled: the last one ran on its own mesh; failed: a
-            record failed.
-        max_error_ratio: largest replay ``error_ratio`` met (requested units).
-        n_records, n_lm_steps: records made and LM steps (Jacobians) taken.
-    """
-
-    v: Float[Array, " P"]
-    base: Float[Array, " D"]
-    solves: int = 0
-    settled: bool = False
-    failed: bool = False
-    max_error_ratio: float = 0.0
-    n_records: int = 0
-    n_lm_steps: int = 0
+_MAX_ITER = REASONS.index("max_iter")
 
 
 def _is_lognormal(model, params) -> bool:
@@ -57,15 +56,20 @@ def _is_lognormal(model, params) -> bool:
     return isinstance(d, dist.LogNormal)
 
 
-class LeastSquaresKernel:
-    """LM solves of one problem: which coordinates move the predictions (a forward-mode
-    Jacobian at the defaults), the residuals (``ys - y_pred``, or of their logs for
-    LogNormal noise; missing observations give none), and `init`/`step`/`finish`."""
+class LeastSquaresResiduals:
+    """The residuals of one problem as `LMKernel` takes them.
 
-    def __init__(self, problem: Problem, policy: MeshPolicy, *, max_iter: int, lm_rtol: float,
-                 lm_atol: float):
-        import optimistix as optx
+    Which coordinates move the predictions (a forward-mode Jacobian of an adaptive solve at
+    the defaults): only those, ``v (P,)``, are fitted; the others (e.g. ``sigma``) are held
+    at the defaults. Residuals are ``ys - y_pred`` (of their logs for LogNormal noise),
+    none at missing observations (zero).
 
+    Args:
+        problem: the `Problem` (model, data, solver, tolerances).
+        policy: the `MeshPolicy` (record tolerances; error ratios in requested units).
+    """
+
+    def __init__(self, problem: Problem, policy: MeshPolicy):
         self.problem, self.policy = problem, policy
         model, space = problem.model, problem.space
         defaults = {k: jnp.asarray(v) for k, v in model.defaults.items()}
@@ -73,76 +77,57 @@ class LeastSquaresKernel:
         self.log_res = _is_lognormal(model, defaults)
         self.missing = jnp.isnan(problem.ys_obs)
         self.obs = jnp.log(problem.ys_obs) if self.log_res else problem.ys_obs
-        jac = jax.jit(jax.jacfwd(lambda u: self.predict(u)[0]))(self.u_default)
+
+        def predict(u):
+            x = space.from_unconstrained(u)
+            return problem.observe(x, problem.states(x).ys)
+
+        jac = jax.jit(jax.jacfwd(predict))(self.u_default)
         self.moves = np.asarray(jnp.any(jnp.abs(jnp.reshape(jac, (-1, space.dim))) > 0, axis=0))
         if not self.moves.any():
             raise ValueError("fit_least_squares: no parameter changes the predictions")
         self.dyn = jnp.asarray(np.nonzero(self.moves)[0])
-        lm = optx.LevenbergMarquardt(rtol=lm_rtol, atol=lm_atol)
+        self.mesh_terms = MeshTerms(record=self.record, terms=self.terms)
 
-        def residuals(v, args):
-            mesh, base = args
-            r = self.residuals(self.predict(base.at[self.dyn].set(v), mesh)[0])
-            return jnp.where(jnp.isfinite(r), r, 1e6)
+    def full(self, v: jax.Array) -> jax.Array:
+        """The unconstrained vector ``(..., D)`` of fitted coordinates ``v (..., P)``."""
+        base = jnp.broadcast_to(self.u_default, jnp.shape(v)[:-1] + self.u_default.shape)
+        return base.at[..., self.dyn].set(v)
 
-        @eqx.filter_jit
-        def solve(v, mesh, base):
-            sol = optx.least_squares(residuals, lm, v, args=(mesh, base), max_steps=max_iter,
-                                     throw=False)
-            _, err = self.predict(base.at[self.dyn].set(sol.value), mesh)
-            return sol.value, sol.stats["num_steps"], err
-
-        self._solve = solve
-
-    def predict(self, u, mesh=None):
-        """Predicted observed states ``(k, m)`` at ``u (D,)`` (replay of ``mesh``, or an
-        adaptive solve) and the replay's error ratio."""
-        x = self.problem.space.from_unconstrained(u)
-        sol = self.problem.states(x, mesh)
-        return self.problem.observe(x, sol.ys), sol.error_ratio
-
-    def residuals(self, y_pred) -> jax.Array:
-        """``(k * m,)`` residuals, zero at missing observations."""
+    def residuals(self, y_pred: jax.Array) -> jax.Array:
+        """``(..., k, m)`` residuals of predictions ``(..., k, m)``, zero where missing."""
         yt = jnp.log(y_pred) if self.log_res else y_pred
-        return jnp.reshape(jnp.where(self.missing, 0.0, self.obs - yt), (-1,))
+        return jnp.where(self.missing, 0.0, self.obs - yt)
 
-    def full(self, s: LeastSquaresState) -> jax.Array:
-        return s.base.at[self.dyn].set(s.v)
+    def record(self, v: jax.Array):
+        """The mesh at ``v (P,)`` (or ``(n, P)``), at the policy's record tolerances."""
+        return self.problem.record(self.full(v), self.policy.record_tol_factor)
 
-    def init(self, u: jax.Array) -> LeastSquaresState:
-        """A start at ``u (D,)``; the coordinates that move nothing are held at the
-        defaults."""
-        base = jnp.where(jnp.asarray(self.moves), u, self.u_default)
-        return LeastSquaresState(v=u[self.dyn], base=base)
+    def terms(self, v: jax.Array, mesh) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """`MeshTerms.terms` at ``v (P,)``: residuals ``(k * m,)`` by a replay of ``mesh``
+        (NaN where its record failed), zero log noise scales, the replay's error ratio in
+        units of the requested tolerances (``inf`` where the record failed)."""
+        x = self.problem.space.from_unconstrained(self.full(v))
+        sol = self.problem.states(x, mesh)
+        r = jnp.reshape(self.residuals(self.problem.observe(x, sol.ys)), (-1,))
+        ok = mesh.status == 0
+        err = jnp.where(ok, self.policy.error_ratio(sol.error_ratio), jnp.inf)
+        return jnp.where(ok, r, jnp.nan), jnp.zeros_like(r), jnp.reshape(err, (-1,))
 
-    def step(self, s: LeastSquaresState) -> LeastSquaresState:
-        """Record at the current point, one LM solve on that mesh, the policy's verdict."""
-        u_rec = self.full(s)
-        mesh = self.problem.record(u_rec, self.policy.record_tol_factor)
-        s = s._replace(n_records=s.n_records + 1)
-        if int(mesh.status) != 0:
-            return s._replace(failed=True)
-        v, n_steps, err = self._solve(s.v, mesh, s.base)
-        err = float(self.policy.error_ratio(err))
-        s = s._replace(v=v, solves=s.solves + 1, n_lm_steps=s.n_lm_steps + int(n_steps),
-                       max_error_ratio=max(s.max_error_ratio, err if np.isfinite(err) else 0.0))
-        flat = self.problem.space.flat_constrained
-        drift = float(self.policy.drift(np.asarray(flat(self.full(s))), np.asarray(flat(u_rec))))
-        return s._replace(settled=self.policy.settled(drift, err))
-
-    def finish(self, s: LeastSquaresState) -> tuple[jax.Array, float, int, int]:
-        """``(u, loss, status, records)``: half the residual sum of squares on a fresh
-        record at the solution; a scalar or per-state ``sigma`` that moves no prediction
-        is set to the residuals' RMS."""
-        u = self.full(s)
-        mesh = self.problem.record(u, self.policy.record_tol_factor)
-        if int(mesh.status) != 0:
-            return u, np.inf, FAILED, 1
-        r = np.asarray(self.residuals(self.predict(u, mesh)[0])).reshape(self.obs.shape)
-        loss = 0.5 * float(np.sum(r**2))
-        if not np.isfinite(loss):
-            return u, np.inf, FAILED, 1
-        return self._sigma_from_residuals(u, r), loss, 0, 1
+    def finish(self, v: np.ndarray) -> tuple[jax.Array, np.ndarray, np.ndarray]:
+        """``(u (n, D), loss (n,), ok (n,))`` at the final points ``v (n, P)``: half the
+        residual sum of squares on one fresh (ensemble) record; a scalar or per-state
+        ``sigma`` that moves no prediction is set to the residuals' RMS."""
+        problem = self.problem
+        u = self.full(jnp.asarray(v))
+        mesh = problem.record(u, self.policy.record_tol_factor)
+        x = problem.space.from_unconstrained(u)
+        r = np.asarray(self.residuals(problem.observe(x, problem.states(x, mesh).ys)))
+        loss = 0.5 * np.sum(r**2, axis=(-2, -1))
+        ok = (np.asarray(mesh.status) == 0) & np.isfinite(loss)
+        rows = [self._sigma_from_residuals(u[i], r[i]) if ok[i] else u[i]
+                for i in range(len(loss))]
+        return jnp.stack(rows), np.where(ok, loss, np.inf), ok
 
     def _sigma_from_residuals(self, u, r) -> jax.Array:
         space = self.problem.space
@@ -167,30 +152,57 @@ def fit_least_squares(
     rtol: float = TOLERANCES.rtol, atol: float = TOLERANCES.atol, solver=None,
     max_steps: int = MAX_STEPS, record_tol_factor: float = 0.5,
 ) -> FitResult:
-    """Least-squares fit with Levenberg–Marquardt (Optimistix) on the replayed mesh.
+    """Least-squares fit with Levenberg–Marquardt on replayed meshes, every start at once.
 
     Residuals are ``ys - y_pred`` (``log ys - log y_pred`` when the model's noise is
-    LogNormal), unweighted. Only the parameters that change the predictions are fitted (the
-    others, e.g. ``sigma``, are found by a forward-mode Jacobian at the start and held);
-    afterwards a ``sigma`` parameter of shape ``()`` or ``(m,)`` is set to the residuals'
-    RMS (per observed state). The Jacobians are forward mode (``jax.jacfwd`` through
-    ``gs.replay``); each LM solve runs on a fixed mesh, which is re-recorded at the LM
-    solution until that solution's drift and ``error_ratio`` are within bounds.
+    LogNormal), unweighted; missing observations give none. Only the parameters that change
+    the predictions are fitted (the others, e.g. ``sigma``, are found by a forward-mode
+    Jacobian at the defaults and held); afterwards a ``sigma`` parameter of shape ``()`` or
+    ``(m,)`` is set to the residuals' RMS (per observed state).
+
+    The optimiser is the batched Levenberg–Marquardt of the PEtab multistart
+    (`inference.petab._lm.LMKernel`, unbounded in the unconstrained coordinates): all
+    starts advance together, each iteration one ensemble evaluation of the residuals and
+    their forward-mode Jacobians (``jax.jacfwd`` through ``gs.replay``) on each start's
+    kept mesh. A start's mesh is re-recorded when its point moved more than ``drift_tol``
+    in any unconstrained coordinate (for a positive parameter, a log: 0.1 is about 10 %)
+    or when the replay's error ratio passes ``error_ratio_max``; a start that stopped on a
+    mesh recorded elsewhere runs again from a fresh record at its point (module
+    docstring), so the solution is that of its own mesh.
 
     Args:
         model, data: as `fit`.
         init: ``None`` (prior draws; the first start is ``model.defaults`` when
             ``n_starts == 1``) or a parameter dict (the first start).
-        n_starts: starts, solved one after another with the same compiled solver.
+        n_starts: starts, all advanced together in one ensemble.
         seed: seeds the prior draws of the starts.
-        max_iter: LM steps per mesh; max_rerecords: LM solves per start.
-        lm_rtol, lm_atol: Optimistix LM tolerances.
-        drift_tol, error_ratio_max, rtol, atol, solver, max_steps, record_tol_factor: as
-            `fit`.
+        max_iter: LM iterations (each one evaluation, accepted or not) per pass.
+        max_rerecords: passes per start (a pass: a fresh record at the start's point, then
+            up to ``max_iter`` LM iterations with re-records on drift); a start is run
+            again while it was still iterating at ``max_iter`` or stopped more than
+            ``0.1 * drift_tol`` from its mesh's record point. (Before the batched LM:
+            ``max_iter`` LM steps per mesh, ``max_rerecords`` meshes per start; the total
+            iteration budget, ``max_iter * max_rerecords``, is the same.)
+        lm_rtol: LM's ``ftol``: a start has converged when an accepted, nearly undamped
+            step lowers the loss by at most ``lm_rtol * (1 + loss)`` (was: Optimistix's
+            relative tolerance on the loss and the parameters).
+        lm_atol: LM's ``gtol``: or when the loss's gradient in the fitted coordinates is
+            at most ``lm_atol`` in every entry (was: Optimistix's absolute tolerance).
+        drift_tol, error_ratio_max, record_tol_factor: the mesh rule (`MeshPolicy`;
+            ``drift_tol`` measured on the unconstrained coordinates, see above).
+        rtol, atol, solver, max_steps: as `fit`.
 
     Returns:
-        `FitResult` with ``objective="least_squares"`` and ``losses`` half the
-        residual sum of squares; ``n_grad_evals`` counts LM steps (Jacobians).
+        `FitResult` with ``objective="least_squares"``, ``method="lm"`` and ``losses`` half
+        the residual sum of squares (a fresh record at each final point);
+        ``loss_history`` each start's loss after every LM iteration (on its kept mesh);
+        ``n_grad_evals`` counts ensemble evaluations (residuals and Jacobians),
+        ``n_steps`` LM iterations; ``converged`` whether each start's last pass met LM's
+        convergence test (``ftol``, ``gtol`` or a vanished step) on a mesh recorded within
+        ``0.1 * drift_tol`` of its final point, ``exit_reasons`` why it stopped
+        (`inference.petab._lm.REASONS`; ``"not_finite"``: failed); ``max_error_ratio``
+        each start's replay error ratio at its final point on the mesh its last pass ran
+        on (requested units; ``inf`` where that record failed).
 
     Example:
         >>> res = inference.fit_least_squares(models.lynx_hare(),
@@ -198,12 +210,13 @@ def fit_least_squares(
         >>> res.params["theta"], res.losses      # (4,), (1,)
     """
     t_start = time.perf_counter()
+    gs.ensure_compilation_cache()  # as `fit`: a second run loads its compiled programs
     policy = MeshPolicy.checked("fit", "auto", drift_tol=drift_tol,
                                 error_ratio_max=error_ratio_max,
-                                record_tol_factor=record_tol_factor)
+                                record_tol_factor=record_tol_factor, redo_factor=1.0,
+                                drift_measure="absolute")
     problem = Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
-    kernel = LeastSquaresKernel(problem, policy, max_iter=max_iter, lm_rtol=lm_rtol,
-                                lm_atol=lm_atol)
+    res = LeastSquaresResiduals(problem, policy)
     starts = prior_draws(model, problem.space, jax.random.PRNGKey(seed), max(n_starts, 1))
     if init is not None:
         u0, n_init = checked_init(model, problem.space, init)
@@ -212,21 +225,67 @@ def fit_least_squares(
                              "axis); use `n_starts` for more starts")
         starts[0] = u0
     elif n_starts == 1:
-        starts = np.asarray(kernel.u_default)[None]
-    out = []
-    for u in starts:
-        s = kernel.init(jnp.asarray(u))
-        while not (s.settled or s.failed) and s.solves < max_rerecords:
+        starts = np.asarray(res.u_default)[None]
+
+    n_fit = len(res.dyn)
+    kernel = LMKernel(None, lower=np.full(n_fit, -np.inf), upper=np.full(n_fit, np.inf),
+                      ftol=lm_rtol, gtol=lm_atol, mesh_terms=res.mesh_terms, policy=policy)
+    err_of = jax.jit(jax.vmap(lambda v, mesh: jnp.max(res.terms(v, mesh)[2])))
+
+    n = len(starts)
+    v = np.array(starts[:, np.asarray(res.dyn)], float)
+    code = np.zeros(n, np.int64)
+    reason = np.zeros(n, np.int64)
+    failed = np.zeros(n, bool)
+    settled = np.zeros(n, bool)
+    records = np.zeros(n, np.int64)
+    err = np.zeros(n)
+    history = []
+    n_steps = 0
+    todo = np.arange(n)
+    for _ in range(max(int(max_rerecords), 1)):
+        # every pass runs at the full batch size, padded with repeats of its first row:
+        # one compiled program for all passes (at these sizes an LM iteration costs
+        # milliseconds and a program for a smaller batch seconds to compile)
+        rows = np.concatenate([todo, np.full(n - len(todo), todo[0])])
+        s = kernel.init(v[rows])
+        hist = [np.asarray(s.f)]
+        for _ in range(int(max_iter)):
+            if not np.any(np.asarray(s.code) == RUNNING):
+                break
             s = kernel.step(s)
-        out.append((s, *kernel.finish(s)))
-    u_all = jnp.stack([u for _, u, _, _, _ in out])
-    losses = np.asarray([loss for _, _, loss, _, _ in out], float)
-    x_all = problem.space.from_unconstrained(u_all)
-    n_lm = sum(s.n_lm_steps for s, *_ in out)
+            hist.append(np.asarray(s.f))
+        k = len(todo)
+        s_code, s_reason = np.asarray(s.code)[:k], np.asarray(s.reason)[:k]
+        v[todo] = np.asarray(s.x)[:k]
+        code[todo] = s_code
+        reason[todo] = np.where(s_code == RUNNING, _MAX_ITER, s_reason)
+        failed[todo] |= s_code == FAILED_START
+        records[todo] += np.asarray(s.records)[:k]
+        err[todo] = np.asarray(err_of(s.x, s.mesh))[:k]
+        last = history[-1] if history else np.full(n, np.nan)
+        for h in hist:
+            last = last.copy()
+            last[todo] = h[:k]
+            history.append(last)
+        n_steps += len(hist) - 1
+        moved = policy.distance(np.asarray(s.x)[:k], np.asarray(s.x_rec)[:k])
+        own = moved <= policy.settle_factor * policy.drift_tol
+        settled[todo] = own
+        again = ~failed[todo] & ((s_code == RUNNING) | ~own)
+        todo = todo[again]
+        if not len(todo):
+            break
+
+    u_all, losses, ok = res.finish(v)
+    status = np.where(failed | ~ok, FAILED, 0).astype(np.int32)
+    converged = (code == CONVERGED) & settled & (status == 0)
+    reasons = np.where(status != 0, "not_finite", np.asarray(REASONS)[reason])
     return FitResult.of_starts(
-        x_all, losses, loss_history=losses[None].copy(),
-        n_records=sum(s.n_records + r for s, *_, r in out),
-        n_records_per_start=np.asarray([s.n_records + r for s, *_, r in out], np.int64),
-        n_grad_evals=n_lm, wall_time=time.perf_counter() - t_start,
-        status=np.asarray([st for *_, st, _ in out], np.int32), objective="least_squares",
-        n_steps=n_lm, max_error_ratio=np.asarray([s.max_error_ratio for s, *_ in out]))
+        problem.space.from_unconstrained(u_all), losses,
+        loss_history=np.stack(history) if history else losses[None].copy(),
+        n_records=kernel.n_records + 1, n_records_per_start=records + 1,
+        n_grad_evals=kernel.n_evals, wall_time=time.perf_counter() - t_start,
+        status=status, objective="least_squares", n_steps=n_steps,
+        max_error_ratio=np.where(np.isfinite(err), err, np.inf), converged=converged,
+        method="lm", exit_reasons=reasons)
