@@ -343,6 +343,7 @@ def test_a_restart_before_t0_gives_the_right_values_to_t1(record):
         central_differences(lambda *a: float(np.sum(exact(*a) * w)), args))
 
 
+@pytest.mark.slow  # ~13 s: first derivatives of steady states are tested in test_doses.py
 def test_hessian_through_a_steady_state_against_the_closed_form():
     """The steady state's derivative rule (the implicit function theorem at y*) is itself
     differentiable, so the Hessian of an SS = 1 oral dose's concentrations w.r.t. log ka

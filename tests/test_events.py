@@ -313,6 +313,7 @@ def dx_loss(driver, dose_t, dose, p):
     return sum(loss_of(y[DX_GRAD_ROWS]) for y in sol.ys), sol
 
 
+@pytest.mark.slow  # ~8 s: events on the Diffrax driver; the gradsolve drivers are tested here
 def test_diffrax_driver_solves_between_events_values_and_gradients():
     vg = jax.value_and_grad(dx_loss, argnums=(1, 2, 3), has_aux=True)
     (_, sol), g = vg(gs.drivers.Diffrax(), DX_TIMES, DX_DOSES, P)

@@ -183,6 +183,7 @@ def test_no_compiler_warns_once_and_falls_back(monkeypatch):
         gs.replay(decay2, mesh, y0, 2 * p)  # warned once only
 
 
+@pytest.mark.slow  # ~20 s: a second kernel build on the fallback path
 @requires_compiler
 def test_scalar_libm_fallback_when_vector_math_does_not_link(monkeypatch, tmp_path):
     """Without glibc's libmvec the kernel is rebuilt with scalar libm: same results, no warning."""

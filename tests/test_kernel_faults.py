@@ -144,6 +144,7 @@ def _big_field(t, y, p):
     (_slow_to_build, {"kernel_build_timeout": 1e-3}, r"took longer than 0.001 s"),
     (_big_field, {"kernel_max_source_mb": 1e-4}, r"over the 0.0001 MB limit"),
 ], ids=["timeout", "source-size"])
+@pytest.mark.slow  # ~6 s, bounded builds
 def test_bounded_builds_fall_back_with_their_reason(monkeypatch, tmp_path, field, limit,
                                                     message):
     """A compiler past its timeout, or a generated source over the size limit, leaves the
@@ -157,6 +158,7 @@ def test_bounded_builds_fall_back_with_their_reason(monkeypatch, tmp_path, field
     assert not list((tmp_path / "kernels").glob("gs_*.so"))
 
 
+@pytest.mark.slow  # ~6 s, a fresh kernel build
 @requires_compiler
 def test_first_build_says_so(monkeypatch, tmp_path, caplog):
     _fresh_settings(monkeypatch, tmp_path)
@@ -175,6 +177,7 @@ def test_first_build_says_so(monkeypatch, tmp_path, caplog):
     np.testing.assert_allclose(sol.y1, exact, rtol=1e-8)
 
 
+@pytest.mark.slow  # ~10 s
 @requires_compiler
 def test_failed_on_demand_adjoint_differentiates_through_the_batched_driver(monkeypatch,
                                                                             tmp_path):

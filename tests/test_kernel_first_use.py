@@ -61,6 +61,7 @@ def _problem(n, w):
     return damped, y0, p, jnp.linspace(0.0, 3.0, 7)
 
 
+@pytest.mark.slow  # ~6 s, a background build
 @requires_compiler
 def test_expensive_kernel_builds_in_the_background(fresh_kernels, caplog):
     release = fresh_kernels
@@ -103,6 +104,7 @@ def test_expensive_kernel_builds_in_the_background(fresh_kernels, caplog):
         np.testing.assert_allclose(g, g_x, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.slow  # ~6 s, a background build
 @requires_compiler
 def test_explicit_kernel_waits_for_the_background_build(fresh_kernels):
     release = fresh_kernels
@@ -184,6 +186,7 @@ CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # ~20 s, two processes: a cached kernel loading at once is tested below
 @requires_compiler
 def test_prebuilt_cache_loads_in_a_fresh_process_without_compiling(tmp_path):
     """``gradsolve build-cache`` builds the four parts; a fresh process whose compiler would

@@ -165,6 +165,7 @@ def test_bad_programs(data):
         inference.ode("s", lambda t, y, p: -y, 0.0, 1.0, jnp.ones(1), 1.0, max_steps=0)
 
 
+@pytest.mark.slow  # ~15 s: the program route of an ODEModel; replayed densities are tested below
 def test_an_ode_model_builds_a_program_whose_mesh_is_reused(lynx):
     """`inference.numpyro_model` is an `inference.ode` program: called as ``program(data)``
     under `ProgramProblem` its site is recorded and replayed, and the replayed log density

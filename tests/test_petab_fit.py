@@ -102,6 +102,7 @@ def test_lm_does_not_stop_on_the_small_decrease_of_a_heavily_damped_step():
     np.testing.assert_allclose(np.asarray(s.f), ref.cost, rtol=1e-6)
 
 
+@pytest.mark.slow  # ~7 s
 def test_lm_grouped_by_mesh_cost_takes_the_same_path_as_one_batch():
     # 16 starts: with a mesh cost of wide spread the kernel evaluates them in groups of 4
     # sorted by that cost; each start's iterations are its own, so the path equals one batch's (a "mesh"

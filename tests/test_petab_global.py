@@ -77,6 +77,7 @@ def test_global_search_is_reproducible_and_seeded(decay, global_fit):
     assert not np.array_equal(a.loss_history[:20, 0], global_fit.loss_history[:20, 0])
 
 
+@pytest.mark.slow  # ~6 s
 def test_global_search_resumes_from_its_checkpoint_to_the_same_result(decay, global_fit,
                                                                         tmp_path,
                                                                         monkeypatch):
@@ -130,6 +131,7 @@ def test_global_bad_arguments_are_named(decay):
         inference.fit(model, data, max_time=60.0)
 
 
+@pytest.mark.slow  # ~16 s: runs until its time limit
 def test_global_search_stops_at_max_time(decay):
     res = inference.fit(decay, method="global", seed=0, steps=100000, n_starts=2,
                         max_time=2.0)

@@ -89,6 +89,7 @@ def test_the_problem_solves_at_its_own_settings_unless_given(decay):
         inference.sample(decay, object())
 
 
+@pytest.mark.slow  # ~60 s: the PEtab posterior itself is tested against the closed form in test_petab_fit.py
 def test_sample_reuses_meshes_and_draws_the_posterior_plain_numpyro_draws(decay):
     from numpyro.infer import MCMC, NUTS
 
@@ -118,6 +119,7 @@ def test_sample_reuses_meshes_and_draws_the_posterior_plain_numpyro_draws(decay)
         assert np.std(ours) == pytest.approx(np.std(theirs), rel=0.3)
 
 
+@pytest.mark.slow  # ~25 s: resume of a program problem is tested in test_inference_state.py
 def test_a_petab_run_killed_after_a_checkpoint_resumes_to_the_same_draws(decay, tmp_path,
                                                                           monkeypatch):
     init = dict(zip(decay.parameter_ids, _decay_mle()[0]))

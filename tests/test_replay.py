@@ -23,7 +23,8 @@ def _diffrax_on_mesh(f, dsolver, times, y0, p, ts):
     return sol.ys
 
 
-@pytest.mark.parametrize("gs_solver, dfx_solver", DIFFRAX_TWIN)
+@pytest.mark.parametrize("gs_solver, dfx_solver", [
+    DIFFRAX_TWIN[0], pytest.param(*DIFFRAX_TWIN[1], marks=pytest.mark.slow)])  # ~10 s each
 def test_same_mesh_matches_diffrax_stepto(lv_ensemble, gs_solver, dfx_solver):
     f, y0, p, ts = lv_ensemble
     mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts, solver=gs_solver(), rtol=1e-7, atol=1e-9)

@@ -56,6 +56,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow  # ~10 s: several host devices
 def test_parallel_chains_draw_what_vectorised_chains_draw():
     env = dict(os.environ, GRADSOLVE_KERNEL_THREADS="1")
     out = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True,

@@ -79,6 +79,7 @@ def test_metric_of_an_ode_posterior_against_second_differences_of_values():
                                atol=1e-3 * np.abs(metric).max())
 
 
+@pytest.mark.slow  # ~8 s
 def test_sample_reports_its_initial_metric():
     m, data = models.lynx_hare(), models.load_dataset("lynx_hare")
     r = inference.sample(m, data, num_warmup=50, num_samples=20, num_chains=2, seed=1,

@@ -18,9 +18,13 @@ SCRIPTS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))
 # 04 (Rosenbrock solves of Robertson, ~13 s) and 07 (Diffrax side by side, ~30 s): what they
 # show is tested in the normal suite (test_stiff.py, test_drivers.py's Diffrax driver).
 # 11 (a TPU tutorial; off the chip it builds a CPU kernel and compiles Diffrax, ~1 min):
-# what it shows is tested by test_pallas.py.
-SLOW: set[str] = {"04_stiff_robertson", "07_next_to_diffrax", "08_population_pk", "09_petab_boehm",
-                  "10_population_fit_diagnostics", "11_on_a_tpu"}
+# what it shows is tested by test_pallas.py. 02, 03, 05, 06 (7-35 s each): fitting,
+# sampling, sharding and ODEModel are tested in their own files; the quickstart (01) runs
+# in the normal suite, and every notebook's pairing below.
+SLOW: set[str] = {"02_fit_lynx_hare", "03_bayes_lynx_hare", "04_stiff_robertson",
+                  "05_many_devices", "06_bring_your_own_model", "07_next_to_diffrax",
+                  "08_population_pk", "09_petab_boehm", "10_population_fit_diagnostics",
+                  "11_on_a_tpu"}
 
 
 def test_tutorials_exist():

@@ -58,7 +58,10 @@ def test_nested_vmap_folds_both_axes(batch):
     np.testing.assert_array_equal(np.asarray(nested).reshape(flat.shape), np.asarray(flat))
 
 
-@pytest.mark.parametrize("case", ["closure_float", "closure_index", "rtol"])
+@pytest.mark.parametrize("case", [
+    pytest.param("closure_float", marks=pytest.mark.slow),  # ~8 s each; rtol's fallback
+    pytest.param("closure_index", marks=pytest.mark.slow),  # is the same path
+    "rtol"])
 def test_inputs_that_cannot_fold_fall_back_and_agree(batch, case):
     y0, p = batch
     scales = jnp.array([1.0, 1.1, 0.9])
@@ -98,7 +101,9 @@ def _spread(batch):
     return y0, p * jnp.array([0.5, 1.0, 2.5])[:, None, None]
 
 
-@pytest.mark.parametrize("driver", ["batched", "lanes"])
+# ~10-20 s each: the lanes driver with and without events in the normal suite, the batched
+# driver (the same vmap rule over another replay) in the slow tier
+@pytest.mark.parametrize("driver", [pytest.param("batched", marks=pytest.mark.slow), "lanes"])
 @pytest.mark.parametrize("events", [False, True])
 def test_vmapped_replay_of_meshes_of_different_lengths_matches_each_replay(batch, driver, events):
     y0, p = _spread(batch)
