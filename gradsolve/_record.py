@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import (
-    batch, check_dt0, check_interval, check_save_count, check_tolerances, check_vector_field,
-    is_concrete, split_static,
+    batch, check_dt0, check_interval, check_save_count, check_tolerance_precision,
+    check_tolerances, check_vector_field, is_concrete, split_static,
 )
 from ._controller import PIDController, check_controller
 from ._errors import error_if_failed, raise_if_failed
@@ -169,6 +169,7 @@ def prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps, controller
     if callable(f):
         f, params = split_static(f, params)
     b = batch(t0, t1, y0, params, ts, where)
+    check_tolerance_precision(rtol, b.y0.dtype, where)
     check_vector_field(f, t0, b.y0, b.params, where)
     return f, solver, controller, b
 

@@ -367,3 +367,19 @@ def test_non_finite_inputs_are_named_as_such():
     msg = str(info.value)
     assert "1 of 3 trajectories failed" in msg and "1 trajectory had non-finite `y0`" in msg
     assert "indices: 1" in msg and "Rodas5P" not in msg  # not a stiffness problem
+
+
+def test_float32_tolerance_below_its_precision_is_refused():
+    """A float32 solve asked for rtol under 4 epsilons (4.8e-7) is refused with the reason
+    and the way out; the default 1e-6 and 1e-5 run."""
+    y0 = jnp.ones((2, 2), jnp.float32)
+    p = jnp.tile(jnp.array([1.5, 1.0, 3.0, 1.0], jnp.float32), (2, 1))
+    with pytest.raises(ValueError, match=r"gs.solve: `rtol`=1e-08 is below what float32"):
+        gs.solve(lotka_volterra, 0.0, 1.0, y0, p, rtol=1e-8)
+    with pytest.raises(ValueError, match=r"gs.record: `rtol`.*float64 states"):
+        gs.record(lotka_volterra, 0.0, 1.0, y0, p, rtol=1e-7)
+    for rtol in (1e-6, 1e-5):
+        sol = gs.solve(lotka_volterra, 0.0, 1.0, y0, p, rtol=rtol)
+        assert sol.ys.dtype == jnp.float32 and np.all(np.isfinite(np.asarray(sol.ys)))
+    # float64 states take the tight tolerance
+    gs.solve(lotka_volterra, 0.0, 1.0, Y0, P, rtol=1e-12)
