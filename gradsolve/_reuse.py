@@ -137,8 +137,13 @@ class MeshReuse(eqx.Module):
 
     def _record(self, y0, params, max_steps: int) -> Mesh:
         fac = self.record_tol_factor
+        # tighter than requested, but never under what the state's precision can meet
+        # (4 epsilons; `record` refuses less)
+        rtol = self.rtol * fac
+        if jnp.issubdtype(jnp.result_type(y0), jnp.floating):
+            rtol = max(rtol, 4.0 * float(jnp.finfo(jnp.result_type(y0)).eps))
         return record(self.f, self.t0, self.t1, _sg(y0), jax.tree_util.tree_map(_sg, params),
-                      ts=self.ts, solver=self.solver, rtol=self.rtol * fac,
+                      ts=self.ts, solver=self.solver, rtol=rtol,
                       atol=self.atol * fac, max_steps=max_steps, throw=False,
                       driver=self.driver)
 

@@ -33,6 +33,7 @@ from numpyro.primitives import Messenger, apply_stack
 import gradsolve as gs
 
 from ._problem import SITE_MAX_STEPS, TOLERANCES
+from ._policy import tightened
 
 __all__ = ["ode", "SITE", "OdeCall", "RecordSites", "ReplaySites", "SolveSites"]
 
@@ -78,7 +79,7 @@ class OdeCall(NamedTuple):
     def record(self, tol_factor: float) -> gs.Mesh:
         """``gs.record`` of this call at ``tol_factor`` times its tolerances."""
         return gs.record(self.f, self.t0, self.t1, self.y0, self.params, ts=self.ts,
-                         solver=self.solver, rtol=self.rtol * tol_factor,
+                         solver=self.solver, rtol=tightened(self.rtol, tol_factor, self.y0),
                          atol=self.atol * tol_factor, max_steps=self.max_steps,
                          jumps=self.jumps, tstops=self.tstops, throw=False)
 

@@ -45,6 +45,20 @@ __all__ = ["MeshPolicy"]
 _MODES = {"fit": ("auto", "always", "never"), "sample": ("warmup", "always", "never")}
 
 
+
+def tightened(rtol, factor: float, y0):
+    """``rtol * factor`` for a record made tighter than requested (`MeshPolicy`), kept at
+    or above 4 machine epsilons of ``y0``'s dtype: ``gs.record`` refuses less (a float32
+    error estimate's rounding alone would reject every step), and a heuristic factor must
+    not turn a valid float32 request into an invalid one."""
+    dtype = jnp.result_type(y0)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return rtol * factor
+    floor = 4.0 * float(jnp.finfo(dtype).eps)
+    if isinstance(rtol, (int, float, np.floating)):
+        return max(float(rtol) * factor, floor)
+    return jnp.maximum(rtol * factor, floor)
+
 @dataclasses.dataclass(frozen=True)
 class MeshPolicy:
     """The re-record rule shared by fits and samplers (see the module docstring).

@@ -34,6 +34,7 @@ import numpyro.distributions as dist
 import gradsolve as gs
 
 from ._abstract import AbstractProblem
+from ._policy import tightened
 from .._checkpoint import digest
 from ._space import ParamSpace
 
@@ -179,8 +180,10 @@ class Problem(AbstractProblem):
         """``gs.record`` at ``u (D,)`` or ``(n, D)``, at ``tol_factor`` times the
         tolerances (fitters record tighter than they test; see `MeshPolicy`)."""
         x = self._constrained(jnp.asarray(u))
-        return gs.record(*self._args(x), ts=self.ts, solver=self.solver,
-                         rtol=self.rtol * tol_factor, atol=self.atol * tol_factor,
+        args = self._args(x)
+        return gs.record(*args, ts=self.ts, solver=self.solver,
+                         rtol=tightened(self.rtol, tol_factor, args[3]),
+                         atol=self.atol * tol_factor,
                          max_steps=self.max_steps, throw=False)
 
     def solve(self, x: Mapping[str, jax.Array], max_steps: int | None = None) -> gs.Solution:
