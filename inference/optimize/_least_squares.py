@@ -180,14 +180,11 @@ def fit_least_squares(
         max_rerecords: passes per start (a pass: a fresh record at the start's point, then
             up to ``max_iter`` LM iterations with re-records on drift); a start is run
             again while it was still iterating at ``max_iter`` or stopped more than
-            ``0.1 * drift_tol`` from its mesh's record point. (Before the batched LM:
-            ``max_iter`` LM steps per mesh, ``max_rerecords`` meshes per start; the total
-            iteration budget, ``max_iter * max_rerecords``, is the same.)
+            ``0.1 * drift_tol`` from its mesh's record point.
         lm_rtol: LM's ``ftol``: a start has converged when an accepted, nearly undamped
-            step lowers the loss by at most ``lm_rtol * (1 + loss)`` (was: Optimistix's
-            relative tolerance on the loss and the parameters).
+            step lowers the loss by at most ``lm_rtol * (1 + loss)``.
         lm_atol: LM's ``gtol``: or when the loss's gradient in the fitted coordinates is
-            at most ``lm_atol`` in every entry (was: Optimistix's absolute tolerance).
+            at most ``lm_atol`` in every entry.
         drift_tol, error_ratio_max, record_tol_factor: the mesh rule (`MeshPolicy`;
             ``drift_tol`` measured on the unconstrained coordinates, see above).
         rtol, atol, solver, max_steps: as `fit`.
