@@ -53,10 +53,11 @@ for step in $STEPS; do
            done ;;
     events) timeout 400 $PY benchmarks/bench_accelerator.py --events --n "${EVENTS_N:-32768}" \
              --repeats 5 --json "$OUT/events.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
-    # Pallas alone, one process per size (so the peak HBM is per size), mesh capacity 256
+    # Pallas alone, one process per size (so the peak HBM is per size), mesh capacity
+    # $SWEEP_CAP (default 256)
     sweep) for n in ${SWEEP_NS:-1024 32768 262144 1048576}; do
              timeout 240 $PY benchmarks/bench_accelerator.py --n "$n" --sides pallas \
-               --max-steps 256 --repeats 5 --json "$OUT/sweep_$n.json" 2>&1 \
+               --max-steps "${SWEEP_CAP:-256}" --repeats 5 --json "$OUT/sweep_$n.json" 2>&1 \
                | grep -v "^WARNING" | tee -a "$LOG"
            done ;;
     lorenz) timeout 300 $PY benchmarks/bench_accelerator.py --model lorenz --n 32768 \
