@@ -40,7 +40,8 @@ def _close_to_reference(value, name):
 def test_boehm_nominal_and_gradient_against_central_differences():
     # Tight tolerances, so that central differences of re-recorded solves resolve the
     # gradient to 1e-4 (the solution's own error divided by the step sets their noise).
-    problem = models.load_petab(DATA / "Boehm_JProteomeRes2014", rtol=1e-11, atol=1e-14)
+    problem = models.load_petab(DATA / "Boehm_JProteomeRes2014", rtol=1e-11, atol=1e-14,
+                                hierarchical=False)
     assert problem.parameter_ids[0] == "Epo_degradation_BaF3"
     assert len(problem.parameter_ids) == 9
     assert problem.scales == ("log10",) * 9
@@ -88,7 +89,7 @@ def test_boehm_simulation_matches_the_collections_simulation():
 def test_fujita_nominal_with_condition_overrides_and_switch_times():
     # Six conditions (the ensemble), each overriding EGF input parameters; the input is a
     # piecewise function of time whose switch (EGF_end) is a per-condition value.
-    problem = models.load_petab(DATA / "Fujita_SciSignal2010")
+    problem = models.load_petab(DATA / "Fujita_SciSignal2010", hierarchical=False)
     assert len(problem.condition_ids) == 6
     _close_to_reference(float(problem.log_likelihood()), "Fujita_SciSignal2010")
     sim = problem.simulate()
@@ -99,7 +100,7 @@ def test_fujita_nominal_with_condition_overrides_and_switch_times():
 def test_brannmark_nominal_with_preequilibration():
     # Every one of the eight conditions starts from the steady state of its
     # pre-equilibration condition (no insulin), then doses.
-    problem = models.load_petab(DATA / "Brannmark_JBC2010")
+    problem = models.load_petab(DATA / "Brannmark_JBC2010", hierarchical=False)
     assert all(pre for pre, _ in problem.condition_ids)
     _close_to_reference(float(problem.log_likelihood()), "Brannmark_JBC2010")
     residual = np.asarray(problem.preequilibration_residual())
@@ -255,7 +256,7 @@ def test_wrong_parameter_vector_is_an_error():
     if n in AMICI_DISAGREES else n for n in sorted(REFERENCE)])
 def test_collection_reference_log_likelihood(name):
     try:
-        problem = models.load_petab(COLLECTION / name)
+        problem = models.load_petab(COLLECTION / name, hierarchical=False)
     except NotImplementedError as e:
         pytest.xfail(f"unsupported: {e}")
     _close_to_reference(float(problem.log_likelihood()), name)

@@ -81,7 +81,7 @@ def _with_unused_parameter(path: Path):
     libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
     with open(path / "parameters.tsv", "a") as f:
         f.write("u\tlog10\t0.001\t1000.0\t1.0\t1\n")
-    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5())
+    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5(), hierarchical=False)
 
 
 @pytest.fixture(scope="module")

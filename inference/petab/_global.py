@@ -487,7 +487,7 @@ def fit_global(problem, *, init=None, n_starts: int = 1, seed: int = 0,
 
     # the final refinement of the kept points: one ensemble
     x0 = state.kept_x
-    x, losses, converged, failed, hist, (per_start, n_records, n_evals), reasons = polisher(
+    x, losses, converged, failed, hist, (per_start, n_records, n_evals), reasons, _ = polisher(
         problem, x0, objective, _LM_MAX_ITER, progress)
     losses = np.where(failed | ~np.isfinite(losses), np.inf, losses)
     search = np.broadcast_to(np.asarray(state.history, float)[:, None],
@@ -515,7 +515,7 @@ def _next_run(state: GlobalState, kernel: CMAKernel, polisher, problem, objectiv
     kept_x, kept_f = state.kept_x, state.kept_f
     n_records, n_grad = state.n_records, state.n_grad_evals
     if np.isfinite(run.best_f):
-        x, losses, _, failed, _, (_, rec, ev), _ = polisher(
+        x, losses, _, failed, _, (_, rec, ev), _, _ = polisher(
             problem, run.best_x[None], objective, _LM_MAX_ITER, False)
         n_records, n_grad = n_records + rec, n_grad + ev
         if not failed[0] and np.isfinite(losses[0]):

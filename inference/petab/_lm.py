@@ -16,6 +16,15 @@ approximation Fides and pyPESTO use for these problems): for a measurement with 
 clipped at zero. Steps are accepted on the actual decrease of ``F``, so the curvature model
 only shapes the steps.
 
+With hierarchical optimisation (`models.load_petab`'s default) ``z`` and ``s`` are the
+residuals at the closed-form optimum of the inner parameters (scalings, offsets, noise),
+so ``F`` is the full negative log-likelihood at that optimum and the forward-mode
+Jacobian, taken through the closed forms, is that of the reduced residuals (variable
+projection). With a noise parameter profiled out, ``sum z^2`` over its measurements is
+their number and ``F`` their ``n/2 log RSS``: the curvature above is then the
+Gauss-Newton matrix of ``RSS / sigma^2`` plus ``2 n J_s^T J_s``, which shortens a step
+along the gradient by at most a factor 3 far from an optimum and vanishes at it.
+
 Bounds: a projected method with an active set (Bertsekas 1982, "Projected Newton methods
 for optimization problems with simple constraints"): coordinates on a bound whose gradient
 points out of the box are held, the damped system is solved in the others, and the trial

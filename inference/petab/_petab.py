@@ -18,10 +18,18 @@ twice: first with the solves at 100 times the problem's tolerances, to a decreas
 a stiff solve at 100x looser tolerances takes about a third of the steps), then from there
 at the problem's tolerances to Fides' default stop. Otherwise SciPy's L-BFGS-B, start by
 start.
+
+A problem with hierarchical optimisation (`models.load_petab`'s default) is fitted in its
+outer parameters: its residuals are those at the closed-form optimum of the inner ones
+(scalings, offsets, noise parameters), with their exact Jacobian, and the `FitResult`'s
+``params`` and ``all_params`` also hold the inner parameters' optima at each start's end
+(``models.PetabProblem.full_parameters``); ``parameter_ids`` and ``starts`` stay the outer
+coordinates.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax
@@ -143,21 +151,23 @@ def _fit_lm(problem, x0, objective, max_iter, progress):
     failed = np.asarray(passes[0][0].code) == FAILED_START
 
     # the reported objective is a fresh solve's at each final point (the iterations'
-    # values came from replays of kept meshes, equal to within the tolerances)
+    # values came from replays of kept meshes, equal to within the tolerances); the same
+    # solve gives the inner parameters' optima of a hierarchical problem
     def fresh(x):
-        value = -problem.log_likelihood(x)
+        full, ll = problem.full_parameters(x, log_likelihood=True)
+        value = -ll
         if penalty is not None:
             value = value + penalty(x)
-        return value
+        return value, full
 
-    losses = np.asarray(jax.jit(jax.vmap(fresh))(s.x))
+    losses, full = (np.asarray(a) for a in jax.jit(jax.vmap(fresh))(s.x))
     code = np.asarray(s.code)
     hist = np.concatenate([np.stack(h) for _, h, _ in passes]) - const
     counts = (sum(np.asarray(p[0].records) for p in passes),
               sum(p[2].n_records for p in passes), sum(p[2].n_evals for p in passes))
     failed = failed | (code == FAILED_START)
     reasons = np.where(failed, "not_finite", np.asarray(REASONS)[np.asarray(s.reason)])
-    return (np.asarray(s.x), losses, code == CONVERGED, failed, hist, counts, reasons)
+    return (np.asarray(s.x), losses, code == CONVERGED, failed, hist, counts, reasons, full)
 
 
 def _fit_lbfgs(problem, x0, objective, max_iter, progress):
@@ -200,7 +210,19 @@ def _fit_lbfgs(problem, x0, objective, max_iter, progress):
     width = max(len(h) for h in history)
     hist = np.stack([np.pad(h, (0, width - len(h)), mode="edge") for h in history], axis=1)
     return (np.stack(xs), np.asarray(losses), np.asarray(conv), np.asarray(failed), hist,
-            (np.asarray(n_eval), int(np.sum(n_eval)), int(np.sum(n_eval))), np.asarray(why))
+            (np.asarray(n_eval), int(np.sum(n_eval)), int(np.sum(n_eval))), np.asarray(why),
+            None)
+
+
+def _full_params(problem, x, full=None) -> dict:
+    """Each start's parameters by id from its outer point ``x (n, D)``: with inner
+    parameters, every estimated parameter (``full (n, n_full)``, else computed here by
+    ``problem.full_parameters``), else those of ``x``."""
+    if not problem.inner_parameter_ids:
+        return {p: x[:, i] for i, p in enumerate(problem.parameter_ids)}
+    if full is None:
+        full = np.asarray(jax.jit(jax.vmap(problem.full_parameters))(jnp.asarray(x)))
+    return {p: full[:, i] for i, p in enumerate(problem.full_parameter_ids)}
 
 
 def _lbfgs_reason(res) -> str:
@@ -239,6 +261,10 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
 
     Returns:
         `FitResult` with the starts sorted by final objective (the waterfall, best first).
+        For a problem with inner parameters (hierarchical optimisation), ``params`` and
+        ``all_params`` hold every estimated parameter, the inner ones at their closed-form
+        optimum given each start's final point (``problem.full_parameters``), while
+        ``parameter_ids`` and ``starts`` are the outer parameters the optimiser moved.
     """
     t0 = time.perf_counter()
     gs.ensure_compilation_cache()
@@ -250,10 +276,17 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
     if method == "global":
         from ._global import fit_global
 
-        return fit_global(problem, init=init, n_starts=n_starts, seed=seed,
-                          objective=objective, max_generations=max_iter, max_time=max_time,
-                          checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-                          progress=progress)
+        res = fit_global(problem, init=init, n_starts=n_starts, seed=seed,
+                         objective=objective, max_generations=max_iter, max_time=max_time,
+                         checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                         progress=progress)
+        if not problem.inner_parameter_ids:
+            return res
+        x = np.stack([np.asarray(res.all_params[p], float) for p in problem.parameter_ids],
+                     axis=1)
+        every = _full_params(problem, x)
+        return dataclasses.replace(res, all_params=every, params={
+            p: v[res.best_index] for p, v in every.items()})
     for name, v in (("max_time", max_time), ("checkpoint", checkpoint)):
         if v is not None:
             raise ValueError(f"`{name}` applies to method='global' only (the multistart "
@@ -267,12 +300,12 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         method = "lbfgs" if lap.any() else "lm"
     run = _fit_lm if method == "lm" else _fit_lbfgs
     # (records per start, ensemble records, ensemble evaluations)
-    x, losses, converged, failed, hist, (per_start, n_records, n_evals), reasons = run(
+    x, losses, converged, failed, hist, (per_start, n_records, n_evals), reasons, full = run(
         problem, x0, objective, int(max_iter), progress)
     losses = np.where(failed | ~np.isfinite(losses), np.inf, losses)
     ids = problem.parameter_ids
     return FitResult.of_starts(
-        {p: x[:, i] for i, p in enumerate(ids)}, losses, sort=True, loss_history=hist,
+        _full_params(problem, x, full), losses, sort=True, loss_history=hist,
         n_records=n_records, n_records_per_start=per_start.astype(np.int64),
         n_grad_evals=n_evals, wall_time=time.perf_counter() - t0,
         status=np.where(failed, FAILED, 0).astype(np.int32), objective=objective,

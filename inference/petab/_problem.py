@@ -102,7 +102,8 @@ def _site_solve(name, f, t0, t1, y0, params, *, ts=None, jumps=None):
 def petab_program(problem):
     """The NumPyro program of a `models.PetabProblem`'s posterior: ``program(data=None)``.
 
-    Sites: one per estimated parameter (its id; `TablePrior`, on the parameter scale);
+    Sites: one per estimated parameter of ``problem`` (its id; `TablePrior`, on the
+    parameter scale);
     the ode sites ``"preequilibration"`` (where the problem has one) and ``"simulation"``
     (every condition one ensemble); the factor ``"log_likelihood"`` (PEtab's, NaN where a
     solve fails read as ``-inf``). Under plain NumPyro the ode sites solve with
@@ -123,7 +124,8 @@ def petab_program(problem):
 
 
 class PetabProgramProblem(ProgramProblem):
-    """The `ProgramProblem` of a PEtab problem (`petab_program`), with the problem's own
+    """The `ProgramProblem` of a PEtab problem (`petab_program` of ``problem.full``: a
+    site for every estimated parameter, hierarchical or not), with the problem's own
     solver, tolerances and step capacity unless the caller gives others.
 
     Attributes:
@@ -135,7 +137,11 @@ class PetabProgramProblem(ProgramProblem):
         problem = problem.with_settings(solver=solver, rtol=rtol, atol=atol,
                                         max_steps=max_steps)
         self.petab = problem
-        super().__init__(petab_program(problem), None, name=problem.odes.model_id,
+        # the program has a site for every estimated parameter, those hierarchical
+        # optimisation solves in closed form included (`PetabProblem.full`): with them at
+        # their optimum inside the density, NUTS would draw from a profile likelihood, not
+        # the posterior. Fits and profiles run on ``petab`` itself, closed forms and all.
+        super().__init__(petab_program(problem.full), None, name=problem.odes.model_id,
                          solver=problem.solver, rtol=problem.rtol, atol=problem.atol,
                          max_steps=problem.max_steps, source=problem)
         # the starts of a MAP fit: PEtab's least-squares multistart (inference.fit's
@@ -153,15 +159,16 @@ class PetabProgramProblem(ProgramProblem):
         ``(n,)``), pulled 0.1 % of each range inside the bounds: a
         parameter the data leave flat up to a bound would start NUTS far out in the
         sigmoid's flat tail (at ``u = +-inf`` on the bound itself)."""
-        lo, hi = finite_bounds(self.petab)
-        ids = self.petab.parameter_ids
+        full = self.petab.full  # the program's sites: every estimated parameter
+        lo, hi = finite_bounds(full)
+        ids = full.parameter_ids
         x = np.stack([np.asarray(params[p], float) for p in ids], axis=-1)
         x = np.clip(x, lo + 1e-3 * (hi - lo), hi - 1e-3 * (hi - lo))
         return self.space.to_unconstrained({p: x[..., i] for i, p in enumerate(ids)})
 
     def to_x(self, u) -> jax.Array:
         """Unconstrained ``u (..., D)`` -> the parameters on their scales ``(..., D)`` in
-        the order of ``petab.parameter_ids``."""
+        the order of ``petab.full.parameter_ids``."""
         return self.space.flat_constrained(jnp.asarray(u))
 
     def observed_data(self) -> tuple[dict, dict, dict]:

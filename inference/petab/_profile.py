@@ -401,6 +401,11 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
     re-optimising each walk's next point with the batched bounded Levenberg–Marquardt of
     `inference.fit` (module docstring: the steps, the crossing, the stops).
 
+    With hierarchical optimisation (`models.load_petab`'s default) the profiled
+    parameters are the outer ones; the inner ones (scalings, offsets, noise) are
+    re-optimised in closed form at every point, as profiling requires (load with
+    ``hierarchical=False`` to profile them too).
+
     Args:
         problem: the `models.PetabProblem` (normal noise).
         result: ``inference.fit(problem, ...)``'s `FitResult`: ``params`` is the optimum

@@ -48,14 +48,17 @@ def _lint(problem, path):
 
 _TABLES = (("measurement", "measurement_df", petab.MEASUREMENT_DF_COLS),
            ("observable", "observable_df", petab.OBSERVABLE_DF_COLS),
-           ("parameter", "parameter_df", petab.PARAMETER_DF_COLS))
+           # parameterType: pyPESTO's marks of hierarchical (inner) parameters, read by
+           # `_hierarchical`
+           ("parameter", "parameter_df", list(petab.PARAMETER_DF_COLS) + ["parameterType"]))
 
 
 def _warn_unused_columns(problem, path) -> None:
     """A warning for every table column this importer does not read, so nothing is dropped
     unseen: columns outside PEtab v1 (e.g. ``useData``, or ``noiseDistribution`` in the
-    measurement table, an older convention: both would change the likelihood where read)
-    and initialization priors (multistart fits draw their starts by Latin hypercube within
+    measurement table, an older convention: both would change the likelihood where read;
+    ``parameterType``, pyPESTO's marks of inner parameters, is read) and initialization
+    priors (multistart fits draw their starts by Latin hypercube within
     the bounds)."""
     for table, attr, known in _TABLES:
         df = getattr(problem, attr, None)

@@ -84,7 +84,11 @@ class Measurements(NamedTuple):
             measurement-table rows, trajectories, indices into ``ts``, times, values);
             ``trans`` (``lin``, ``log``, ``log10``); ``dist`` (``normal``, ``laplace``);
             ``obs_fn``, ``noise_fn`` (the formulas); ``oph``, ``nph`` (each row's
-            placeholders, ``(is_ref, idx, const)`` each ``(m_o, n_placeholders)``).
+            placeholders, ``(is_ref, idx, const)`` each ``(m_o, n_placeholders)``);
+            ``obs_expr``, ``noise_expr``, ``phs`` (the formulas as SymPy expressions in
+            ``__theta_<id>`` and placeholder symbols, and the observable's and noise
+            placeholder symbols: what `_hierarchical` reads to find scalings, offsets and
+            noise parameters).
     """
 
     ts: np.ndarray
@@ -206,7 +210,8 @@ def read_measurements(problem: petab.Problem, odes: SbmlOdes, theta_ids: list[st
         groups.append(dict(
             id=o, rows=rows, traj=traj_of_row[rows], tidx=tidx[rows],
             t=times[rows], meas=m, trans=trans, dist=dist, obs_fn=obs_fn,
-            noise_fn=noise_fn, oph=cells[0], nph=cells[1]))
+            noise_fn=noise_fn, oph=cells[0], nph=cells[1], obs_expr=exprs[0],
+            noise_expr=exprs[1], phs=phs))
     return Measurements(ts, float(ts[-1]) if ts[-1] > 0 else 1.0, at_steady_state, groups)
 
 

@@ -6,6 +6,9 @@ trajectory's parameters (or initial values). Observables, noise formulas and the
 per-measurement placeholders are evaluated at the solution's save times, and the
 log-likelihood is PEtab's: the full density of every measurement, normalising constants and
 the Jacobian of the log/log10 transformation included (the number AMICI and pyPESTO report).
+With hierarchical optimisation (`load_petab`'s default) the observable scalings, offsets and
+noise parameters are optimised in closed form inside it (`_hierarchical`), and the
+parameter vector holds only the others.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import petab.v1 as petab
 
 import gradsolve as gs
 
+from ._hierarchical import evaluate as evaluate_inner
+from ._hierarchical import find_hierarchy, outer_parameters
 from ._load import check_tables, read_problem
 from ._measurements import (noise_weighted, observe, read_measurements,
                             residual_constants)
@@ -58,7 +63,12 @@ class PetabProblem:
 
     Build it with `load_petab`. Parameters are the table's estimated parameters on their
     ``parameterScale`` (``lin``, ``log`` natural, ``log10``), in the order of
-    `parameter_ids`.
+    `parameter_ids`: with hierarchical optimisation (the default) all but the *inner* ones
+    (`inner_parameter_ids`: observable scalings, offsets and noise parameters), which every
+    method optimises in closed form at the given outer ``x``: `log_likelihood` is then the
+    full log-likelihood maximised over them (its gradient exact, by autodiff through the
+    closed forms), `residuals` and `simulate` are at that optimum, and `full_parameters`
+    gives the full vector. `full` is the problem without hierarchical optimisation.
 
     All conditions are one ensemble of one `gradsolve.solve` (by default `gradsolve.Rodas5P`
     where the problem is stiff at its nominal parameters, as most are, else `gradsolve.Tsit5`:
@@ -81,7 +91,13 @@ class PetabProblem:
     public methods and their documentation.
 
     Attributes:
-        parameter_ids: estimated parameter ids (the order of a parameter vector ``x``).
+        parameter_ids: estimated parameter ids (the order of a parameter vector ``x``;
+            without the inner ones).
+        full_parameter_ids: every estimated parameter id of the table, inner ones included
+            (the order of `full_parameters`' vector and of ``full.parameter_ids``).
+        inner_parameter_ids: the parameters optimised in closed form (``()`` without
+            hierarchical optimisation); inner_kinds: ``{id: "scaling" | "offset" |
+            "sigma"}``.
         nominal: ``(n_par,)`` their nominal values, on the parameter scale.
         bounds: ``(lower, upper)``, each ``(n_par,)``, on the parameter scale.
         scales: tuple of ``"lin" | "log" | "log10"``, one per parameter.
@@ -104,8 +120,9 @@ class PetabProblem:
         >>> problem.log_prior(problem.nominal)   # uniform in bounds where none is given
     """
 
-    def __init__(self, problem: petab.Problem, odes: SbmlOdes, *, solver=None,
-                 rtol: float = 1e-8, atol: float = 1e-12, max_steps: int = 20000):
+    def __init__(self, problem: petab.Problem, odes: SbmlOdes, *, hierarchical: bool = True,
+                 solver=None, rtol: float = 1e-8, atol: float = 1e-12,
+                 max_steps: int = 20000):
         self.petab_problem = problem
         self.odes = odes
         self.solver = gs.Rodas5P() if solver in (None, "auto") else solver
@@ -117,9 +134,7 @@ class PetabProblem:
         # The tables, read by `_tables`, `_model` and `_measurements` in this order (each
         # reading the ones before), kept under the names the simulation below reads.
         pars = read_parameters(problem)
-        (self.parameter_ids, self.scales, self.nominal, self.bounds, self.priors,
-         self._theta_ids, self._theta_index, self._theta_const, self._est_pos,
-         self._est_scale) = pars
+        self._set_parameters(pars)
         conds = read_conditions(problem, odes, pars.theta_index)
         (self.condition_ids, self._traj_of_row, self._has_preeq, self._sim_slots,
          self._pre_slots) = conds
@@ -130,9 +145,26 @@ class PetabProblem:
         self.ts, self._t1, self._at_steady_state, self._groups = read_measurements(
             problem, odes, pars.theta_ids, conds.traj_of_row)
         self._laplace, self._llh_constant = residual_constants(self._groups)
+        # the inner parameters leave the estimated vector (the full one is kept for
+        # `full_parameters` and `full`)
+        self._full_pars, self._full = pars, None
+        self.full_parameter_ids = tuple(pars.ids)
+        self._hier = find_hierarchy(problem, odes, pars, conds, self._groups) \
+            if hierarchical else None
+        if self._hier is not None:
+            self._set_parameters(outer_parameters(pars, self._hier))
+        self.inner_parameter_ids = () if self._hier is None else self._hier.ids
+        self.inner_kinds = {} if self._hier is None else dict(zip(self._hier.ids,
+                                                                  self._hier.kinds))
         self._jit_functions()
         if solver == "auto":
             self._choose_solver()
+
+    def _set_parameters(self, pars) -> None:
+        """The estimated parameters' fields from a `Parameters` (the full or outer set)."""
+        (self.parameter_ids, self.scales, self.nominal, self.bounds, self.priors,
+         self._theta_ids, self._theta_index, self._theta_const, self._est_pos,
+         self._est_scale) = pars
 
     # Steps an explicit solver may take per trajectory at the nominal parameters before the
     # problem counts as stiff: a stiff model needs tens of thousands (its fastest decay
@@ -251,9 +283,23 @@ class PetabProblem:
         return sol.ys[..., :self._d], p, theta, sol.error_ratio
 
     def _observe(self, x, mesh=None, solve=None):
-        """(each measurement group's ``(h, sigma)``, the solve's error ratio ``(n,)``)."""
+        """(each measurement group's ``(h, sigma)``, the solve's error ratio ``(n,)``); with
+        inner parameters, at their closed-form optimum."""
         ys, p, theta, err = self._solve(x, mesh, solve)
-        return observe(self._groups, ys, p, theta), err
+        if self._hier is None:
+            return observe(self._groups, ys, p, theta), err
+        return evaluate_inner(self._hier, self._groups, ys, p, theta)[0], err
+
+    def _full_values(self, x):
+        """(the full estimated vector, the log-likelihood) at the outer ``x``: one solve."""
+        ys, p, theta, _ = self._solve(x)
+        if self._hier is None:
+            obs, full = observe(self._groups, ys, p, theta), x
+        else:
+            obs, inner = evaluate_inner(self._hier, self._groups, ys, p, theta)
+            full = jnp.zeros(len(self.full_parameter_ids), x.dtype)
+            full = full.at[self._hier.outer_pos].set(x).at[self._hier.full_pos].set(inner)
+        return full, self._llh(*noise_weighted(self._groups, obs))
 
     def _predict(self, x):
         return self._observe(x)[0]
@@ -268,7 +314,9 @@ class PetabProblem:
         return (*noise_weighted(self._groups, obs), err)
 
     def _loglik(self, x, solve=None):
-        z, log_sigma = self._residuals_on(x, None, solve)[:2]
+        return self._llh(*self._residuals_on(x, None, solve)[:2])
+
+    def _llh(self, z, log_sigma):
         lap = jnp.asarray(self._laplace)
         return self._llh_constant - jnp.sum(
             jnp.where(lap, jnp.abs(z), 0.5 * z**2) + log_sigma)
@@ -290,12 +338,45 @@ class PetabProblem:
         Returns:
             A scalar: the sum over measurements of the noise model's log density (normal
             or Laplace, of the transformed measurement), with its normalising constant and
-            the log/log10 transformation's Jacobian. Jittable and differentiable in ``x``
-            (reverse mode through `gradsolve.solve`); NaN where a solve fails.
+            the log/log10 transformation's Jacobian; with inner parameters, at their
+            closed-form optimum given ``x`` (a dict's entries for them are not read:
+            ``full.log_likelihood`` evaluates given values). Jittable and differentiable
+            in ``x`` (reverse mode through `gradsolve.solve`); NaN where a solve fails.
         """
         if solve is not None:
             return self._loglik(self._as_vector(x), solve)
         return self._loglik_jit(self._as_vector(x))
+
+    def full_parameters(self, x=None, *, log_likelihood: bool = False):
+        """Every estimated parameter at the outer ``x`` (a vector or dict as
+        `log_likelihood`'s): ``(len(full_parameter_ids),)`` on the parameters' scales, the
+        inner ones at their closed-form optimum (``x`` itself without inner parameters).
+
+        ``full.log_likelihood(full_parameters(x))`` equals ``log_likelihood(x)``.
+        ``log_likelihood=True``: also that log-likelihood, from the same solve (what
+        `inference.fit` reports). Jittable and ``vmap``-able over ``x``.
+
+        Example:
+            >>> problem.full_parameters(problem.nominal)   # sd_* of Boehm at their optimum
+        """
+        full, ll = self._full_jit(self._as_vector(x))
+        return (full, ll) if log_likelihood else full
+
+    @property
+    def full(self) -> "PetabProblem":
+        """This problem without hierarchical optimisation: every estimated parameter in
+        its vector (`full_parameter_ids`), as ``load_petab(..., hierarchical=False)``
+        loads it (the tables and settings shared). ``self`` where nothing is inner."""
+        if self._hier is None:
+            return self
+        if self._full is None:
+            out = copy.copy(self)
+            out._hier, out._full = None, None
+            out._set_parameters(self._full_pars)
+            out.inner_parameter_ids, out.inner_kinds = (), {}
+            out._jit_functions()
+            self._full = out
+        return self._full
 
     def replay_residuals(self, x, mesh) -> tuple[jax.Array, jax.Array, jax.Array]:
         """`residuals`' ``z`` and ``log_sigma`` at ``x`` from a replay of ``mesh`` (from
@@ -337,6 +418,7 @@ class PetabProblem:
         if not changes:
             return self
         out = copy.copy(self)
+        out._full = None
         for k, v in changes.items():
             setattr(out, k, v)
         if "solver" in changes:
@@ -350,6 +432,7 @@ class PetabProblem:
         self._prior_jit = jax.jit(self._log_prior, static_argnames=("jacobian", "given_only"))
         self._predict_jit = jax.jit(self._predict)
         self._residual_jit = jax.jit(self._preeq_residual)
+        self._full_jit = jax.jit(self._full_values)
 
     def _log_prior(self, x, jacobian: bool = True, given_only: bool = False):
         lo, hi = self.bounds
@@ -387,7 +470,7 @@ class PetabProblem:
     def simulate(self, x=None):
         """PEtab's simulation table at ``x``: the measurement table with a ``simulation``
         column (the observable, untransformed) in place of ``measurement``, and a ``sigma``
-        column (the noise formula's value)."""
+        column (the noise formula's value); with inner parameters, at their optimum."""
         res = self.preequilibration_residual(x)
         if res is not None and not bool(jnp.all(res <= 1.0)):
             bad = [self.condition_ids[i] for i in np.flatnonzero(~(np.asarray(res) <= 1.0))]
@@ -415,13 +498,17 @@ class PetabProblem:
         return df
 
     def __repr__(self):
+        inner = (f" (+ {len(self.inner_parameter_ids)} inner, in closed form)"
+                 if self.inner_parameter_ids else "")
         return (f"PetabProblem('{self.odes.model_id}': {len(self.odes.state_ids)} states, "
-                f"{len(self.parameter_ids)} estimated parameters, {len(self.condition_ids)} "
+                f"{len(self.parameter_ids)} estimated parameters{inner}, "
+                f"{len(self.condition_ids)} "
                 f"conditions, {len(self.petab_problem.measurement_df)} measurements; "
                 f"{self.solver_reason})")
 
 
-def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
+def load_petab(path, *, lint: bool = True, hierarchical: bool = True,
+               **solve_options) -> PetabProblem:
     """Load a PEtab v1 problem.
 
     Args:
@@ -429,6 +516,16 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
             the name of a problem that ships with `models` (``"Boehm_JProteomeRes2014"``),
             where no such file or folder exists.
         lint: run the `petab` linter first; its errors are a ``ValueError``.
+        hierarchical: optimise observable scalings, offsets and noise parameters in
+            closed form inside the objective (Loos et al. 2018, Bioinformatics 34:4266;
+            pyPESTO's hierarchical optimisation): they leave `PetabProblem.parameter_ids`
+            for `PetabProblem.inner_parameter_ids`, and fits, profiles and samplers see
+            the reduced problem. Detected symbolically (an estimated parameter without a
+            prior, not in the model, entering observables only as ``s * h(x)`` or
+            ``h(x) + b``, or the noise as ``sigma`` times a constant, with normal noise),
+            or, where the parameter table has a ``parameterType`` column (``scaling``,
+            ``offset``, ``sigma``), exactly the parameters it marks. ``False``: every
+            estimated parameter is outer (the problem as before; also ``problem.full``).
         solve_options: ``solver`` (default ``"auto"``: `gradsolve.Tsit5` where it solves
             every condition at the nominal parameters within 2,000 steps, else
             `gradsolve.Rodas5P`; the choice and why in ``problem.solver_reason``),
@@ -447,8 +544,12 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     Raises:
         NotImplementedError: for an SBML or PEtab construct this importer does not support,
             naming it and the element's id.
-        ValueError: for an inconsistent problem (with the linter's messages), or a table
-            that is empty (naming it and its file).
+        ValueError: for an inconsistent problem (with the linter's messages), a table
+            that is empty (naming it and its file), or a parameter marked in a
+            ``parameterType`` column that cannot be inner (naming it and the formula).
+        NotImplementedError: also for marked scalings/offsets and noise parameters whose
+            measurement groups do not nest (one noise parameter per scaling group; without
+            the column such noise parameters stay outer, with a warning).
 
     Example:
         >>> problem = models.load_petab("Boehm_JProteomeRes2014")   # ships with models
@@ -456,4 +557,4 @@ def load_petab(path, *, lint: bool = True, **solve_options) -> PetabProblem:
     """
     problem, odes = read_problem(path, lint=lint)
     solve_options.setdefault("solver", "auto")
-    return PetabProblem(problem, odes, **solve_options)
+    return PetabProblem(problem, odes, hierarchical=hierarchical, **solve_options)
