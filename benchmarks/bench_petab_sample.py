@@ -54,7 +54,8 @@ def main() -> None:
     import numpyro
     from numpyro.infer import MCMC, NUTS
 
-    problem = models.load_petab(a.problem)
+    # every parameter outer: the program samples every one (noise levels included)
+    problem = models.load_petab(a.problem, hierarchical=False)
     print(f"{a.problem}: {problem!r}")
     print(f"{a.chains} chains x ({a.warmup} + {a.samples}), vectorised; CPU devices: "
           f"{jax.device_count()}")
