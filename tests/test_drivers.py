@@ -21,6 +21,7 @@ import pytest
 
 import gradsolve as gs
 from conftest import decay, kernel_builds, lotka_volterra, van_der_pol
+from gradsolve.drivers.kernel.driver import ROSENBROCK_MAX_STATES
 
 RTOL = 1e-12  # same steps on the same mesh: agreement to rounding (float64)
 RECORD_TOL = dict(rtol=1e-7, atol=1e-9)
@@ -292,9 +293,9 @@ def test_batched_replay_against_an_independent_reference(problem):
 # --- 2. route names the driver that ran ------------------------------------------------------
 
 
-def _decay_ensemble():
-    """``y' = -k y``, ``y(0) = 1``: closed form ``exp(-k t)``."""
-    return decay, jnp.ones((3, 1)), {"k": jnp.array([[0.5], [1.0], [2.0]])}
+def _decay_ensemble(states: int = 1):
+    """``y' = -k y``, ``y(0) = 1`` (``states`` copies): closed form ``exp(-k t)``."""
+    return decay, jnp.ones((3, states)), {"k": jnp.array([[0.5], [1.0], [2.0]])}
 
 
 def test_auto_route_names_the_driver_that_ran():
@@ -366,9 +367,13 @@ SOLVERS_ALL = {**SOLVERS, "Rodas5P": gs.Rodas5P, "Rosenbrock23": gs.Rosenbrock23
 
 
 @functools.cache
-def _stiff_mesh(solver):
-    fd, yd, kd = _decay_ensemble()
+def _stiff_mesh(solver, states: int = 1):
+    fd, yd, kd = _decay_ensemble(states)
     return gs.record(fd, 0.0, 1.0, yd, kd, solver=SOLVERS_ALL[solver]())
+
+
+# The kernel runs Rosenbrock methods on at most ROSENBROCK_MAX_STATES states: refused past it
+_ROSENBROCK_PAST_CAP = ROSENBROCK_MAX_STATES + 1
 
 
 @pytest.mark.parametrize("driver, solver", [("Kernel", "Rodas5P"), ("Lanes", "Rosenbrock23"),
@@ -378,8 +383,9 @@ def test_inapplicable_explicit_driver_is_a_value_error_with_its_reason(driver, s
         f, t1, y0, p, _ = _problem("vdp")
         mesh = _mesh("vdp", solver)
     else:
-        (f, y0, p), t1 = _decay_ensemble(), 1.0
-        mesh = _stiff_mesh(solver)
+        states = _ROSENBROCK_PAST_CAP if driver == "Kernel" else 1
+        (f, y0, p), t1 = _decay_ensemble(states), 1.0
+        mesh = _stiff_mesh(solver, states)
     drv, slv = DRIVERS[driver](), SOLVERS_ALL[solver]()
     reason = drv.replay_reason(f, slv, y0, p)
     assert isinstance(reason, str) and reason.strip()

@@ -9,6 +9,7 @@ from typing import ClassVar
 import jax
 
 from .._flat import cache_key
+from .._solver.rosenbrock import AbstractRosenbrock
 from .._caches import cache
 from .base import AbstractDriver, refuse
 from .batched import Batched
@@ -18,12 +19,25 @@ from .lanes import Lanes, lane_field
 from .pallas import Pallas
 
 
+ROSENBROCK_ON_KERNEL = False
+"""Whether `Auto` runs Rosenbrock methods (`gradsolve.Rodas5P`, `gradsolve.Rosenbrock23`)
+on the compiled kernel where it applies (at most
+`gradsolve.drivers.kernel.driver.ROSENBROCK_MAX_STATES` states). Their values and gradients
+there equal the XLA replay's to 1e-10 on one mesh, 7-60x faster
+(``benchmarks/bench_kernel_rosenbrock.py``). Off by default for now: such a kernel takes
+about 47 s to build at 8 states and 2 minutes at 10 on a 2-core machine, longer than many
+a stiff fit's whole run, so `Auto` keeps the XLA drivers; ``driver=gs.drivers.Kernel()``
+runs them on the kernel (``gs.drivers.Kernel().prebuild`` or ``gradsolve build-cache``
+builds it ahead of time)."""
+
+
 class Auto(AbstractDriver):
     """The default ``driver=``: per call, the first driver that applies.
 
-    Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler), else
-    `Batched`. Replay: `Kernel`, else `Lanes` (explicit solvers with a small field; GPU and
-    TPU), else `Batched` (stiff and Diffrax solvers, anything else); on a TPU `Pallas`
+    Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler; Rosenbrock
+    methods too where `ROSENBROCK_ON_KERNEL`), else `Batched`. Replay: `Kernel`, else
+    `Lanes` (explicit solvers with a small field; GPU and TPU), else `Batched` (stiff and
+    Diffrax solvers, anything else); on a TPU `Pallas`
     (fused kernels: explicit solvers, float32, known-time events included) comes first in both; known-time events
     (``jumps=``, ``tstops=``) change nothing in that order. A solve with a solver
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
@@ -51,6 +65,8 @@ class Auto(AbstractDriver):
         'gradsolve-kernel'
         >>> gs.drivers.Auto().choose("replay", f, gs.Rodas5P(), y0, p).name
         'gradsolve-batched'
+        >>> gs.replay(f, mesh, y0, p, driver=gs.drivers.Kernel()).route  # stiff, <= 10 states
+        'gradsolve-kernel'
     """
 
     name: ClassVar[str] = "auto"
@@ -71,6 +87,7 @@ class Auto(AbstractDriver):
         for driver in order:
             if isinstance(driver, Kernel) and (
                     not kernel_allowed()
+                    or (isinstance(solver, AbstractRosenbrock) and not ROSENBROCK_ON_KERNEL)
                     or kernel_target(f, solver, y0, params, background=True).building):
                 continue
             if reason_for(driver, kind, f, solver, y0, params, events) is None:

@@ -2,7 +2,9 @@
 
 The record (lanes refilled as trajectories finish), the replay and its exact discrete
 adjoint share one generated source per vector field, solver and dtype
-(`gradsolve.drivers.kernel.source`), compiled once with the system compiler and cached on
+(`gradsolve.drivers.kernel.source`; for Rosenbrock methods
+`gradsolve.drivers.kernel.rosenbrock_source` and the dense linear algebra of
+`gradsolve.drivers.kernel.linalg`), compiled once with the system compiler and cached on
 disk (`gradsolve.drivers.kernel.build`). Layout: ``driver`` (the `Kernel` driver: where it
 applies, the FFI calls as JAX functions), ``codegen`` (the C++ backend of the shared jaxpr
 translator), ``source`` (the kernel's C++), ``build`` (compile, cache, register, and

@@ -224,13 +224,15 @@ class Emitter(Scalarizer):
         return [self._map("real", fmt, ins)]
 
 
-def translate(fn, example_args, input_exprs):
+def translate(fn, example_args, input_exprs, emitter=Emitter):
     """Trace ``fn(*example_args)`` and emit C++ computing its outputs.
 
     Args:
         fn: a JAX function of arrays (one trajectory).
         example_args: arrays (or ShapeDtypeStructs) fixing shapes and dtypes.
         input_exprs: per argument, a numpy object array (same shape) of C++ expressions.
+        emitter: the `Emitter` class (`gradsolve.drivers.kernel.linalg.RosenbrockEmitter`
+            for a Rosenbrock step: its linear algebra, constants folded).
 
     Returns:
         ``(lines, outputs)``: C++ statements and, per output, a flat list of expressions.
@@ -239,6 +241,6 @@ def translate(fn, example_args, input_exprs):
         closed = jax.make_jaxpr(fn)(*example_args)
     except Exception as e:  # noqa: BLE001 - anything untraceable falls back
         raise Unsupported(f"tracing failed: {e}") from e
-    em = Emitter()
+    em = emitter()
     outs = em.run(closed, list(input_exprs))
     return em.lines, [list(np.asarray(o, dtype=object).reshape(-1)) for o in outs]

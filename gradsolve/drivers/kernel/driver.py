@@ -31,10 +31,12 @@ from ..._events import empty_events
 from ..._mesh import Mesh
 from ..._solver import Tsit5
 from ..._solver.base import AbstractExplicitRK
+from ..._solver.rosenbrock import AbstractRosenbrock
 from ..._solver.diffrax_adapter import as_solver
 from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
 from . import build, lowering
 from .codegen import Unsupported
+from .rosenbrock_source import StepUnsupported
 from .source import generate
 
 # (f, solver type, shapes, dtypes) -> FFI target prefix, or the reason there is none
@@ -72,6 +74,8 @@ def _prefix_for(f, solver, d: int, treedef, shapes, dtypes, dtype,
         f_flat, p_size = flat_field(f, treedef, shapes, dtypes)
         try:
             source = generate(f_flat, d, p_size, dtype, solver)
+        except StepUnsupported as e:
+            return _remember(key, Target(None, f"the translator to C++ does not handle {e}."))
         except Unsupported as e:
             return _remember(key, Target(
                 None, f"the translator to C++ does not handle this vector field ({e}).", str(e)))
@@ -112,6 +116,14 @@ mesh capacity but only the rows of steps taken are touched, so a ``gs.solve`` at
 slots (10,000 trajectories: ~1 GB reserved, ~25 MB touched) keeps the faster rows."""
 
 _MAX_VARIANTS = 4
+
+ROSENBROCK_MAX_STATES = 10
+"""Most states a Rosenbrock method (`gradsolve.Rodas5P`, `gradsolve.Rosenbrock23`) runs
+with on the kernel. Its step is translated whole, the dense LU factorisation with partial
+pivoting and the stage solves included, so its C++ grows with ``d**3`` and its build
+faster still: measured on a loaded 2-core machine (Rodas5P, Lorenz-96 fields, every part
+including ``bwdt``) 47 s at 8 states (1.2 MB), 2 minutes at 10 (1.9 MB), 3 at 12
+(2.8 MB); larger systems run on the XLA drivers."""
 
 
 def _too_many_variants(f, variant_key, source: str) -> bool:
@@ -191,8 +203,9 @@ def spread(make_call, n: int):
 
 def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
     """The compiled kernel for this problem (``Target.prefix``), or why it does not apply
-    (not on CPU, not an explicit Runge–Kutta solver, non-float inputs, a vector field the
-    translator does not handle, no compiler). Works on abstract values (under ``jit``).
+    (not on CPU, neither an explicit Runge–Kutta solver nor a Rosenbrock method on at most
+    `ROSENBROCK_MAX_STATES` states, non-float inputs, a vector field the translator does
+    not handle, no compiler). Works on abstract values (under ``jit``).
 
     Builds the kernel if needed, waiting for it; with ``background=True`` a build
     estimated to take longer than ``$GRADSOLVE_KERNEL_BACKGROUND_S`` runs in a daemon
@@ -201,12 +214,18 @@ def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
     if jax.default_backend() != "cpu":
         return Target(None, f"it runs on CPU only (the default backend is "
                             f"{jax.default_backend()}).")
-    if not isinstance(solver, AbstractExplicitRK):
+    if not isinstance(solver, (AbstractExplicitRK, AbstractRosenbrock)):
         return Target(None, f"it runs explicit Runge–Kutta solvers (gs.Tsit5, gs.Dopri5, "
-                            f"gs.Vern7), not {type(solver).__name__}.")
+                            f"gs.Vern7) and Rosenbrock methods (gs.Rodas5P, "
+                            f"gs.Rosenbrock23), not {type(solver).__name__}.")
     dtype = jnp.result_type(y0)
     if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
         return Target(None, f"it runs float32 and float64 states, not {dtype}.")
+    d = jnp.shape(y0)[1]
+    if isinstance(solver, AbstractRosenbrock) and d > ROSENBROCK_MAX_STATES:
+        return Target(None, f"it runs Rosenbrock methods on up to {ROSENBROCK_MAX_STATES} "
+                            f"states (its LU factorisation is unrolled into straight-line "
+                            f"code), not {d}.")
     leaves, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
         return Target(None, "every params leaf must be floating point for it.")
@@ -372,11 +391,19 @@ class Kernel(AbstractDriver):
     """The compiled CPU kernel: record, replay and the replay's discrete adjoint in C++.
 
     Applies on CPU to explicit Runge–Kutta solvers (`gradsolve.Tsit5`, `gradsolve.Dopri5`,
-    `gradsolve.Vern7`) with float32/float64 states and a vector field the translator handles
-    (no ``while`` loops; see `gradsolve._jaxpr`), where a C++ compiler is found. Several
-    times faster than the XLA drivers (``benchmarks/README.md``). ``grad`` runs the compiled adjoint; forward
-    mode and second derivatives are the batched driver's. ``Solution.route ==
-    "gradsolve-kernel"``.
+    `gradsolve.Vern7`) and to Rosenbrock methods (`gradsolve.Rodas5P`,
+    `gradsolve.Rosenbrock23`, any `gradsolve.AbstractRosenbrock`) on at most
+    `ROSENBROCK_MAX_STATES` states, with float32/float64 states and a vector field the
+    translator handles (no ``while`` loops; see `gradsolve._jaxpr`), where a C++ compiler
+    is found. Several times faster than the XLA drivers (``benchmarks/README.md``;
+    ``benchmarks/bench_kernel_rosenbrock.py`` for the stiff solvers). ``grad`` runs the
+    compiled adjoint; forward mode and second derivatives are the batched driver's.
+    ``Solution.route == "gradsolve-kernel"``.
+
+    A Rosenbrock step is the solver's own ``step`` translated whole, Jacobian, pivoted LU
+    and stage solves included, and its adjoint the translated VJP of that step
+    (`gradsolve.drivers.kernel.rosenbrock_source`): the XLA replay's arithmetic, so the
+    two agree to rounding.
 
     Known-time events (``jumps=``, ``tstops=``) run in C++ too: the record lands their
     forced nodes, the replay applies them, its adjoint gives the jump sizes' gradients
@@ -427,7 +454,8 @@ class Kernel(AbstractDriver):
             f: the vector field, as in `gradsolve.solve`.
             y0: ``(d,)`` or ``(n, d)``, and
             params: as in `gradsolve.solve` (shapes and dtype are what matter).
-            solver: an explicit Runge–Kutta solver (default `gradsolve.Tsit5`).
+            solver: an explicit Runge–Kutta solver (default `gradsolve.Tsit5`) or a
+                Rosenbrock method (`gradsolve.Rodas5P`, ...).
 
         Returns:
             A `KernelBuild` (where, which files, how long).

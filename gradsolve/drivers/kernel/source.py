@@ -1,4 +1,9 @@
-"""C++ source of the compiled kernel for one (vector field, explicit RK tableau, dtype).
+"""C++ source of the compiled kernel for one (vector field, solver, dtype).
+
+The solver is an explicit Runge–Kutta pair, whose step and adjoint `_Source` writes from
+its tableau (below), or a Rosenbrock method, whose ``step`` and its VJP are translated
+whole (`gradsolve.drivers.kernel.rosenbrock_source`, which also puts a line before the
+template's text: a ``#pragma`` for GCC). Both fill the same templates.
 
 ``LANES`` trajectories advance together, one step per iteration: a lane's whole step is
 straight-line code inside an ``omp simd`` loop over lanes (vectorised by the compiler), so
@@ -285,9 +290,16 @@ def _fill(template: str, values: dict[str, str]) -> str:
 
 
 def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
-    """Full C++ source. ``f_flat(t, y (d,), p (p_size,))`` is the flattened vector field."""
+    """Full C++ source. ``f_flat(t, y (d,), p (p_size,))`` is the flattened vector field;
+    ``solver`` an explicit Runge–Kutta pair (its step written from the tableau, `_Source`)
+    or a Rosenbrock method (its ``step`` translated whole,
+    `gradsolve.drivers.kernel.rosenbrock_source.RosenbrockSource`)."""
+    from ..._solver.rosenbrock import AbstractRosenbrock
+    from .rosenbrock_source import RosenbrockSource
+
     real = "double" if np.dtype(dtype) == np.float64 else "float"
-    src = _Source(f_flat, d, p_size, dtype, solver)
+    kind = RosenbrockSource if isinstance(solver, AbstractRosenbrock) else _Source
+    src = kind(f_flat, d, p_size, dtype, solver)
     forward_step, record_step, rhs_eval = src.forward()
     values = dict(
         REAL=real, FFI_TYPE="F64" if real == "double" else "F32", D=d, P=max(p_size, 1),
@@ -295,4 +307,4 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
         RHS_EVAL=rhs_eval, RECORD_STEP=record_step, ERROR_ORDER=int(solver.error_order),
         BACKWARD_STEP=src.backward(), P_REAL=p_size, VECTOR_MATH=_VECTOR_MATH_DECLS,
     )
-    return _fill(_TEMPLATE, {k: str(v) for k, v in values.items()})
+    return getattr(src, "prefix", "") + _fill(_TEMPLATE, {k: str(v) for k, v in values.items()})

@@ -1,0 +1,161 @@
+"""Rosenbrock solvers (Rodas5P, Rosenbrock23) on the compiled CPU kernel against the XLA
+replay: the replay gradient on one recorded mesh, and a per-step profile.
+
+For each problem and ensemble size a mesh is recorded once (XLA record), then, on that
+same mesh, under ``jax.jit`` and after a warm-up call:
+
+- ``grad``: the gradient of ``sum(log(ys**2))`` w.r.t. ``(y0, params)`` through
+  ``gs.replay`` with ``driver=gs.drivers.Batched()`` (XLA: vmapped steps, JAX's AD) and
+  with ``driver=gs.drivers.Kernel()`` (C++ forward and adjoint);
+- ``forward``: the values only, both ways;
+- ``record``: ``gs.record`` both ways (the kernel's record runs the same controller);
+
+best of ``--repeats`` calls, interleaved so machine load hits both sides alike. The
+per-step profile divides each time by the accepted steps summed over trajectories
+(microseconds per trajectory-step); ``reverse`` is ``grad - forward``. The kernel's values
+and gradients are checked against XLA's (1e-9 relative) before anything is timed.
+
+Problems: Robertson (3 states, ``k1, k2, k3`` spread ±10 %, log-spaced save times to
+``t = 1e5``, rtol 1e-6, atol 1e-10) at N = 64 and 1,024, and, where the ``[petab]`` extra
+and the collection load, the Boehm (JProteomeRes 2014) PEtab problem's vector field (8
+states) at its nominal parameters, its conditions tiled to N (its tolerances, rtol 1e-8,
+atol 1e-12). Rosenbrock23, an order-2 method, runs at rtol 1e-4 / atol 1e-8 at least.
+
+Usage: ``python benchmarks/bench_kernel_rosenbrock.py [--sizes 64,1024] [--repeats 5]
+[--solvers Rodas5P,Rosenbrock23] [--no-boehm]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import gradsolve as gs  # noqa: E402
+
+
+def robertson(t, y, k):
+    r1 = k[0] * y[0]
+    r2 = k[1] * y[1] ** 2
+    r3 = k[2] * y[1] * y[2]
+    return jnp.stack([-r1 + r3, r1 - r2 - r3, r2])
+
+
+def robertson_problem(n: int):
+    y0 = jnp.tile(jnp.array([1.0, 0.0, 0.0]), (n, 1))
+    spread = 1 + 0.1 * jnp.sin(jnp.arange(n) * 1.7)[:, None] * jnp.array([1.0, -1.0, 0.5])
+    p = jnp.array([0.04, 3e7, 1e4]) * spread
+    ts = jnp.logspace(-4, 5, 19)
+    return "robertson", robertson, 0.0, 1e5, y0, p, ts, 1e-6, 1e-10
+
+
+def boehm_problem(n: int):
+    """The Boehm PEtab problem's field at its nominal parameters, conditions tiled to ``n``
+    (``None`` where the collection does not load)."""
+    try:
+        import models
+
+        root = Path(__file__).resolve().parents[1] / "tests" / "data" / "petab"
+        problem = models.load_petab(root / "Boehm_JProteomeRes2014")
+    except Exception as e:  # noqa: BLE001 - optional
+        print(f"Boehm: not loaded ({type(e).__name__}: {e})")
+        return None
+    y0, p, _, jumps = problem._inputs(jnp.asarray(problem.nominal))
+    if jumps is not None:
+        print("Boehm: has switches (jumps); not benchmarked here")
+        return None
+    reps = -(-n // y0.shape[0])
+    y0 = jnp.tile(y0, (reps, 1))[:n]
+    p = jnp.tile(p, (reps, 1))[:n] * (1 + 0.01 * jnp.sin(jnp.arange(n))[:, None])
+    ts = jnp.asarray(problem.ts)
+    return ("boehm", problem.vector_field, 0.0, float(problem._t1), y0, p, ts,
+            problem.rtol, problem.atol)
+
+
+def best_of(fns: dict, repeats: int) -> dict:
+    """Best wall time of each zero-argument callable (each called once first: compile and
+    warm-up), calls interleaved round-robin."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[k] = min(best[k], time.perf_counter() - t)
+    return best
+
+
+def bench(case, solver, repeats: int) -> dict:
+    name, f, t0, t1, y0, p, ts, rtol, atol = case
+    if isinstance(solver, gs.Rosenbrock23):  # an order-2 method: loose tolerances
+        rtol, atol = max(rtol, 1e-4), max(atol, 1e-8)
+    n = y0.shape[0]
+    xla, kernel = gs.drivers.Batched(), gs.drivers.Kernel()
+    kw = dict(ts=ts, solver=solver, rtol=rtol, atol=atol, max_steps=4096)
+    mesh = gs.record(f, t0, t1, y0, p, driver=xla, **kw)
+    steps = float(jnp.sum(mesh.n_steps))
+
+    def loss(drv):
+        def fn(y, q):
+            ys = gs.replay(f, mesh, y, q, driver=drv).ys
+            return jnp.sum(jnp.log(ys ** 2 + 1e-30))
+        return fn
+
+    grads = {k: jax.jit(jax.grad(loss(d), argnums=(0, 1))) for k, d in
+             (("xla", xla), ("kernel", kernel))}
+    fwds = {k: jax.jit(lambda y, q, d=d: gs.replay(f, mesh, y, q, driver=d).ys) for k, d in
+            (("xla", xla), ("kernel", kernel))}
+    recs = {k: jax.jit(lambda y, q, d=d: gs.record(f, t0, t1, y, q, driver=d, **kw).n_steps)
+            for k, d in (("xla", xla), ("kernel", kernel))}
+    # The kernel against XLA on this mesh before timing.
+    ys_k, ys_x = fwds["kernel"](y0, p), fwds["xla"](y0, p)
+    np.testing.assert_allclose(ys_k, ys_x, rtol=1e-9, atol=1e-12 * float(jnp.max(jnp.abs(ys_x))))
+    for gk, gx in zip(grads["kernel"](y0, p), grads["xla"](y0, p)):
+        np.testing.assert_allclose(gk, gx, rtol=1e-7, atol=1e-9 * float(jnp.max(jnp.abs(gx))))
+    fns = {f"grad_{k}": (lambda g=g: g(y0, p)) for k, g in grads.items()}
+    fns.update({f"fwd_{k}": (lambda g=g: g(y0, p)) for k, g in fwds.items()})
+    fns.update({f"rec_{k}": (lambda g=g: g(y0, p)) for k, g in recs.items()})
+    t = best_of(fns, repeats)
+    us = lambda s: 1e6 * s / steps
+    row = dict(problem=name, solver=type(solver).__name__, n=n, steps=steps, **t)
+    print(f"{name:>9} {type(solver).__name__:>12} N={n:>5} rtol={rtol:g} steps={steps:>8.0f} "
+          f"| grad xla "
+          f"{1e3 * t['grad_xla']:8.1f} ms kernel {1e3 * t['grad_kernel']:7.1f} ms "
+          f"x{t['grad_xla'] / t['grad_kernel']:5.1f} | fwd x{t['fwd_xla'] / t['fwd_kernel']:5.1f}"
+          f" | record x{t['rec_xla'] / t['rec_kernel']:5.1f}")
+    print(f"{'':>9} per trajectory-step (us): forward xla {us(t['fwd_xla']):7.2f} kernel "
+          f"{us(t['fwd_kernel']):6.3f} | reverse xla {us(t['grad_xla'] - t['fwd_xla']):7.2f} "
+          f"kernel {us(t['grad_kernel'] - t['fwd_kernel']):6.3f} | record xla "
+          f"{us(t['rec_xla']):7.2f} kernel {us(t['rec_kernel']):6.3f}", flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="64,1024")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--solvers", default="Rodas5P,Rosenbrock23")
+    ap.add_argument("--no-boehm", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    solvers = [getattr(gs, s)() for s in args.solvers.split(",")]
+    for n in sizes:
+        cases = [robertson_problem(n)]
+        if not args.no_boehm:
+            boehm = boehm_problem(n)
+            if boehm is not None:
+                cases.append(boehm)
+        for case in cases:
+            for solver in solvers:
+                bench(case, solver, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

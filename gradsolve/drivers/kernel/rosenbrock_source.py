@@ -1,0 +1,315 @@
+"""The C++ of one Rosenbrock step of one lane, forward and reverse, for the kernel's
+templates (`gradsolve.drivers.kernel.source` fills them in).
+
+An explicit Runge–Kutta step is written here from its tableau (`source._Source`); a
+linearly implicit one is translated whole from the solver's own ``step``
+(`gradsolve._solver.rosenbrock.AbstractRosenbrock.step`, or a subclass's, e.g.
+`gradsolve.Rosenbrock23`'s): its jaxpr holds the Jacobian ``df/dy`` and ``df/dt``
+(``jacobians``: forward-mode passes in the unit directions), ``W``, its LU factorisation
+with partial pivoting, the stage solves and the stage evaluations of ``f``. So the kernel
+runs the very arithmetic of the XLA replay (`gradsolve.drivers.batched`), operation for
+operation but for the LU's pivot search and substitutions (rounding), and any
+``AbstractRosenbrock`` runs without a line of C++ of its own.
+
+The reverse step is the translated VJP of that step (``jax.vjp`` of ``(t0, h, y0, p) ->
+y1``): it recomputes the step from the stored state (the LU factors included, which the
+transposed solves of ``lax.custom_linear_solve``'s transpose reuse), and differentiates
+``f`` twice where it has to (the Jacobian's dependence on ``y``, ``p`` and ``t``: the VJP
+of ``jacobians``' forward-mode passes). Its cotangents of ``t0`` and ``h`` give the node
+times' (``CT``, ``CH``, under ``TIMES``), as the explicit step's do. A step that
+differentiates its LU factorisation (Rosenbrock23's calls ``lu_factor`` and ``lu_solve``
+on ``W`` itself) has its VJP traced with the solves differentiated as linear solves
+(`_solves_differentiated_as_solves`): the same derivative, without the transpose of JAX's
+LU rule, which made its reverse sweep 10x slower.
+
+The linear algebra primitives and the folding of the unit directions' zeros and ones are
+`gradsolve.drivers.kernel.linalg.RosenbrockEmitter`'s. Past `CHUNK` statements a lane's
+step is split over several lane loops (`lane_loops`), and the source starts with a pragma
+(`RosenbrockSource.prefix`): both for GCC, the build time and the vectorisation.
+
+Checked by ``tests/test_kernel_rosenbrock.py`` (values and gradients equal the XLA
+replay's to 1e-10 on one mesh); timed by ``benchmarks/bench_kernel_rosenbrock.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+
+import numpy as np
+
+from ..._solver.rosenbrock import AbstractRosenbrock
+from .codegen import Unsupported, translate
+from .linalg import RosenbrockEmitter
+
+
+_DEF = re.compile(r"^const (real|long long|int) ([A-Za-z_][A-Za-z0-9_]*) = ")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LOOP = "#pragma omp simd\nfor (int j = 0; j < LANES; ++j) {"
+
+CHUNK = 500
+"""Statements of a lane's step per ``omp simd`` loop (see `lane_loops`)."""
+
+
+def lane_loops(inputs: dict[str, str], stmts: list[str], tail: list[str],
+               chunk: int | None = None) -> str:
+    """A lane's step as the body of the template's ``omp simd`` loop over lanes, or, past
+    ``chunk`` statements, as several such loops one after the other.
+
+    ``stmts`` are single assignments (``const T name = expr;``), ``tail`` any code after
+    them (run in the last loop), ``inputs`` the declarations (reads of the lane's inputs,
+    e.g. ``const real h = H[j];``) by name; each loop declares the inputs it uses. A value
+    one loop defines and a later one uses goes through a lane buffer (``GS_SPILL_R`` for
+    reals, ``GS_SPILL_I`` for integers, declared before the first loop).
+
+    Why: a Rosenbrock step is thousands of statements (its LU and stage solves grow with
+    ``d**3``), and in one basic block GCC's register allocation took most of the build
+    (10 states: over two minutes); loops of ``chunk`` statements keep each region small,
+    and a value live across them is spilled once, explicitly. The text closes the
+    template's loop and opens the next ones, the last closed by the template.
+    """
+    chunk = CHUNK if chunk is None else chunk
+    defs, kinds = [], {}
+    for st in stmts:
+        m = _DEF.match(st)
+        if m is None:
+            raise ValueError(f"not a single assignment: {st[:80]}")
+        defs.append(m.group(2))
+        kinds[m.group(2)] = m.group(1)
+    pieces = [list(range(i, min(i + chunk, len(stmts)))) for i in range(0, len(stmts), chunk)]
+    pieces = pieces or [[]]
+    where = {defs[i]: k for k, piece in enumerate(pieces) for i in piece}
+    uses = []
+    for k, piece in enumerate(pieces):
+        text = " ".join(stmts[i] for i in piece)
+        if k == len(pieces) - 1:
+            text += " " + " ".join(tail)
+        uses.append(set(_NAME.findall(text)))
+    # values crossing loops: a slot each, in their type's buffer
+    slots: dict[str, int] = {}
+    count = {"real": 0, "int": 0}
+    for k, used in enumerate(uses):
+        for name in sorted(used):
+            if name in where and where[name] < k and name not in slots:
+                kind = "real" if kinds[name] == "real" else "int"
+                slots[name] = count[kind]
+                count[kind] += 1
+    buffer = {"real": ("GS_SPILL_R", "real"), "int": ("GS_SPILL_I", "long long")}
+
+    def slot(name):
+        buf = buffer["real" if kinds[name] == "real" else "int"][0]
+        return f"{buf}[{slots[name]} * LANES + j]"
+
+    bodies = []
+    for k, piece in enumerate(pieces):
+        used = uses[k]
+        body = [decl for name, decl in inputs.items() if name in used]
+        body += [f"const {kinds[n]} {n} = {slot(n)};" for n in sorted(used)
+                 if n in where and where[n] < k]
+        body += [stmts[i] for i in piece]
+        body += [f"{slot(defs[i])} = {defs[i]};" for i in piece if defs[i] in slots]
+        if k == len(pieces) - 1:
+            body += tail
+        bodies.append("\n      ".join(body))
+    if len(bodies) == 1:
+        return bodies[0]
+    out = ["}"]  # the template's loop, left empty
+    for kind, (buf, ctype) in buffer.items():
+        out.append(f"alignas(64) {ctype} {buf}[{max(count[kind], 1)} * LANES];")
+    for k, body in enumerate(bodies):
+        out += [_LOOP, body] + (["}"] if k < len(bodies) - 1 else [])
+    return "\n".join(out)
+
+
+_PATCH_LOCK = threading.Lock()
+
+
+class _Factors(tuple):
+    """``(lu, piv)`` of `jax.scipy.linalg.lu_factor`, with the matrix ``a`` they factor."""
+
+    a = None
+
+
+@contextlib.contextmanager
+def _solves_differentiated_as_solves():
+    """While tracing a step's VJP: `jax.scipy.linalg.lu_factor` factors the matrix without
+    differentiating the factorisation, and `jax.scipy.linalg.lu_solve` with those factors
+    is a ``lax.custom_linear_solve`` with the matrix, whose derivative is
+    ``W^-1 (db - dW x)`` (what `gradsolve.AbstractRosenbrock.step` writes itself).
+
+    The same values (the same factorisation and substitutions run) and the same derivative,
+    but the VJP no longer holds the transpose of JAX's LU derivative rule: on
+    Rosenbrock23's step (which calls ``lu_factor`` and ``lu_solve`` on ``W`` directly)
+    that transpose is gathers and scatters of ``d x d`` matrices at the traced pivot rows,
+    and its C++ on Boehm's 8 states ran the reverse sweep at 6-8 us a step, slower than
+    XLA's (1 us with this). Module attributes are swapped for the trace only, under a
+    lock; factors and solves made without this context (a plain ``(lu, piv)`` tuple) go to
+    JAX's functions as before.
+    """
+    import jax
+    import jax.scipy.linalg as jsl
+
+    with _PATCH_LOCK:
+        factor, solve = jsl.lu_factor, jsl.lu_solve
+
+        def lu_factor(a, overwrite_a=False, check_finite=True):
+            out = _Factors(factor(jax.lax.stop_gradient(a)))
+            out.a = a
+            return out
+
+        def lu_solve(lu_and_piv, b, trans=0, overwrite_b=False, check_finite=True):
+            if not isinstance(lu_and_piv, _Factors):
+                return solve(lu_and_piv, b, trans=trans)
+            a, plain = lu_and_piv.a, tuple(lu_and_piv)
+            fwd = lambda _, x: solve(plain, x, trans=0)
+            tr = lambda _, x: solve(plain, x, trans=1)
+            if trans == 0:
+                return jax.lax.custom_linear_solve(lambda u: a @ u, b, fwd, tr)
+            return jax.lax.custom_linear_solve(lambda u: a.T @ u, b, tr, fwd)
+
+        jsl.lu_factor, jsl.lu_solve = lu_factor, lu_solve
+        try:
+            yield
+        finally:
+            jsl.lu_factor, jsl.lu_solve = factor, solve
+
+
+class StepUnsupported(Unsupported):
+    """The vector field translates but the Rosenbrock step around it does not (a
+    translator limit reached by the step's linear algebra, e.g. Rosenbrock23's
+    differentiated LU on many states): the kernel does not apply, and the field is not to
+    blame (`gradsolve.drivers.auto` warns about untranslated fields only)."""
+
+
+def _obj(names):
+    return np.array(names, dtype=object)
+
+
+def _decl(names):
+    return "real " + ", ".join(names) + ";" if names else ""
+
+
+def _block(lines, outs):
+    body = list(lines)
+    for names, exprs in outs:
+        body += [f"{nm} = {ex};" for nm, ex in zip(names, exprs)]
+    return "{ " + " ".join(body) + " }"
+
+
+class RosenbrockSource:
+    """The C++ statements of one Rosenbrock step of one lane (forward, record, reverse)
+    and of ``f`` alone (the record's initial step), for the flattened vector field
+    ``f_flat(t, y (d,), p (p_size,))``; the same interface as `source._Source`."""
+
+    fsal = False
+    # Put before the kernel's source: GCC's code sinking moves a value used by one side of
+    # a select (the LU's pivot swaps, every entry of W) into a branch, and where that value
+    # calls libm (Boehm's exp and pow) the branch stays, so the whole lane loop is not
+    # vectorised (measured 3x slower). Without the pass every lane loop vectorises.
+    prefix = '#pragma GCC optimize ("no-tree-sink")\n'
+
+    def __init__(self, f_flat, d: int, p_size: int, dtype, solver):
+        import jax
+        import jax.numpy as jnp
+
+        self.d, self.p_size, self.dtype = d, p_size, dtype
+        self.s = len(getattr(solver, "m", ())) or 1
+        scalar = jax.ShapeDtypeStruct((), dtype)
+        self.ex = (scalar, scalar, jax.ShapeDtypeStruct((d,), dtype),
+                   jax.ShapeDtypeStruct((p_size,), dtype))
+        fvec = lambda t, y, p: jnp.asarray(f_flat(t, y, p), dtype)
+        self.fvec = lambda t, y, p: (fvec(t, y, p),)
+
+        def step(t, h, y, p):
+            y1, y_error, _ = solver.step(fvec, t, h, y, p, solver.init(fvec, t, y, p))
+            return y1, y_error
+
+        def step_vjp(t, h, y, p, ct):
+            _, back = jax.vjp(lambda t, h, y, p: step(t, h, y, p)[0], t, h, y, p)
+            return back(ct)
+
+        # A step of its own (Rosenbrock23's) may differentiate its LU factorisation;
+        # its VJP is traced with the solves differentiated as solves instead.
+        self.own_step = type(solver).step is not AbstractRosenbrock.step
+
+        self.step, self.step_vjp = step, step_vjp
+        self.solver_name = type(solver).__name__
+        self.R = range(d)
+        self.pn = _obj([f"p_{r}" for r in range(p_size)]).reshape(p_size)
+        self.inputs = {"h": "const real h = H[j];", "ta": "const real ta = TA[j];",
+                       **{f"y_{r}": f"const real y_{r} = YB[{r} * LANES + j];" for r in self.R},
+                       **{f"p_{r}": f"const real p_{r} = PB[{r} * LANES + j];"
+                          for r in range(p_size)}}
+
+    def _y(self):
+        return _obj([f"y_{r}" for r in self.R])
+
+    def _translate_step(self, fn, args, exprs):
+        """``translate`` of the step (or its VJP) with the Rosenbrock emitter; a failure
+        there, once ``f`` alone has translated, is the step's (`StepUnsupported`)."""
+        try:
+            return translate(fn, args, exprs, emitter=RosenbrockEmitter)
+        except StepUnsupported:
+            raise
+        except Unsupported as e:
+            raise StepUnsupported(f"the {self.solver_name} step on {self.d} states ({e})") from e
+
+    def forward(self) -> tuple[str, str, str]:
+        """``(forward_step, record_step, rhs_eval)``, as `source._Source.forward`."""
+        R, d = self.R, self.d
+        t_ex, _, y_ex, p_ex = self.ex
+        k0 = [f"k0_{r}" for r in R]
+        # f alone first: where it does not translate, that is the field's doing.
+        f_lines, (f_out,) = translate(self.fvec, [t_ex, y_ex, p_ex],
+                                      [_obj("ta"), self._y(), self.pn])
+        lines, (o_y1, o_e) = self._translate_step(
+            self.step, list(self.ex), [_obj("ta"), _obj("h"), self._y(), self.pn])
+        stmts = lines + [f"const real y1_{r} = {o_y1[r]};" for r in R] \
+            + [f"const real e_{r} = {o_e[r]};" for r in R]
+        inputs = {**self.inputs, "rtol": "const real rtol = RT[j];",
+                  "atol": "const real atol = AT[j];"}
+        tail = ["real acc = 0, bad = 0;"]
+        for r in R:
+            tail.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
+                        f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
+        tail.append(f"real err = std::sqrt(acc / (real){d});")
+        tail.append("bad += err - err;")
+        tail.append("err = (bad == 0) ? err : (real)INFINITY;")
+        rec = tail + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
+        fw = tail + ["const bool act = ACT[j] != 0;",
+                     "EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];"]
+        fw += [f"YB[{r} * LANES + j] = act ? y1_{r} : y_{r};" for r in R]
+        ev = [*[f"const real y_{r} = YQ[{r} * LANES + j];" for r in R],
+              *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(self.p_size)],
+              "const real ta = TQ[j];",
+              _decl(k0), _block(f_lines, [(k0, f_out)]),
+              *[f"FQ[{r} * LANES + j] = FRESH[j] ? k0_{r} : FQ[{r} * LANES + j];" for r in R]]
+        return (lane_loops(inputs, stmts, fw), lane_loops(inputs, stmts, rec),
+                "\n      ".join(ev))
+
+    def backward(self) -> str:
+        """The reverse step: the translated VJP of the step at the stored state (``LAM``
+        becomes ``y0``'s cotangent, ``CTP`` gathers ``p``'s; under ``TIMES`` the node-time
+        cotangents ``CH``, ``CT``)."""
+        R, P = self.R, range(self.p_size)
+        lam = _obj([f"l_{r}" for r in R])
+        with (_solves_differentiated_as_solves() if self.own_step
+              else contextlib.nullcontext()):
+            lines, (o_t, o_h, o_y, o_p) = self._translate_step(
+                self.step_vjp, [*self.ex, self.ex[2]],
+                [_obj("ta"), _obj("h"), self._y(), self.pn, lam])
+        stmts = lines + [f"const real ct_t = {o_t[0]};", f"const real ct_h = {o_h[0]};"]
+        stmts += [f"const real cy_{r} = {o_y[r]};" for r in R]
+        stmts += [f"const real cp_{r} = {o_p[r]};" for r in P]
+        inputs = {**self.inputs, **{f"l_{r}": f"const real l_{r} = LAM[{r} * LANES + j];"
+                                    for r in R}}
+        # No `ACT` selects (as in the explicit step): an idle lane's accumulators are
+        # never read again.
+        bw = [f"CTP[{r} * LANES + j] += cp_{r};" for r in P]
+        bw.append("if constexpr (TIMES) {")
+        bw.append("CH[j] = ct_h;")
+        bw.append("CT[j] = ct_t - ct_h;")
+        bw.append("}")
+        bw += [f"LAM[{r} * LANES + j] = cy_{r};" for r in R]
+        return lane_loops(inputs, stmts, bw)

@@ -1,0 +1,251 @@
+"""Rosenbrock methods (Rodas5P, Rosenbrock23) on the compiled CPU kernel against the XLA
+replay of the same mesh.
+
+The kernel translates the solver's whole ``step`` (Jacobian, ``W``, its pivoted LU, the
+stage solves) and its VJP to C++ (`gradsolve.drivers.kernel.rosenbrock_source`), so on one
+mesh its values and gradients must equal those of `gs.drivers.Batched` (vmapped steps,
+JAX's AD) to rounding: 1e-10 here. Also: central differences of the fixed-mesh replay on
+Robertson, the C++ record against the XLA record, ``gs.solve`` with ``driver=Kernel()``,
+known-time events, and where the kernel refuses (too many states, a step the translator
+does not handle) without a warning about the field.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gradsolve as gs
+import models
+from conftest import kernel_builds
+from gradsolve.drivers.kernel.driver import ROSENBROCK_MAX_STATES
+
+pytestmark = pytest.mark.skipif(
+    not kernel_builds(), reason="no working C++ compiler: the kernel falls back to XLA")
+
+KERNEL, XLA = gs.drivers.Kernel(), gs.drivers.Batched()
+SOLVERS = [gs.Rodas5P(), gs.Rosenbrock23()]
+IDS = ["Rodas5P", "Rosenbrock23"]
+
+robertson = models.robertson().vector_field  # the zoo's field, dict parameters k1, k2, k3
+
+
+def forced_vdp(t, y, p):
+    """Van der Pol with mu = 1000 (stiff) and a periodic forcing (non-autonomous: the
+    step's df/dt term enters)."""
+    x, v = y[0], y[1]
+    return jnp.stack([v, p["mu"] * (1.0 - x * x) * v - x + p["a"] * jnp.cos(p["w"] * t)])
+
+
+def _robertson(n):
+    spread = 1 + 0.1 * jnp.linspace(-1, 1, n)
+    p = {"k1": 0.04 * spread, "k2": 3e7 / spread, "k3": 1e4 * spread}
+    y0 = jnp.tile(jnp.array([1.0, 0.0, 0.0]), (n, 1))
+    # rtol by solver: Rosenbrock23 (order 2) is meant for loose tolerances
+    return robertson, 1e3, y0, p, jnp.logspace(-3, 3, 7), jnp.array([1.0, 1e4, 1.0])
+
+
+def _forced_vdp(n):
+    spread = 1 + 0.05 * jnp.linspace(-1, 1, n)
+    p = {"mu": 1000.0 * spread, "a": 0.5 * spread, "w": 20.0 / spread}
+    y0 = jnp.tile(jnp.array([2.0, 0.0]), (n, 1)) * spread[:, None]
+    return forced_vdp, 1.0, y0, p, jnp.linspace(0.1, 1.0, 5), jnp.array([1.0, 1e3])
+
+
+PROBLEMS = {"robertson": _robertson, "forced_vdp": _forced_vdp}
+RTOL = {"Rodas5P": 1e-6, "Rosenbrock23": 1e-4}
+
+
+def _record(problem, solver, n=11, **kw):
+    f, t1, y0, p, ts, w = PROBLEMS[problem](n)
+    mesh = gs.record(f, 0.0, t1, y0, p, ts=ts, solver=solver, rtol=RTOL[type(solver).__name__],
+                     atol=1e-10, driver=XLA, **kw)
+    return f, y0, p, ts, w, mesh
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+@pytest.mark.parametrize("problem", sorted(PROBLEMS))
+def test_kernel_matches_xla_replay_values_and_gradients(problem, solver):
+    f, y0, p, ts, w, mesh = _record(problem, solver)
+    n = y0.shape[0]
+    with_ts = problem == "robertson"  # save-time gradients: the kernel's bwdt variant
+    ts_b = jnp.broadcast_to(ts, (n, ts.shape[0]))
+
+    def loss(driver):
+        def fn(y, q, t):
+            sol = gs.replay(f, mesh, y, q, ts=t if with_ts else None, driver=driver)
+            return jnp.sum(jnp.sin(sol.ys * w)) + jnp.sum((sol.y1 * w) ** 2), sol
+        return jax.value_and_grad(fn, argnums=(0, 1, 2) if with_ts else (0, 1), has_aux=True)
+
+    (val, sol), grads = loss(KERNEL)(y0, p, ts_b)
+    (val_x, sol_x), grads_x = loss(XLA)(y0, p, ts_b)
+    assert sol.route == "gradsolve-kernel" and sol_x.route == "gradsolve-batched"
+    scale = float(jnp.max(jnp.abs(sol_x.ys)))
+    np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-10, atol=1e-13 * scale)
+    np.testing.assert_allclose(sol.y1, sol_x.y1, rtol=1e-10, atol=1e-13 * scale)
+    # The error estimate is a difference of close solutions: rounding shows sooner.
+    np.testing.assert_allclose(sol.error_ratio, sol_x.error_ratio, rtol=1e-6)
+    for g, gx in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_x)):
+        np.testing.assert_allclose(g, gx, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(gx))))
+    if with_ts:
+        assert np.abs(np.asarray(grads[2])[:, 1:-1]).max() > 0
+
+
+def test_robertson_gradient_against_central_differences():
+    """The kernel's discrete adjoint is the derivative of the fixed-mesh replay: central
+    differences of that replay in log k and y0 agree to ~1e-5 relative."""
+    f, y0, p, ts, w, mesh = _record("robertson", gs.Rodas5P(), n=3)
+    keys = ("k1", "k2", "k3")
+
+    @jax.jit
+    def loss(logk, y):
+        q = {k: jnp.exp(logk[:, i]) for i, k in enumerate(keys)}
+        ys = gs.replay(f, mesh, y, q, driver=KERNEL).ys
+        return jnp.sum(jnp.log(jnp.abs(ys[:, :, 1]))) + jnp.sum(ys[:, :, 0] * ys[:, :, 2])
+
+    logk = jnp.log(jnp.stack([p[k] for k in keys], axis=1))
+    y = y0.at[:, 1].set(1e-6)
+    g_k, g_y = jax.grad(loss, argnums=(0, 1))(logk, y)
+
+    def central(x, g, step, fn):
+        fd = np.zeros(x.size)
+        for i in range(x.size):
+            e = np.zeros(x.size)
+            e[i] = step(np.asarray(x).reshape(-1)[i])
+            e = jnp.asarray(e.reshape(x.shape))
+            fd[i] = (float(fn(x + e)) - float(fn(x - e))) / (2 * float(e.reshape(-1)[i]))
+        np.testing.assert_allclose(np.asarray(g).reshape(-1), fd, rtol=1e-5,
+                                   atol=1e-7 * np.abs(fd).max())
+
+    central(logk, g_k, lambda v: 1e-4, lambda x: loss(x, y))
+    central(y, g_y, lambda v: 1e-4 * max(abs(v), 1e-3), lambda x: loss(logk, x))
+
+
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_kernel_record_matches_xla_record(solver):
+    f, t1, y0, p, ts, _ = _robertson(9)
+    kw = dict(ts=ts, solver=solver, rtol=RTOL[type(solver).__name__], atol=1e-10)
+    mk = gs.record(f, 0.0, t1, y0, p, driver=KERNEL, **kw)
+    mx = gs.record(f, 0.0, t1, y0, p, driver=XLA, **kw)
+    np.testing.assert_array_equal(mk.status, 0)
+    np.testing.assert_array_equal(mk.n_steps, mx.n_steps)
+    np.testing.assert_array_equal(mk.n_rejected, mx.n_rejected)
+    np.testing.assert_array_equal(mk.save_index, mx.save_index)
+    # The same steps; step sizes follow error estimates (differences of close solutions),
+    # so the last bits of the first step grow along the controller's sequence.
+    np.testing.assert_allclose(mk.times, mx.times, rtol=1e-4)
+
+
+def test_solve_with_the_kernel_driver():
+    f, t1, y0, p, ts, w = _robertson(5)
+    kw = dict(ts=ts, solver=gs.Rodas5P(), rtol=1e-7, atol=1e-12)
+    sol = gs.solve(f, 0.0, t1, y0, p, driver=KERNEL, **kw)
+    ref = gs.solve(f, 0.0, t1, y0, p, driver=XLA, **kw)
+    assert sol.route == "gradsolve-kernel"
+    np.testing.assert_allclose(sol.ys * w, ref.ys * w, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(jnp.sum(sol.ys, axis=-1), 1.0, rtol=1e-10)  # mass conserved
+    # its gradient is the kernel's adjoint on the mesh it recorded
+    g = jax.grad(lambda q: jnp.sum(gs.solve(f, 0.0, t1, y0, q, driver=KERNEL, **kw).ys[..., 1]))(p)
+    gm = jax.grad(lambda q: jnp.sum(gs.replay(f, sol.mesh, y0, q, driver=KERNEL).ys[..., 1]))(p)
+    for k in p:
+        np.testing.assert_allclose(g[k], gm[k], rtol=1e-12)
+        assert np.all(np.isfinite(g[k])) and np.any(g[k] != 0)
+
+
+def pk(t, y, p):
+    """Absorption and elimination with a zero-order infusion on [p2, p3) (test_events)."""
+    rate = jnp.where((t >= p[2]) & (t < p[3]), p[4], 0.0)
+    return jnp.stack([-p[0] * y[0], p[0] * y[0] - p[1] * y[1] + rate])
+
+
+def test_known_time_events_match_the_xla_replay():
+    n = 3
+    p = jnp.array([1.2, 0.15, 30.0, 32.0, 10.0]) * jnp.array([[1.0], [1.1], [0.9]]) ** jnp.array(
+        [1, 1, 0, 0, 1])
+    dose_t = jnp.array([0.0, 12.0, 24.0])
+    dose = jnp.array([100.0, 100.0, 50.0])
+    sizes = lambda d: jnp.stack([d, jnp.zeros_like(d)], axis=-1)
+    y0 = jnp.zeros((n, 2))
+    ts = jnp.array([1.0, 6.0, 12.0, 13.0, 25.0, 31.0, 40.0])
+    mesh = gs.record(pk, 0.0, 48.0, y0, p, ts=ts, jumps=(dose_t, sizes(dose)),
+                     tstops=jnp.array([30.0, 32.0]), solver=gs.Rodas5P(), rtol=1e-8,
+                     atol=1e-10, driver=XLA)
+
+    def loss(driver):
+        def fn(d, q):
+            sol = gs.replay(pk, mesh, y0, q, jumps=(dose_t, sizes(d)), driver=driver)
+            return jnp.sum(sol.ys[..., 1] * jnp.linspace(1, 2, ts.shape[0])) + \
+                0.1 * jnp.sum(sol.ys[..., 0]), sol
+        return jax.value_and_grad(fn, argnums=(0, 1), has_aux=True)
+
+    (_, sol), g = loss(KERNEL)(dose, p)
+    (_, sol_x), gx = loss(XLA)(dose, p)
+    assert sol.route == "gradsolve-kernel"
+    np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-10, atol=1e-10)
+    for a, b in zip(g, gx):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_a_step_split_over_several_lane_loops(monkeypatch):
+    """Past `CHUNK` statements a lane's step runs as several loops, the values crossing
+    them through lane buffers (larger fields: Boehm's 8 states make ~10 loops per sweep);
+    forced here on Robertson, record, replay and adjoint."""
+    from gradsolve.drivers.kernel import rosenbrock_source
+
+    monkeypatch.setattr(rosenbrock_source, "CHUNK", 60)
+    f = lambda t, y, p: robertson(t, y, p)  # another field: a kernel of its own
+    _, t1, y0, p, ts, w = _robertson(5)
+    kw = dict(ts=ts, solver=gs.Rodas5P(), rtol=1e-6, atol=1e-10)
+    mk = gs.record(f, 0.0, t1, y0, p, driver=KERNEL, **kw)
+    mx = gs.record(f, 0.0, t1, y0, p, driver=XLA, **kw)
+    np.testing.assert_array_equal(mk.n_steps, mx.n_steps)
+    loss = lambda drv: jax.value_and_grad(
+        lambda y, q: jnp.sum(gs.replay(f, mx, y, q, driver=drv).ys * w), argnums=(0, 1))
+    (v, g), (vx, gx) = loss(KERNEL)(y0, p), loss(XLA)(y0, p)
+    np.testing.assert_allclose(v, vx, rtol=1e-12)
+    for a, b in zip(jax.tree_util.tree_leaves(g), jax.tree_util.tree_leaves(gx)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(b))))
+
+
+def test_where_the_kernel_refuses_a_rosenbrock_method():
+    d = ROSENBROCK_MAX_STATES + 1
+    f = lambda t, y, p: -p * y
+    y0, p = jnp.ones((2, d)), jnp.ones((2, d))
+    for solver in SOLVERS:
+        reason = KERNEL.replay_reason(f, solver, y0, p)
+        assert f"up to {ROSENBROCK_MAX_STATES} states" in reason
+        with warnings.catch_warnings():  # Auto passes the kernel over without a warning
+            warnings.simplefilter("error")
+            assert gs.drivers.Auto().choose("replay", f, solver, y0, p).name == \
+                "gradsolve-batched"
+    assert KERNEL.replay_reason(f, gs.Tsit5(), y0, p) is None  # explicit solvers: any size
+
+
+@pytest.mark.slow
+def test_forward_mode_second_order_vmap_and_float32():
+    f, y0, p, ts, w, mesh = _record("forced_vdp", gs.Rodas5P(), n=3)
+    loss = lambda q: jnp.sum(gs.replay(f, mesh, y0, q, driver=KERNEL).ys ** 2)
+    loss_x = lambda q: jnp.sum(gs.replay(f, mesh, y0, q, driver=XLA).ys ** 2)
+    for tr in (jax.jacfwd, jax.hessian, lambda fn: jax.vmap(jax.grad(fn))):
+        arg = jax.tree_util.tree_map(lambda x: jnp.stack([x, 1.01 * x]), p) \
+            if tr not in (jax.jacfwd, jax.hessian) else p
+        out, ref = tr(loss)(arg), tr(loss_x)(arg)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9 * float(jnp.max(jnp.abs(b))))
+    # float32
+    f, t1, y0, p, ts, w = _robertson(5)
+    p32 = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), p)
+    y32 = y0.astype(jnp.float32)
+    mesh = gs.record(f, 0.0, t1, y32, p32, ts=ts.astype(jnp.float32), solver=gs.Rodas5P(),
+                     rtol=1e-4, atol=1e-7, driver=XLA)
+    g = lambda drv: jax.grad(
+        lambda q: jnp.sum(gs.replay(f, mesh, y32, q, driver=drv).ys[..., 0]))(p32)
+    sol = gs.replay(f, mesh, y32, p32, driver=KERNEL)
+    assert sol.ys.dtype == jnp.float32 and sol.route == "gradsolve-kernel"
+    np.testing.assert_allclose(sol.ys, gs.replay(f, mesh, y32, p32, driver=XLA).ys, rtol=1e-4,
+                               atol=1e-6)
+    gk, gx = g(KERNEL), g(XLA)
+    for k in p32:
+        np.testing.assert_allclose(gk[k], gx[k], rtol=1e-3)
