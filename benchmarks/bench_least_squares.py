@@ -52,6 +52,7 @@ from inference.problem._policy import MeshPolicy  # noqa: E402
 from inference.problem._problem import MAX_STEPS, TOLERANCES, Problem  # noqa: E402
 from inference.problem._space import checked_init  # noqa: E402
 from inference.problem._starts import prior_draws  # noqa: E402
+from inference.optimize._least_squares import LeastSquaresResiduals  # noqa: E402
 
 
 # ------------------------------------------------------------------ before (Optimistix)
@@ -171,20 +172,9 @@ class LeastSquaresKernel:
             return u, np.inf, FAILED, 1
         return self._sigma_from_residuals(u, r), loss, 0, 1
 
-    def _sigma_from_residuals(self, u, r) -> jax.Array:
-        space = self.problem.space
-        shape = space.shapes.get("sigma")
-        if shape is None or self.moves[space.coords("sigma")].any():
-            return u
-        seen = ~np.asarray(self.missing)
-        if shape == ():
-            sig = np.sqrt(np.sum(r**2) / np.sum(seen))
-        elif shape == (r.shape[1],):
-            sig = np.sqrt(np.sum(r**2, axis=0) / np.maximum(np.sum(seen, axis=0), 1))
-        else:
-            return u
-        x = dict(space.from_unconstrained(u), sigma=jnp.asarray(sig, jnp.result_type(float)))
-        return space.to_unconstrained(x)
+    # unchanged by the fold: the same rule (a sigma that moves no prediction set to the
+    # residuals' RMS) on the same attributes
+    _sigma_from_residuals = LeastSquaresResiduals._sigma_from_residuals
 
 
 def fit_least_squares_optimistix(
