@@ -157,7 +157,9 @@ def test_equal_save_times_each_get_their_own_derivative(kernel):
         assert bool(jnp.isnan(ys[2]).all()) and bool(jnp.isfinite(ys[jnp.array([0, 1, 3, 4])]).all())
 
 
-@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Rodas5P()], ids=["tsit5", "rodas5p"])
+@pytest.mark.parametrize("solver", [  # ~12 s each with cold caches: Rodas5P in the slow tier
+    pytest.param(gs.Tsit5(), id="tsit5"),
+    pytest.param(gs.Rodas5P(), id="rodas5p", marks=pytest.mark.slow)])
 def test_derivatives_wrt_interval_ends_match_diffrax(solver):
     """d/dt0 and d/dt1 of gs.solve (a Diffrax user differentiates these too) against
     Diffrax's default adjoint and the closed form, for y(t1) and a save time."""
@@ -488,7 +490,8 @@ def test_field_with_custom_vjp_solves_and_differentiates(driver):
                                rtol=1e-7)
 
 
-@pytest.mark.parametrize("driver", ["kernel", "lanes"])
+# ~12-14 s each with cold caches: the lanes replay's in the slow tier
+@pytest.mark.parametrize("driver", ["kernel", pytest.param("lanes", marks=pytest.mark.slow)])
 def test_save_times_take_the_node_time_adjoint_only_when_differentiated(driver, monkeypatch):
     """The hand-written adjoints carry node-time cotangents only where the save times carry
     a derivative: ``ts`` traced but not differentiated (and concrete ``ts``) take the plain
