@@ -32,7 +32,7 @@ observations over 48 h, float32), recorded once by the XLA record; the replay gr
 w.r.t. the parameters and the dose amounts and times on the lanes and Pallas sides (and
 how far apart they are), the dosed record under ``jit`` on both, and the save-time gradient
 (``ts=``) of the Lotka–Volterra workload with `gradsolve._savetimes.moved_out_of_order`,
-the on-device check of moved save times, timed alone against its former scatter form.
+the on-device check of moved save times, timed alone.
 
 Run: ``python benchmarks/bench_accelerator.py --n 32768 [--model lotka_volterra]
 [--sides diffrax,lanes,pallas,kernel,batched] [--max-steps 1024] [--repeats 5] [--check] [--events]``.
@@ -200,19 +200,6 @@ def oral(t, y, p):
     return jnp.stack([-p[0] * y[0], p[0] * y[0] - p[1] * y[1]])
 
 
-def _moved_out_of_order_scatter(times, save_index, tsave, subst):
-    """`gradsolve._savetimes.moved_out_of_order` as it was: through `node_times`' scatter."""
-    from gradsolve._savetimes import node_times
-
-    s1 = times.shape[1]
-    rows = jnp.arange(times.shape[0])[:, None]
-    subst = subst.astype(bool)
-    moved, _ = node_times(times, save_index, tsave.astype(times.dtype), subst)
-    left = moved[rows, jnp.clip(save_index - 1, 0, s1 - 1)]
-    right = moved[rows, jnp.clip(save_index + 1, 0, s1 - 1)]
-    return jnp.any(subst & ((tsave < left) | (tsave > right)), axis=1)
-
-
 def events(n: int, max_steps: int, repeats: int) -> dict:
     """The known-time-event rows (module docstring): dosed replay gradients, dosed records,
     the save-time gradient and its check of moved save times."""
@@ -258,10 +245,8 @@ def events(n: int, max_steps: int, repeats: int) -> dict:
     times = bm.times.astype(jnp.float32)
     subst = save_roles(bm.ts, bm.t0, bm.t1, bm.save_index)[3]
     ts_n = jnp.broadcast_to(ts_lv, bm.ts.shape)
-    for name, fn in (("moved_out_of_order", moved_out_of_order),
-                     ("moved_out_of_order scatter", _moved_out_of_order_scatter)):
-        jf = jax.jit(fn)
-        calls[name] = lambda jf=jf: jf(times, bm.save_index, ts_n, subst)
+    check = jax.jit(moved_out_of_order)
+    calls["moved_out_of_order"] = lambda: check(times, bm.save_index, ts_n, subst)
     failed = {}
     for name, fn in list(calls.items()):  # a side that does not compile: say why, go on
         try:
@@ -282,9 +267,6 @@ def events(n: int, max_steps: int, repeats: int) -> dict:
     if "pallas dosed record" in calls:
         out["dosed_record_same_n_steps"] = float(np.mean(
             np.asarray(records["pallas"](p, ba, bt)) == np.asarray(mesh.n_steps)))
-    same = np.asarray(moved_out_of_order(times, bm.save_index, ts_n, subst)) == np.asarray(
-        _moved_out_of_order_scatter(times, bm.save_index, ts_n, subst))
-    out["moved_out_of_order_same"] = bool(np.all(same))
     return out
 
 
@@ -318,8 +300,7 @@ def main(argv=None):
             print("  dosed grad rel diff pallas vs lanes (p, amounts, times):",
                   ", ".join(f"{x:.2e}" for x in r["dosed_grad_rel_vs_lanes"]))
             print(f"  dosed record: same n_steps as the XLA record "
-                  f"{r['dosed_record_same_n_steps']:.3f}; moved_out_of_order same as the "
-                  f"scatter form: {r['moved_out_of_order_same']}")
+                  f"{r['dosed_record_same_n_steps']:.3f}")
             sys.stdout.flush()
             if a.json:
                 with open(a.json, "w") as fh:

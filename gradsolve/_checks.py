@@ -93,6 +93,14 @@ def check_tolerances(rtol, atol, max_steps, where: str) -> None:
         raise ValueError(f"{where}: `max_steps` must be a positive int, got {max_steps!r}.")
 
 
+def rtol_floor(dtype) -> float:
+    """The smallest relative tolerance a ``dtype`` state can meet: 4 machine epsilons
+    (`check_tolerance_precision`); 0 for a non-float dtype."""
+    if not jnp.issubdtype(dtype, jnp.floating):
+        return 0.0
+    return 4.0 * float(jnp.finfo(dtype).eps)
+
+
 def check_tolerance_precision(rtol, dtype, where: str) -> None:
     """A relative tolerance the state's precision can meet: at least 4 machine epsilons.
 
@@ -100,16 +108,15 @@ def check_tolerance_precision(rtol, dtype, where: str) -> None:
     epsilons of the state, so below that the controller rejects every step and shrinks the
     step size until ``max_steps`` (float32: ``rtol >= 4.8e-7``; gradsolve's default 1e-6
     is 8.4 epsilons)."""
-    if not is_concrete(rtol) or not jnp.issubdtype(dtype, jnp.floating):
+    floor = rtol_floor(dtype)
+    if not is_concrete(rtol) or float(rtol) >= floor:
         return
-    floor = 4.0 * float(jnp.finfo(dtype).eps)
-    if float(rtol) < floor:
-        raise ValueError(
-            f"{where}: `rtol`={float(rtol):.3g} is below what {jnp.dtype(dtype).name} states "
-            f"can resolve (4 machine epsilons, {floor:.2g}): the error estimate's rounding "
-            f"alone would reject every step. Use rtol >= {floor:.2g} (1e-5 is a good "
-            f"{jnp.dtype(dtype).name} tolerance), or float64 states "
-            "(jax.config.update('jax_enable_x64', True)).")
+    name = jnp.dtype(dtype).name
+    raise ValueError(
+        f"{where}: `rtol`={float(rtol):.3g} is below what {name} states can resolve (4 "
+        f"machine epsilons, {floor:.2g}): the error estimate's rounding alone would reject "
+        f"every step. Use rtol >= {floor:.2g} (1e-5 is a good {name} tolerance), or float64 "
+        "states (jax.config.update('jax_enable_x64', True)).")
 
 
 def check_dt0(dt0, where: str) -> None:

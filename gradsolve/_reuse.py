@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int
 
+from ._checks import rtol_floor
 from ._mesh import Mesh
 from ._record import _MAX_STEPS, record
 from ._replay import replay
@@ -139,9 +140,7 @@ class MeshReuse(eqx.Module):
         fac = self.record_tol_factor
         # tighter than requested, but never under what the state's precision can meet
         # (4 epsilons; `record` refuses less)
-        rtol = self.rtol * fac
-        if jnp.issubdtype(jnp.result_type(y0), jnp.floating):
-            rtol = max(rtol, 4.0 * float(jnp.finfo(jnp.result_type(y0)).eps))
+        rtol = max(self.rtol * fac, rtol_floor(jnp.result_type(y0)))
         return record(self.f, self.t0, self.t1, _sg(y0), jax.tree_util.tree_map(_sg, params),
                       ts=self.ts, solver=self.solver, rtol=rtol,
                       atol=self.atol * fac, max_steps=max_steps, throw=False,

@@ -304,6 +304,26 @@ def _chunked_loop(n, body, carry, chunk: int = 8):
     return jax.lax.fori_loop(0, (n + chunk - 1) // chunk, one_chunk, carry)
 
 
+def recomputed_step(field, solver):
+    """``unit(y, p, t_prev, ta, tb, reset) -> y1``: one step from node ``ta`` to ``tb`` as
+    the forward took it, for an adjoint that recomputes steps from stored node states. An
+    FSAL solver's carried stage is recomputed where the forward had it: at the previous
+    step's last stage time, or at the node itself after a jump or tstop (``reset``;
+    ``None`` without events)."""
+    c_last = float(solver.c[-1])
+
+    def unit(y, p, t_prev, ta, tb, reset):
+        if solver.fsal:
+            # The carried stage as the forward computed it: at the previous step's last
+            # stage time, or recomputed at the node after a jump or tstop.
+            ts = t_prev + c_last * (ta - t_prev)
+            st = field(ts if reset is None else jnp.where(reset, ta, ts), y, p)
+        else:
+            st = None
+        return solver.step(field, ta, tb - ta, y, p, st)[0]
+    return unit
+
+
 def _jumped(y: LaneArray, node, active, ev) -> LaneArray:
     """``y`` after the jumps at ``node`` on ``active`` lanes (`gradsolve._events.apply_jumps`
     over lanes); the forward and the reverse sweep both call it, so they agree bitwise."""
@@ -379,17 +399,7 @@ def _backward_group(field, solver, nodes, n_eff, pflat, save, states, ct_ys, ct_
     inject = jnp.zeros_like(states).at[node, :, rows[:, None]].add(ct_ys)
     p = LaneArray.from_matrix(pflat)
     n_max = shared_max(n_eff)
-    c_last = float(solver.c[-1])
-
-    def unit(y, p, t_prev, ta, tb, reset):
-        if solver.fsal:
-            # The carried stage as the forward computed it: at the previous step's last
-            # stage time, or recomputed at the node after a jump or tstop.
-            ts = t_prev + c_last * (ta - t_prev)
-            st = field(ts if reset is None else jnp.where(reset, ta, ts), y, p)
-        else:
-            st = None
-        return solver.step(field, ta, tb - ta, y, p, st)[0]
+    unit = recomputed_step(field, solver)
 
     def body(j, carry):
         lam, gp, ct_t, ct_js = carry  # lam: cotangent of the state after node i + 1

@@ -62,7 +62,7 @@ from jax.experimental.pallas import tpu as pltpu
 from ..._savetimes import save_groups
 from .._adjoint import adjoint_replay
 from ..base import ReplayLayout, ReplayNodes, ReplayOutput
-from ..lanes import LaneArray
+from ..lanes import LaneArray, recomputed_step
 from ._field import BlockField
 from ._events import KernelEvents, event_nodes, lane_events
 from ._layout import Blocks, blocks_for, from_lanes, loop, pad_rows, to_lanes
@@ -345,17 +345,7 @@ def _backward_kernel(field: BlockField, solver, s: Shapes, with_times: bool):
     hands ``lambda`` (the cotangent of the state after its end node) to the jumps there,
     and recomputes its start node's jump and reset as the forward applied them."""
     d, P, k, chunk = s.d, s.p, s.k, s.chunk
-    c_last = float(solver.c[-1])
-
-    def unit(y, p, t_prev, ta, tb, reset):
-        if solver.fsal:
-            # The carried stage as the forward computed it: at the previous step's last
-            # stage time, or recomputed at the node after a jump or tstop.
-            ts = t_prev + c_last * (ta - t_prev)
-            st = field(ts if reset is None else jnp.where(reset, ta, ts), y, p)
-        else:
-            st = None
-        return solver.step(field, ta, tb - ta, y, p, st)[0]
+    unit = recomputed_step(field, solver)
 
     def kernel(*refs):
         pre, ins, ev_ins, outs, ev_outs, scratch = _split(refs, s, 9, 4, 1)
