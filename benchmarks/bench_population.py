@@ -27,6 +27,7 @@ Usage::
     python benchmarks/bench_population.py --study 200 # the simulated 200-subject study
     python benchmarks/bench_population.py --study-gradient 200  # its gradient, kernel vs XLA
     python benchmarks/bench_population.py --study 200 --cpu-devices 2  # chains on 2 devices
+    python benchmarks/bench_population.py --study 200 --sides gradsolve --float32  # on a TPU
 
 Writes ``benchmarks/results/bench_population[_quick].json``.
 """
@@ -40,9 +41,13 @@ import platform
 import time
 import warnings
 
+import sys
+
 import jax
 
-jax.config.update("jax_enable_x64", True)
+# float64 unless --float32 (an accelerator's precision: a TPU emulates float64 slowly)
+FLOAT32 = "--float32" in sys.argv
+jax.config.update("jax_enable_x64", not FLOAT32)
 
 import arviz as az  # noqa: E402
 import diffrax  # noqa: E402
@@ -262,7 +267,8 @@ def driver_gradient_times(subjects, reps=20):
 
 def _config(warm, draws, chains, seed, **extra):
     return dict(warmup=warm, draws=draws, chains=chains, seed=seed, **extra,
-                devices=jax.device_count(),
+                devices=jax.device_count(), backend=jax.default_backend(),
+                dtype="float32" if FLOAT32 else "float64",
                 date=time.strftime("%Y-%m-%d"), machine=platform.platform(), cpus=os.cpu_count())
 
 
@@ -291,6 +297,8 @@ def main(argv=None):
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="JAX CPU devices (jax_num_cpu_devices): above 1, inference.sample "
                          "runs its chains in parallel over them")
+    ap.add_argument("--float32", action="store_true",
+                    help="run in float32 (read at import: jax_enable_x64 stays off)")
     a = ap.parse_args(argv)
     if a.cpu_devices > 1:
         # before any computation: JAX fixes its devices when the backend starts

@@ -20,7 +20,8 @@
 # on the chip (--check), then the benchmark at 32,768 trajectories. $STEPS picks steps
 # (default "setup check bench"; also "events", "sweep" (Pallas alone up to 1,048,576
 # trajectories, peak HBM per size), "lorenz", "cpu" (the host's cores), "tutorial"
-# (tutorial 11 run into a notebook with its output)); $NS the sizes of
+# (tutorial 11 run into a notebook with its output), "population" (the 200-subject
+# posterior, float32, $POP_N subjects, $POP_S seconds at most, $POP_ARGS more flags)); $NS the sizes of
 # the bench step.
 set -u
 OUT=${OUT:-benchmarks/results/tpu}
@@ -66,6 +67,18 @@ for step in $STEPS; do
     cpu) JAX_PLATFORMS=cpu timeout 400 $PY benchmarks/bench_accelerator.py --n 32768 \
            --sides diffrax,lanes,kernel --repeats 3 --json "$OUT/cpu.json" 2>&1 \
            | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # the simulated 200-subject two-compartment study under inference.sample, float32, chains
+    # vectorised on the chip. ArviZ's binary needs (pandas, xarray, matplotlib, h5py) come
+    # from the machine's own package index; arviz, xarray-einstats, h5netcdf and platformdirs
+    # from build/tpu_wheels
+    population)
+      PIP_CONFIG_FILE=/dev/null $PY -m pip install --isolated -q --only-binary=:all: \
+        --index-url file:///opt/pypi/simple --target /tmp/gradsolve_site pandas xarray \
+        matplotlib h5py 2>&1 | tail -3 | tee -a "$LOG"
+      PYTHONPATH="$PYTHONPATH:/tmp/gradsolve_site" PYTHONUNBUFFERED=1 timeout "${POP_S:-480}" \
+        $PY benchmarks/bench_population.py --study "${POP_N:-200}" --sides gradsolve --float32 \
+        ${POP_ARGS:-} 2>&1 | grep -v "^WARNING" | tee -a "$LOG"
+      cp benchmarks/results/bench_population_study_*.json "$OUT/" 2>/dev/null ;;
     # tutorial 11 at full size, its printed output written into the notebook
     tutorial) timeout 500 $PY tools/run_notebook.py tutorials/11_on_a_tpu.ipynb \
                 "$OUT/11_on_a_tpu.ipynb" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;

@@ -428,12 +428,17 @@ class PopulationModel(eqx.Module):
                          jnp.asarray(ts, y0.dtype), events)
 
     def predict(self, theta: Mapping[str, Any], data: PopulationDataset, *,
-                rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any) -> jax.Array:
+                rtol: float | None = None, atol: float = 1e-12, **solve_kwargs: Any
+                ) -> jax.Array:
         """Noise-free predictions ``(S, K)`` at ``data.observations()`` times, given all
         latent values ``theta``: the program above with ``gradsolve.solve`` (tight default
-        tolerances: synthetic data should not carry a fit's discretisation error)."""
+        tolerances: synthetic data should not carry a fit's discretisation error). ``rtol``
+        defaults to 1e-10, or 8 machine epsilons where that is larger (float32: 9.5e-7;
+        the solver refuses tolerances its states cannot resolve)."""
         import gradsolve as gs
 
+        if rtol is None:
+            rtol = max(1e-10, 8.0 * float(jnp.finfo(jnp.result_type(float)).eps))
         data = _checked_data(data, f"{self.name}.predict")
         a = self.solve_args(theta, data)
         sol = gs.solve(a.f, a.t0, a.t1, a.y0, a.params, ts=a.ts, **a.events,
@@ -443,7 +448,7 @@ class PopulationModel(eqx.Module):
                                 as_solved=self.solved_at_t0(data))
 
     def simulate(self, key: jax.Array, theta: Mapping[str, Any], design: PopulationDataset,
-                 *, rtol: float = 1e-10, atol: float = 1e-12, **solve_kwargs: Any
+                 *, rtol: float | None = None, atol: float = 1e-12, **solve_kwargs: Any
                  ) -> PopulationDataset:
         """Synthetic data: the observations drawn at the design's observation times given
         ALL latent values ``theta`` (per-subject ones included).
@@ -453,7 +458,8 @@ class PopulationModel(eqx.Module):
             theta: the latent values (e.g. `sample_latent`, or a known truth).
             design: a `PopulationDataset` giving subjects, doses, covariates and
                 observation times; its ``DV`` values are ignored.
-            rtol, atol: tolerances of ``gradsolve.solve`` (other keywords go to it too).
+            rtol, atol: tolerances of ``gradsolve.solve`` (other keywords go to it too;
+                ``rtol`` defaults as in `predict`).
 
         Returns:
             A new `PopulationDataset` (same subjects, doses, covariates, times) with the
