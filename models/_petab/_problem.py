@@ -214,7 +214,13 @@ class PetabProblem:
         y0 = jnp.where(jnp.asarray(slots.override), full[:, self._n_p:], y)
         jumps = None
         if self._n_switch_states:
-            s0, jumps = self._switches.jumps(p, t1)
+            s0, (at, sizes) = self._switches.jumps(p, t1)
+            if not self._switches.move(self.odes.param_ids, slots, self._est_pos):
+                # Fixed switch times: computed from the parameter vector, they would carry a
+                # (zero) derivative, and a replay differentiated in its jump times takes a
+                # costlier adjoint (the compiled kernel hands it to XLA).
+                at = jax.lax.stop_gradient(at)
+            jumps = (at, sizes)
             y0 = jnp.concatenate([y0, s0], axis=1)
         return y0, p, jumps
 
