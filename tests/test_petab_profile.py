@@ -1,11 +1,17 @@
 """Profile likelihoods of PEtab problems (`inference.profile`).
 
-Independent reference: the one-state decay problem of ``test_petab_fit`` (data ``y = A0
-exp(-k t)`` plus normal noise of sd ``sigma``, all three estimated on ``log10``), whose
-negative log-likelihood is closed-form: SciPy's Nelder–Mead minimises it over the other two
-coordinates on the profiled one's values, and ``brentq`` finds where that profile rises by
-``chi2_1(0.95) / 2`` above the closed-form optimum.
+Independent references: a problem whose likelihood is Gaussian in its parameters (``x' =
+a``, ``x(0) = b``, observed with known noise sd: the data are linear in ``(a, b)``), whose
+95 % profile intervals are the least-squares estimates ``+- sqrt(chi2_1(0.95))`` standard
+errors exactly (NumPy's ``lstsq`` and ``sigma^2 (X^T X)^-1``); and the one-state decay
+problem of ``test_petab_fit`` (data ``y = A0 exp(-k t)`` plus normal noise of sd ``sigma``,
+all three estimated on ``log10``), whose negative log-likelihood is closed-form: SciPy's
+Nelder–Mead minimises it over the other two coordinates on the profiled one's values, and
+``brentq`` finds where that profile rises by ``chi2_1(0.95) / 2`` above the closed-form
+optimum.
 """
+
+import pandas as pd
 
 from pathlib import Path
 
@@ -59,6 +65,78 @@ def _interval_ref(j, x_opt, f_opt):
             far = x_opt[j] + 2 * (far - x_opt[j])
         ends.append(optimize.brentq(rise, x_opt[j], far, xtol=1e-12))
     return ends
+
+
+# ------------------------------------------------- a likelihood Gaussian in its parameters
+LIN_T = np.linspace(0.0, 5.0, 12)
+LIN_SD = 0.1
+LIN_Y = 1.0 + 0.5 * LIN_T + LIN_SD * np.random.default_rng(3).standard_normal(LIN_T.size)
+
+
+def _linear_problem(path: Path):
+    """A PEtab problem of dx/dt = a, x(0) = b (so x = b + a t), observed as x with noise sd
+    0.1 known; a and b estimated on the linear scale."""
+    path.mkdir(parents=True, exist_ok=True)
+    doc = libsbml.SBMLDocument(3, 2)
+    m = doc.createModel()
+    m.setId("line")
+    c = m.createCompartment()
+    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
+    sp = m.createSpecies()
+    for setter, v in (("setId", "X"), ("setCompartment", "cell"), ("setInitialAmount", 0.0),
+                      ("setHasOnlySubstanceUnits", True), ("setBoundaryCondition", False),
+                      ("setConstant", False)):
+        getattr(sp, setter)(v)
+    for pid in ("a", "b"):
+        q = m.createParameter()
+        q.setId(pid), q.setValue(1.0), q.setConstant(True)
+    ia = m.createInitialAssignment()
+    ia.setSymbol("X"), ia.setMath(libsbml.parseL3Formula("b"))
+    r = m.createReaction()
+    r.setId("inflow"), r.setReversible(False)
+    prod = r.createProduct()
+    prod.setSpecies("X"), prod.setStoichiometry(1.0), prod.setConstant(True)
+    r.createKineticLaw().setMath(libsbml.parseL3Formula("a"))
+    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
+    pd.DataFrame({"conditionId": ["c0"]}).to_csv(path / "conditions.tsv", sep="\t",
+                                                   index=False)
+    pd.DataFrame({"observableId": ["obs_X"], "observableFormula": ["X"],
+                  "noiseFormula": [str(LIN_SD)], "noiseDistribution": ["normal"]}).to_csv(
+        path / "observables.tsv", sep="\t", index=False)
+    pd.DataFrame({"observableId": "obs_X", "simulationConditionId": "c0", "time": LIN_T,
+                  "measurement": LIN_Y}).to_csv(path / "measurements.tsv", sep="\t",
+                                                index=False)
+    pd.DataFrame({"parameterId": ["a", "b"], "parameterScale": "lin",
+                  "lowerBound": -10.0, "upperBound": 10.0, "nominalValue": [1.0, 0.0],
+                  "estimate": 1}).to_csv(path / "parameters.tsv", sep="\t", index=False)
+    (path / "problem.yaml").write_text(
+        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
+        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
+        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
+    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5(), hierarchical=False)
+
+
+def test_a_likelihood_gaussian_in_its_parameters_has_the_analytic_intervals(tmp_path):
+    # y = b + a t + e, e ~ N(0, sd^2): the profile of each parameter is exactly quadratic,
+    # its 95 % interval the estimate +- sqrt(chi2_1(0.95)) standard errors
+    problem = _linear_problem(tmp_path / "line")
+    design = np.stack([LIN_T, np.ones_like(LIN_T)], axis=1)        # columns a, b
+    est = np.linalg.lstsq(design, LIN_Y, rcond=None)[0]
+    se = LIN_SD * np.sqrt(np.diag(np.linalg.inv(design.T @ design)))
+    half = np.sqrt(stats.chi2.ppf(0.95, 1)) * se
+    fit = inference.fit(problem, n_starts=2, seed=0)
+    prof = inference.profile(problem, fit)
+    assert prof.parameter_ids == ("a", "b")
+    for j, p in enumerate(prof.parameter_ids):
+        assert prof.estimate[p] == pytest.approx(est[j], abs=1e-7)
+        np.testing.assert_allclose(prof.intervals[p], [est[j] - half[j], est[j] + half[j]],
+                                   atol=1e-6 * half[j], err_msg=p)
+        assert prof.identifiable[p] == (True, True)
+    # at 68.3 % (one standard error) the intervals shrink by sqrt(chi2_1(0.95)) = 1.96
+    prof68 = inference.profile(problem, fit, confidence=stats.chi2.cdf(1.0, 1))
+    for j, p in enumerate(prof68.parameter_ids):
+        np.testing.assert_allclose(prof68.intervals[p], [est[j] - se[j], est[j] + se[j]],
+                                   atol=1e-6 * se[j], err_msg=p)
 
 
 def _result_at(problem, x):

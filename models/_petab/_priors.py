@@ -35,8 +35,10 @@ _LOG_TYPES = ("logNormal", "logLaplace")  # the family is that of log(theta)
 
 
 def _scaled(v, scale: str) -> float:
+    if scale == "lin":  # a linear-scale value may be negative: no log of it is taken
+        return float(v)
     with np.errstate(divide="ignore"):
-        return float({"lin": v, "log": np.log(v), "log10": np.log10(v)}[scale])
+        return float({"log": np.log, "log10": np.log10}[scale](v))
 
 
 def _cdf(family: str, v: float, a: float, b: float) -> float:
