@@ -96,6 +96,27 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def write_petab(path, doc, *, observables: dict, measurements: dict, parameters: dict,
+                conditions: dict | None = None):
+    """A PEtab v1 problem written into the folder ``path``: the SBML document ``doc``
+    (``model.xml``) and the tables, each given as column -> values (one condition ``c0``
+    unless ``conditions``); returns the path of its ``problem.yaml``."""
+    import libsbml
+    import pandas as pd
+
+    path.mkdir(parents=True, exist_ok=True)
+    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
+    for name, table in (("conditions", conditions or {"conditionId": ["c0"]}),
+                        ("observables", observables), ("measurements", measurements),
+                        ("parameters", parameters)):
+        pd.DataFrame(table).to_csv(path / f"{name}.tsv", sep="\t", index=False)
+    (path / "problem.yaml").write_text(
+        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
+        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
+        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
+    return path / "problem.yaml"
+
+
 def killed_then_resumed(monkeypatch, run, path, die_after):
     """``run(path)`` interrupted (``KeyboardInterrupt``) right after the checkpoint whose
     state satisfies ``die_after(state)``, then ``run(path)`` again: the resumed result."""

@@ -13,7 +13,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pandas as pd
 import pytest
 from scipy import optimize, stats
 
@@ -23,6 +22,7 @@ libsbml = pytest.importorskip("libsbml")
 import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
+from conftest import write_petab  # noqa: E402
 from inference.petab._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
@@ -186,7 +186,6 @@ DECAY_Y = 3.0 * np.exp(-0.7 * DECAY_T) + np.array(
 
 def _decay_problem(path: Path, noise: str = "normal", priors: dict | None = None):
     """A PEtab problem of dA/dt = -k A, A(0) = A0, observed with noise sd sigma."""
-    path.mkdir(parents=True, exist_ok=True)
     doc = libsbml.SBMLDocument(3, 2)
     m = doc.createModel()
     m.setId("decay")
@@ -207,30 +206,20 @@ def _decay_problem(path: Path, noise: str = "normal", priors: dict | None = None
     ref = r.createReactant()
     ref.setSpecies("A"), ref.setStoichiometry(1.0), ref.setConstant(True)
     r.createKineticLaw().setMath(libsbml.parseL3Formula("k * A"))
-    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
-    pd.DataFrame({"conditionId": ["c0"]}).to_csv(path / "conditions.tsv", sep="\t",
-                                                   index=False)
-    pd.DataFrame({"observableId": ["obs_A"], "observableFormula": ["A"],
-                  "noiseFormula": ["noiseParameter1_obs_A"],
-                  "noiseDistribution": [noise]}).to_csv(path / "observables.tsv", sep="\t",
-                                                        index=False)
-    pd.DataFrame({"observableId": "obs_A", "simulationConditionId": "c0", "time": DECAY_T,
-                  "measurement": DECAY_Y, "noiseParameters": "sigma"}).to_csv(
-        path / "measurements.tsv", sep="\t", index=False)
-    table = pd.DataFrame({"parameterId": ["A0", "k", "sigma"], "parameterScale": "log10",
-                          "lowerBound": 1e-3, "upperBound": 1e3,
-                          "nominalValue": [3.0, 0.7, 0.1], "estimate": 1})
-    for col, values in (priors or {}).items():
-        table[col] = values
-    table.to_csv(path / "parameters.tsv", sep="\t", index=False)
-    (path / "problem.yaml").write_text(
-        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
-        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
-        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
+    parameters = {"parameterId": ["A0", "k", "sigma"], "parameterScale": "log10",
+                  "lowerBound": 1e-3, "upperBound": 1e3, "nominalValue": [3.0, 0.7, 0.1],
+                  "estimate": 1, **(priors or {})}
+    yaml = write_petab(
+        path, doc,
+        observables={"observableId": ["obs_A"], "observableFormula": ["A"],
+                     "noiseFormula": ["noiseParameter1_obs_A"], "noiseDistribution": [noise]},
+        measurements={"observableId": "obs_A", "simulationConditionId": "c0", "time": DECAY_T,
+                      "measurement": DECAY_Y, "noiseParameters": "sigma"},
+        parameters=parameters)
     # non-stiff: the explicit default solver compiles in a fraction of Rodas5P's time;
     # sigma estimated by the outer optimiser (hierarchical=False): the closed forms below
     # are those of all three parameters
-    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5(), hierarchical=False)
+    return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
 
 
 def _decay_mle():

@@ -13,7 +13,6 @@ IPOP restarts on the Rastrigin function (minimum 0 at a known point).
 """
 
 import numpy as np
-import pandas as pd
 import pytest
 from scipy import optimize
 
@@ -27,6 +26,7 @@ import inference  # noqa: E402
 import models  # noqa: E402
 from inference.petab import _global  # noqa: E402
 from inference.petab._global import CMAKernel, GlobalState, mirror  # noqa: E402
+from conftest import write_petab  # noqa: E402
 from test_petab_fit import _decay_mle, _decay_problem  # noqa: E402
 
 STEPS = 220  # generations: the first run (population 7) ends near 200 on this problem
@@ -164,7 +164,6 @@ OSC_STEPS = 40  # generations: seed 0 samples the global basin in its second one
 def _oscillator_problem(path):
     """A PEtab problem of x' = v, v' = -w^2 x (SBML rate rules), x(0) = 1, v(0) = 0,
     observed x with noise sd sigma; w and sigma estimated on log10 scales."""
-    path.mkdir(parents=True, exist_ok=True)
     doc = libsbml.SBMLDocument(3, 2)
     m = doc.createModel()
     m.setId("oscillator")
@@ -174,26 +173,17 @@ def _oscillator_problem(path):
     for var, formula in (("x", "v"), ("v", "-w^2 * x")):
         r = m.createRateRule()
         r.setVariable(var), r.setMath(libsbml.parseL3Formula(formula))
-    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
-    pd.DataFrame({"conditionId": ["c0"]}).to_csv(path / "conditions.tsv", sep="\t",
-                                                   index=False)
-    pd.DataFrame({"observableId": ["obs_x"], "observableFormula": ["x"],
-                  "noiseFormula": ["noiseParameter1_obs_x"],
-                  "noiseDistribution": ["normal"]}).to_csv(path / "observables.tsv", sep="\t",
-                                                           index=False)
-    pd.DataFrame({"observableId": "obs_x", "simulationConditionId": "c0", "time": OSC_T,
-                  "measurement": OSC_Y, "noiseParameters": "sigma"}).to_csv(
-        path / "measurements.tsv", sep="\t", index=False)
-    pd.DataFrame({"parameterId": ["w", "sigma"], "parameterScale": "log10",
-                  "lowerBound": [0.1, 0.01], "upperBound": [10.0, 10.0],
-                  "nominalValue": [1.0, 1.0], "estimate": 1}).to_csv(
-        path / "parameters.tsv", sep="\t", index=False)
-    (path / "problem.yaml").write_text(
-        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
-        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
-        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
+    yaml = write_petab(
+        path, doc,
+        observables={"observableId": ["obs_x"], "observableFormula": ["x"],
+                     "noiseFormula": ["noiseParameter1_obs_x"], "noiseDistribution": ["normal"]},
+        measurements={"observableId": "obs_x", "simulationConditionId": "c0", "time": OSC_T,
+                      "measurement": OSC_Y, "noiseParameters": "sigma"},
+        parameters={"parameterId": ["w", "sigma"], "parameterScale": "log10",
+                    "lowerBound": [0.1, 0.01], "upperBound": [10.0, 10.0],
+                    "nominalValue": [1.0, 1.0], "estimate": 1})
     # sigma estimated by the outer optimiser, as in the decay problem
-    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5(), hierarchical=False)
+    return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
 
 
 def _oscillator_rss(w):

@@ -11,7 +11,6 @@ Nelder–Mead minimises it over the other two coordinates on the profiled one's 
 optimum.
 """
 
-import pandas as pd
 
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
 from inference._result import FitResult  # noqa: E402
+from conftest import write_petab  # noqa: E402
 from test_petab_fit import DECAY_T, DECAY_Y, _decay_mle, _decay_problem  # noqa: E402
 
 THRESHOLD = stats.chi2.ppf(0.95, 1) / 2
@@ -76,7 +76,6 @@ LIN_Y = 1.0 + 0.5 * LIN_T + LIN_SD * np.random.default_rng(3).standard_normal(LI
 def _linear_problem(path: Path):
     """A PEtab problem of dx/dt = a, x(0) = b (so x = b + a t), observed as x with noise sd
     0.1 known; a and b estimated on the linear scale."""
-    path.mkdir(parents=True, exist_ok=True)
     doc = libsbml.SBMLDocument(3, 2)
     m = doc.createModel()
     m.setId("line")
@@ -97,23 +96,15 @@ def _linear_problem(path: Path):
     prod = r.createProduct()
     prod.setSpecies("X"), prod.setStoichiometry(1.0), prod.setConstant(True)
     r.createKineticLaw().setMath(libsbml.parseL3Formula("a"))
-    libsbml.writeSBMLToFile(doc, str(path / "model.xml"))
-    pd.DataFrame({"conditionId": ["c0"]}).to_csv(path / "conditions.tsv", sep="\t",
-                                                   index=False)
-    pd.DataFrame({"observableId": ["obs_X"], "observableFormula": ["X"],
-                  "noiseFormula": [str(LIN_SD)], "noiseDistribution": ["normal"]}).to_csv(
-        path / "observables.tsv", sep="\t", index=False)
-    pd.DataFrame({"observableId": "obs_X", "simulationConditionId": "c0", "time": LIN_T,
-                  "measurement": LIN_Y}).to_csv(path / "measurements.tsv", sep="\t",
-                                                index=False)
-    pd.DataFrame({"parameterId": ["a", "b"], "parameterScale": "lin",
-                  "lowerBound": -10.0, "upperBound": 10.0, "nominalValue": [1.0, 0.0],
-                  "estimate": 1}).to_csv(path / "parameters.tsv", sep="\t", index=False)
-    (path / "problem.yaml").write_text(
-        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
-        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
-        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
-    return models.load_petab(path / "problem.yaml", solver=gs.Tsit5(), hierarchical=False)
+    yaml = write_petab(
+        path, doc,
+        observables={"observableId": ["obs_X"], "observableFormula": ["X"],
+                     "noiseFormula": [str(LIN_SD)], "noiseDistribution": ["normal"]},
+        measurements={"observableId": "obs_X", "simulationConditionId": "c0", "time": LIN_T,
+                      "measurement": LIN_Y},
+        parameters={"parameterId": ["a", "b"], "parameterScale": "lin", "lowerBound": -10.0,
+                    "upperBound": 10.0, "nominalValue": [1.0, 0.0], "estimate": 1})
+    return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
 
 
 def test_a_likelihood_gaussian_in_its_parameters_has_the_analytic_intervals(tmp_path):
