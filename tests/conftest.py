@@ -96,6 +96,36 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def one_reaction_sbml(model_id: str, species: str, initial: str, parameters, rate: str,
+                      *, consumed: bool):
+    """An SBML document of one species (amounts in a unit compartment) whose initial amount
+    is the formula ``initial`` and which one reaction of kinetic law ``rate`` consumes
+    (``consumed``) or produces; ``parameters`` are the constant parameters' ids."""
+    import libsbml
+
+    doc = libsbml.SBMLDocument(3, 2)
+    m = doc.createModel()
+    m.setId(model_id)
+    c = m.createCompartment()
+    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
+    sp = m.createSpecies()
+    for setter, v in (("setId", species), ("setCompartment", "cell"), ("setInitialAmount", 0.0),
+                      ("setHasOnlySubstanceUnits", True), ("setBoundaryCondition", False),
+                      ("setConstant", False)):
+        getattr(sp, setter)(v)
+    for pid in parameters:
+        q = m.createParameter()
+        q.setId(pid), q.setValue(1.0), q.setConstant(True)
+    ia = m.createInitialAssignment()
+    ia.setSymbol(species), ia.setMath(libsbml.parseL3Formula(initial))
+    r = m.createReaction()
+    r.setId("r1"), r.setReversible(False)
+    ref = r.createReactant() if consumed else r.createProduct()
+    ref.setSpecies(species), ref.setStoichiometry(1.0), ref.setConstant(True)
+    r.createKineticLaw().setMath(libsbml.parseL3Formula(rate))
+    return doc
+
+
 def write_petab(path, doc, *, observables: dict, measurements: dict, parameters: dict,
                 conditions: dict | None = None):
     """A PEtab v1 problem written into the folder ``path``: the SBML document ``doc``

@@ -17,12 +17,12 @@ import pytest
 from scipy import optimize, stats
 
 pytest.importorskip("petab")
-libsbml = pytest.importorskip("libsbml")
+pytest.importorskip("libsbml")
 
 import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
-from conftest import write_petab  # noqa: E402
+from conftest import one_reaction_sbml, write_petab  # noqa: E402
 from inference.petab._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
@@ -186,26 +186,7 @@ DECAY_Y = 3.0 * np.exp(-0.7 * DECAY_T) + np.array(
 
 def _decay_problem(path: Path, noise: str = "normal", priors: dict | None = None):
     """A PEtab problem of dA/dt = -k A, A(0) = A0, observed with noise sd sigma."""
-    doc = libsbml.SBMLDocument(3, 2)
-    m = doc.createModel()
-    m.setId("decay")
-    c = m.createCompartment()
-    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
-    sp = m.createSpecies()
-    for setter, v in (("setId", "A"), ("setCompartment", "cell"), ("setInitialAmount", 1.0),
-                      ("setHasOnlySubstanceUnits", True), ("setBoundaryCondition", False),
-                      ("setConstant", False)):
-        getattr(sp, setter)(v)
-    for pid in ("A0", "k"):
-        p = m.createParameter()
-        p.setId(pid), p.setValue(1.0), p.setConstant(True)
-    ia = m.createInitialAssignment()
-    ia.setSymbol("A"), ia.setMath(libsbml.parseL3Formula("A0"))
-    r = m.createReaction()
-    r.setId("deg"), r.setReversible(False)
-    ref = r.createReactant()
-    ref.setSpecies("A"), ref.setStoichiometry(1.0), ref.setConstant(True)
-    r.createKineticLaw().setMath(libsbml.parseL3Formula("k * A"))
+    doc = one_reaction_sbml("decay", "A", "A0", ("A0", "k"), "k * A", consumed=True)
     parameters = {"parameterId": ["A0", "k", "sigma"], "parameterScale": "log10",
                   "lowerBound": 1e-3, "upperBound": 1e3, "nominalValue": [3.0, 0.7, 0.1],
                   "estimate": 1, **(priors or {})}

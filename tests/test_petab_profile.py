@@ -25,7 +25,7 @@ import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
 from inference._result import FitResult  # noqa: E402
-from conftest import write_petab  # noqa: E402
+from conftest import one_reaction_sbml, write_petab  # noqa: E402
 from test_petab_fit import DECAY_T, DECAY_Y, _decay_mle, _decay_problem  # noqa: E402
 
 THRESHOLD = stats.chi2.ppf(0.95, 1) / 2
@@ -76,26 +76,7 @@ LIN_Y = 1.0 + 0.5 * LIN_T + LIN_SD * np.random.default_rng(3).standard_normal(LI
 def _linear_problem(path: Path):
     """A PEtab problem of dx/dt = a, x(0) = b (so x = b + a t), observed as x with noise sd
     0.1 known; a and b estimated on the linear scale."""
-    doc = libsbml.SBMLDocument(3, 2)
-    m = doc.createModel()
-    m.setId("line")
-    c = m.createCompartment()
-    c.setId("cell"), c.setSize(1.0), c.setConstant(True)
-    sp = m.createSpecies()
-    for setter, v in (("setId", "X"), ("setCompartment", "cell"), ("setInitialAmount", 0.0),
-                      ("setHasOnlySubstanceUnits", True), ("setBoundaryCondition", False),
-                      ("setConstant", False)):
-        getattr(sp, setter)(v)
-    for pid in ("a", "b"):
-        q = m.createParameter()
-        q.setId(pid), q.setValue(1.0), q.setConstant(True)
-    ia = m.createInitialAssignment()
-    ia.setSymbol("X"), ia.setMath(libsbml.parseL3Formula("b"))
-    r = m.createReaction()
-    r.setId("inflow"), r.setReversible(False)
-    prod = r.createProduct()
-    prod.setSpecies("X"), prod.setStoichiometry(1.0), prod.setConstant(True)
-    r.createKineticLaw().setMath(libsbml.parseL3Formula("a"))
+    doc = one_reaction_sbml("line", "X", "b", ("a", "b"), "a", consumed=False)
     yaml = write_petab(
         path, doc,
         observables={"observableId": ["obs_X"], "observableFormula": ["X"],
