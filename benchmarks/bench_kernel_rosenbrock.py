@@ -28,7 +28,6 @@ Usage: ``python benchmarks/bench_kernel_rosenbrock.py [--sizes 64,1024] [--repea
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import jax
@@ -38,6 +37,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import gradsolve as gs  # noqa: E402
+
+import bench_core  # noqa: E402  (this folder is on sys.path when a script here runs)
 
 
 def robertson(t, y, k):
@@ -78,20 +79,6 @@ def boehm_problem(n: int):
             problem.rtol, problem.atol)
 
 
-def best_of(fns: dict, repeats: int) -> dict:
-    """Best wall time of each zero-argument callable (each called once first: compile and
-    warm-up), calls interleaved round-robin."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())
-    best = {k: float("inf") for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            jax.block_until_ready(fn())
-            best[k] = min(best[k], time.perf_counter() - t)
-    return best
-
-
 def bench(case, solver, repeats: int) -> dict:
     name, f, t0, t1, y0, p, ts, rtol, atol = case
     if isinstance(solver, gs.Rosenbrock23):  # an order-2 method: loose tolerances
@@ -122,7 +109,9 @@ def bench(case, solver, repeats: int) -> dict:
     fns = {f"grad_{k}": (lambda g=g: g(y0, p)) for k, g in grads.items()}
     fns.update({f"fwd_{k}": (lambda g=g: g(y0, p)) for k, g in fwds.items()})
     fns.update({f"rec_{k}": (lambda g=g: g(y0, p)) for k, g in recs.items()})
-    t = best_of(fns, repeats)
+    for fn in fns.values():  # compile and warm up before timing
+        jax.block_until_ready(fn())
+    t = bench_core._best(fns, repeats)
     us = lambda s: 1e6 * s / steps
     row = dict(problem=name, solver=type(solver).__name__, n=n, steps=steps, **t)
     print(f"{name:>9} {type(solver).__name__:>12} N={n:>5} rtol={rtol:g} steps={steps:>8.0f} "
