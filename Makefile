@@ -17,13 +17,14 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gradsolve demo
 
-# pytest-xdist (in the `test` extra): one worker per CPU, at most 4 (each holds a JAX
+# pytest-xdist (in the `test` extra): one worker per CPU this process may use (tools/cpus.py:
+# its affinity and any cgroup CPU quota), at most 4 (each holds a JAX
 # process of 1-3 GB), whole test files to each (`--dist loadfile`: module fixtures run
 # once). tests/conftest.py gives each worker its own JAX compilation cache. Measured on a
 # quiet 2-core machine, fresh clone, every cache cold, venv included (2026-12-06/07): 34.5
 # min in one process, 23.2-25.7 min with two workers (both cores busy throughout: the
 # suite is bound by XLA compiles and kernel builds). One process: `make test XDIST=`.
-WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+WORKERS ?= $(shell $(PYTHON) tools/cpus.py 4 2>/dev/null || echo 1)
 XDIST ?= $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile,)
 
 test: $(STAMP)
