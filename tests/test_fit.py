@@ -130,6 +130,8 @@ def test_missing_observations_are_skipped(lynx):
         assert abs(float(g["theta"][i]) - float(fd)) < 1e-4 * max(1.0, abs(float(fd)))
 
 
+@pytest.mark.slow  # four fits (~18 s); the density and gradient they minimise are checked
+# with and without the missing row by test_missing_observations_are_skipped
 def test_fits_skip_missing_observations(lynx):
     """MAP and Levenberg–Marquardt fits with a missing row equal the fits without that row
     (to solver tolerance)."""
@@ -352,6 +354,8 @@ def test_fit_redraws_failing_starts():
     assert abs(float(res.params["mu"]) - 1.0) < 0.3
 
 
+@pytest.mark.slow  # ~13 s; the batched LM is checked against SciPy's optimum in the normal
+# suite (test_fit_least_squares_matches_scipy_least_squares)
 def test_fit_least_squares(lv_synthetic, lynx):
     m, data, true = lv_synthetic
     res = inference.fit_least_squares(m, data)

@@ -86,6 +86,8 @@ def test_boehm_simulation_matches_the_collections_simulation():
                                atol=1e-9)
 
 
+@pytest.mark.slow  # ~19 s (a large kernel build); per-condition overrides and switch times
+# against a closed form in the normal suite: test_an_estimated_switch_time_has_its_exact_gradient
 def test_fujita_nominal_with_condition_overrides_and_switch_times():
     # Six conditions (the ensemble), each overriding EGF input parameters; the input is a
     # piecewise function of time whose switch (EGF_end) is a per-condition value.
@@ -453,7 +455,8 @@ def _lag_llh(k, d, taus, times, n_conds):
     return llh
 
 
-@pytest.mark.parametrize("solver", ["auto", "rodas5p"])
+# the automatic choice in the normal suite, Rodas5P named explicitly in the slow tier
+@pytest.mark.parametrize("solver", ["auto", pytest.param("rodas5p", marks=pytest.mark.slow)])
 def test_a_large_switch_at_a_fixed_time_is_solved_exactly(tmp_path, solver):
     # A step that lands on a switch time must not see the new branch in its last stages
     # (they are evaluated at the switch time itself): a switch of 1e6 there fails the

@@ -220,6 +220,8 @@ def oscillator_fit(oscillator):
     return inference.fit(oscillator, method="global", seed=0, steps=OSC_STEPS, n_starts=3)
 
 
+@pytest.mark.slow  # ~15 s: checks the problem itself (local fits stop in other minima);
+# the search on it runs in the normal suite (test_global_search_finds_the_oscillators_frequency)
 def test_oscillator_objective_is_multimodal(oscillator):
     w_min, sigma_min, nll_min = _oscillator_minima()
     n = OSC_T.size

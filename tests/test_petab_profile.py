@@ -88,6 +88,8 @@ def _linear_problem(path: Path):
     return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
 
 
+@pytest.mark.slow  # ~20 s; profiles against closed forms in the normal suite:
+# test_profile_intervals_match_the_closed_form_profiles
 def test_a_likelihood_gaussian_in_its_parameters_has_the_analytic_intervals(tmp_path):
     # y = b + a t + e, e ~ N(0, sd^2): the profile of each parameter is exactly quadratic,
     # its 95 % interval the estimate +- sqrt(chi2_1(0.95)) standard errors

@@ -62,6 +62,10 @@ def test_late_warmup_is_numpyros_terminal_window_after_its_restart():
     assert late_iterations(1) == 0
 
 
+# The two runs of the funnel (4 chains x 800 iterations each, ~40 s) in the slow tier; the
+# rules they rest on (which warmup iterations count as late, which divergences count, how far
+# the sampling mesh reaches) are checked directly by the tests below, in the normal suite.
+@pytest.mark.slow
 def test_divergent_warmup_is_re_adapted_and_reported(runs):
     plain, responded = runs
     p, r = plain.sample_stats.attrs, responded.sample_stats.attrs
@@ -85,6 +89,8 @@ def test_divergent_warmup_is_re_adapted_and_reported(runs):
     assert acc(responded) > acc(plain)
 
 
+@pytest.mark.slow  # a third run of the funnel; resuming is checked in the normal suite by
+# test_inference_state.py::test_sample_killed_in_warmup_resumes_to_the_same_draws
 def test_a_run_killed_after_re_adapting_resumes_to_the_same_draws(runs, tmp_path, monkeypatch):
     _, responded = runs
     resumed = killed_then_resumed(
