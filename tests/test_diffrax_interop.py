@@ -30,8 +30,8 @@ def test_diffrax_explicit_solver_records_and_replays_through_its_step():
     # Same tableau as gs.Tsit5: identical mesh and values up to rounding.
     ref = gs.record(lotka_volterra, 0.0, 5.0, Y0, P, ts=TS, solver=gs.Tsit5(), rtol=1e-9, atol=1e-11)
     assert int(ref.n_steps) == int(mesh.n_steps)
-    g = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, Y0, q).ys))(P)
-    g_ref = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, ref, Y0, q).ys))(P)
+    g = jax.jit(jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, Y0, q).ys)))(P)
+    g_ref = jax.jit(jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, ref, Y0, q).ys)))(P)
     np.testing.assert_allclose(g, g_ref, rtol=1e-10)
 
 
@@ -51,7 +51,8 @@ def test_solver_without_error_estimate_falls_back_to_diffeqsolve():
     sol = gs.solve(lotka_volterra, 0.0, 5.0, Y0, P, ts=TS, solver=diffrax.Euler(), dt0=1e-3)
     assert sol.route == "diffrax-diffeqsolve"
     np.testing.assert_allclose(sol.ys, _scipy(P), rtol=5e-2)
-    g = jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 5.0, Y0, q, ts=TS, solver=diffrax.Euler(), dt0=1e-3).ys))(P)
+    g = jax.jit(jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 5.0, Y0, q, ts=TS,
+                                                    solver=diffrax.Euler(), dt0=1e-3).ys)))(P)
     assert np.all(np.isfinite(g))
 
 

@@ -96,11 +96,15 @@ def test_oral_dose_with_lag_time_and_bioavailability(driver):
                                  F[i] * amount[i]) for i in range(2)])
 
     args = [np.array([0.37, 0.21]), np.array([0.8, 0.65]), np.array([320.0, 250.0])]
-    np.testing.assert_allclose(central(*map(jnp.asarray, args)), exact(*args), rtol=1e-8,
-                               atol=1e-8)
-    loss = lambda *a: jnp.sum(central(*a) ** 2)
-    assert_grads(jax.grad(loss, argnums=(0, 1, 2))(*map(jnp.asarray, args)),
-                 central_differences(lambda *a: float(np.sum(exact(*a) ** 2)), args))
+
+    def loss(*a):
+        c = central(*a)
+        return jnp.sum(c ** 2), c
+
+    (_, got), g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(
+        *map(jnp.asarray, args))
+    np.testing.assert_allclose(got, exact(*args), rtol=1e-8, atol=1e-8)
+    assert_grads(g, central_differences(lambda *a: float(np.sum(exact(*a) ** 2)), args))
 
 
 def test_drivers_agree_to_rounding():
@@ -125,6 +129,7 @@ def test_record_then_replay_at_new_doses():
     dose = lambda a, d: gs.Infusion(time=STARTS, amount=a, duration=d, cmt=0)
     mesh = gs.record(elimination, 0.0, 12.0, y0, p, ts=TS, doses=[dose(AMTS, DURS)])
 
+    @jax.jit  # one compile for the value and all the central differences below
     def replayed(a, d):
         return gs.replay(elimination, mesh, y0, p, doses=[dose(a, d)]).ys[..., 0]
 
@@ -132,7 +137,7 @@ def test_record_then_replay_at_new_doses():
     np.testing.assert_allclose(replayed(jnp.asarray(a2), jnp.asarray(d2)),
                                infusions_exact(K, STARTS, a2, d2), rtol=1e-5, atol=1e-6)
     loss = lambda a, d: float(jnp.sum(replayed(jnp.asarray(a), jnp.asarray(d)) ** 2))
-    g = jax.grad(lambda a, d: jnp.sum(replayed(a, d) ** 2), argnums=(0, 1))(
+    g = jax.jit(jax.grad(lambda a, d: jnp.sum(replayed(a, d) ** 2), argnums=(0, 1)))(
         jnp.asarray(a2), jnp.asarray(d2))
     assert_grads(g, central_differences(loss, [a2, d2], eps=1e-5), rtol=1e-6)
 
@@ -175,9 +180,15 @@ def test_a_record_type_of_ones_own_runs_on_every_driver(driver):
                                           stop[i] - doubles[i, 0]) for i in range(2)])
 
     args = [np.array([[30.0], [45.0]]), np.array([[1.3], [2.2]])]
-    np.testing.assert_allclose(ys(*map(jnp.asarray, args)), exact(*args), rtol=1e-8, atol=1e-8)
-    assert_grads(jax.grad(lambda *a: jnp.sum(ys(*a)), argnums=(0, 1))(*map(jnp.asarray, args)),
-                 central_differences(lambda *a: float(np.sum(exact(*a))), args))
+
+    def loss(*a):
+        y = ys(*a)
+        return jnp.sum(y), y
+
+    (_, got), g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+        *map(jnp.asarray, args))
+    np.testing.assert_allclose(got, exact(*args), rtol=1e-8, atol=1e-8)
+    assert_grads(g, central_differences(lambda *a: float(np.sum(exact(*a))), args))
 
 
 def test_bad_doses_are_named():
@@ -238,8 +249,8 @@ def test_an_ode_site_with_a_modelled_infusion_duration():
     data = clean + sigma * rng.normal(size=clean.shape)
     at = {"lk": jnp.asarray(-0.8), "ldur": jnp.asarray(0.3)}
     lp = lambda x: log_density(program, (data,), {}, x)[0]
-    assert float(lp(at)) == pytest.approx(exact_logp(-0.8, 0.3), rel=1e-7)
-    g = jax.grad(lp)(at)
+    value, g = jax.jit(jax.value_and_grad(lp))(at)
+    assert float(value) == pytest.approx(exact_logp(-0.8, 0.3), rel=1e-7)
     fd = central_differences(lambda a, b: exact_logp(a[()], b[()]),
                              [np.array(-0.8), np.array(0.3)])
     assert_grads([g["lk"], g["ldur"]], fd)
@@ -265,11 +276,16 @@ def test_steady_state_of_repeated_oral_doses(driver):
                                **TIGHT)
 
     args = [np.array([1.3, 0.7]), np.array([0.2, 0.35]), np.array(12.0), np.array([100.0, 80.0])]
-    np.testing.assert_allclose(ss(*map(jnp.asarray, args)), _ss_oral_exact(*args), rtol=1e-8)
     w = np.array([[1.0, 2.0], [-1.0, 0.5]])
-    loss = lambda *a: jnp.sum(ss(*a) * w)
-    assert_grads(jax.grad(loss, argnums=(0, 1, 2, 3))(*map(jnp.asarray, args)),
-                 central_differences(lambda *a: float(np.sum(_ss_oral_exact(*a) * w)), args))
+
+    def loss(*a):
+        y = ss(*a)
+        return jnp.sum(y * w), y
+
+    (_, got), g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(
+        *map(jnp.asarray, args))
+    np.testing.assert_allclose(got, _ss_oral_exact(*args), rtol=1e-8)
+    assert_grads(g, central_differences(lambda *a: float(np.sum(_ss_oral_exact(*a) * w)), args))
 
 
 def test_steady_state_of_a_repeated_infusion():
@@ -282,9 +298,9 @@ def test_steady_state_of_a_repeated_infusion():
         return rate / k * (1 - np.exp(-k * dur)) * np.exp(-k * (8.0 - dur)) / (1 - np.exp(-k * 8.0))
 
     args = [np.array(0.3), np.array(200.0), np.array(1.5)]
-    assert float(ss(*map(jnp.asarray, args))) == pytest.approx(float(exact(*args)), rel=1e-8)
-    assert_grads(jax.grad(ss, argnums=(0, 1, 2))(*map(jnp.asarray, args)),
-                 central_differences(lambda *a: float(exact(*a)), args))
+    value, g = jax.jit(jax.value_and_grad(ss, argnums=(0, 1, 2)))(*map(jnp.asarray, args))
+    assert float(value) == pytest.approx(float(exact(*args)), rel=1e-8)
+    assert_grads(g, central_differences(lambda *a: float(exact(*a)), args))
 
 
 @pytest.mark.slow  # ~17 s of compiles; steady states and their implicit gradients against

@@ -133,7 +133,7 @@ import gradsolve as gs
 f = lambda t, y, p: jnp.stack([p[0]*y[0] - p[1]*y[0]*y[1], -p[2]*y[1] + p[3]*y[0]*y[1]])
 p = jnp.array([1.5, 1.0, 3.0, 1.0], jnp.float32)
 sol = gs.solve(f, 0.0, 5.0, jnp.ones((4, 2), jnp.float32), jnp.tile(p, (4, 1)), ts=jnp.linspace(0, 5, 6), rtol=1e-5, atol=1e-7)
-g = jax.grad(lambda q: jnp.sum(gs.solve(f, 0.0, 5.0, jnp.ones(2, jnp.float32), q, rtol=1e-5, atol=1e-7).ys))(p)
+g = jax.jit(jax.grad(lambda q: jnp.sum(gs.solve(f, 0.0, 5.0, jnp.ones(2, jnp.float32), q, rtol=1e-5, atol=1e-7).ys)))(p)
 assert sol.ys.dtype == jnp.float32 and g.dtype == jnp.float32
 print(repr(np.asarray(sol.ys[0]).tolist())); print(repr(np.asarray(g).tolist()))
 """
@@ -141,7 +141,7 @@ print(repr(np.asarray(sol.ys[0]).tolist())); print(repr(np.asarray(g).tolist()))
     ys32, g32 = (np.array(eval(line)) for line in out.stdout.strip().splitlines())
     ref = gs.solve(lotka_volterra, 0.0, 5.0, Y0, P, ts=jnp.linspace(0, 5, 6), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(ys32, ref.ys, rtol=1e-3)
-    gref = jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 5.0, Y0, q, rtol=1e-10, atol=1e-12).ys))(P)
+    gref = jax.jit(jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 5.0, Y0, q, rtol=1e-10, atol=1e-12).ys)))(P)
     np.testing.assert_allclose(g32, gref, rtol=1e-3)
 
 
@@ -284,14 +284,16 @@ def test_params_with_non_array_leaves():
                               stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13))
     sol = gs.solve(g, 0.0, 1.0, y0, mlp, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(sol.y1, ref.ys[-1], rtol=1e-8)
-    grad = eqx.filter_grad(lambda m: jnp.sum(gs.solve(g, 0.0, 1.0, y0, m, rtol=1e-10, atol=1e-12).y1))(mlp)
-    grad_ref = eqx.filter_grad(lambda m: jnp.sum(diffrax.diffeqsolve(
+    # the gradients jitted (un-jitted, each compiles hundreds of small programs)
+    grad = eqx.filter_jit(eqx.filter_grad(
+        lambda m: jnp.sum(gs.solve(g, 0.0, 1.0, y0, m, rtol=1e-10, atol=1e-12).y1)))(mlp)
+    grad_ref = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(diffrax.diffeqsolve(
         diffrax.ODETerm(g), diffrax.Tsit5(), 0.0, 1.0, None, y0, args=m,
-        stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13)).ys[-1]))(mlp)
+        stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13)).ys[-1])))(mlp)
     for a, b in zip(jax.tree_util.tree_leaves(grad), jax.tree_util.tree_leaves(grad_ref)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
     mesh = gs.record(g, 0.0, 1.0, y0, mlp, rtol=1e-10, atol=1e-12)
-    grad_replay = eqx.filter_grad(lambda m: jnp.sum(gs.replay(g, mesh, y0, m).y1))(mlp)
+    grad_replay = eqx.filter_jit(eqx.filter_grad(lambda m: jnp.sum(gs.replay(g, mesh, y0, m).y1)))(mlp)
     for a, b in zip(jax.tree_util.tree_leaves(grad_replay), jax.tree_util.tree_leaves(grad)):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 

@@ -91,8 +91,10 @@ def replay_loss(mesh, dose_t, dose, p, driver=None):
 
 @pytest.fixture(scope="module")
 def grads(grad_mesh, driver):
-    """Reverse-mode gradient of the frozen-mesh loss w.r.t. dose times, doses, params."""
-    return jax.grad(replay_loss, argnums=(1, 2, 3))(grad_mesh, DOSE_T, DOSE, P, driver)
+    """Reverse-mode gradient of the frozen-mesh loss w.r.t. dose times, doses, params (one
+    jitted program: un-jitted, the transform compiles hundreds of small ones)."""
+    return jax.jit(jax.grad(lambda t, d, p: replay_loss(grad_mesh, t, d, p, driver),
+                            argnums=(0, 1, 2)))(DOSE_T, DOSE, P)
 
 
 def test_values_match_the_closed_form_with_pre_dose_saves(obs_mesh, driver):
@@ -119,16 +121,18 @@ def test_jump_at_t1_changes_y1_only(driver):
     np.testing.assert_allclose(sol.ys[:, 0], [np.exp(-0.25), e], rtol=1e-6)
     np.testing.assert_allclose(sol.y1, [e + 2.0], rtol=1e-6)
     # d y1 / d size = 1; d y1 / d y0 = exp(-0.5): the jump adds after the last step.
-    g = jax.grad(lambda y0, s: gs.solve(f, 0.0, 1.0, y0, jnp.array(0.5), driver=driver,
-                                        jumps=(jnp.array([1.0]), s)).y1[0],
-                 argnums=(0, 1))(jnp.ones(1), jnp.array([[2.0]]))
+    g = jax.jit(jax.grad(lambda y0, s: gs.solve(f, 0.0, 1.0, y0, jnp.array(0.5), driver=driver,
+                                                jumps=(jnp.array([1.0]), s)).y1[0],
+                         argnums=(0, 1)))(jnp.ones(1), jnp.array([[2.0]]))
     np.testing.assert_allclose(g[0], [e], rtol=1e-6)
     np.testing.assert_allclose(g[1], [[1.0]], rtol=1e-12)
 
 
 def test_gradients_match_closed_form_and_finite_differences(grad_mesh, grads, driver):
     g = grads
-    gc = jax.grad(loss_closed, argnums=(0, 1, 2))(DOSE_T, DOSE, P)
+    gc = jax.jit(jax.grad(loss_closed, argnums=(0, 1, 2)))(DOSE_T, DOSE, P)
+    # the frozen-mesh replay loss, compiled once for all the differences below
+    rl = jax.jit(lambda t, d, p: replay_loss(grad_mesh, t, d, p, driver))
     for a, b in zip(g, gc):
         np.testing.assert_allclose(a[:2] if a.shape == (5,) else a, b[:2] if b.shape == (5,)
                                    else b, rtol=1e-6)
@@ -137,15 +141,15 @@ def test_gradients_match_closed_form_and_finite_differences(grad_mesh, grads, dr
     fd = lambda fn, x, e: (fn(x + h * e) - fn(x - h * e)) / (2 * h)
     eye3, eye5 = jnp.eye(3), jnp.eye(5)
     for i in (1, 2):  # the dose at t0 can only move forward: one-sided below
-        got = fd(lambda x: replay_loss(grad_mesh, x, DOSE, P, driver), DOSE_T, eye3[i])
+        got = fd(lambda x: rl(x, DOSE, P), DOSE_T, eye3[i])
         np.testing.assert_allclose(g[0][i], got, rtol=1e-6)
     one_sided = lambda fn, x, e: (-3 * fn(x) + 4 * fn(x + h * e) - fn(x + 2 * h * e)) / (2 * h)
-    got = one_sided(lambda x: replay_loss(grad_mesh, x, DOSE, P, driver), DOSE_T, eye3[0])
+    got = one_sided(lambda x: rl(x, DOSE, P), DOSE_T, eye3[0])
     np.testing.assert_allclose(g[0][0], got, rtol=1e-6)
-    got = fd(lambda x: replay_loss(grad_mesh, DOSE_T, x, P, driver), DOSE, eye3[0])
+    got = fd(lambda x: rl(DOSE_T, x, P), DOSE, eye3[0])
     np.testing.assert_allclose(g[1][0], got, rtol=1e-6)
     for i in (0, 1):  # ka, ke
-        got = fd(lambda x: replay_loss(grad_mesh, DOSE_T, DOSE, x, driver), P, eye5[i])
+        got = fd(lambda x: rl(DOSE_T, DOSE, x), P, eye5[i])
         np.testing.assert_allclose(g[2][i], got, rtol=1e-6)
 
 
@@ -211,8 +215,18 @@ def test_ragged_gradients_agree_between_replay_drivers(driver, moving):
     ts = jnp.broadcast_to(TS, (3, TS.shape[0]))
     args = (times, doses, p, ts)
     argnums = (0, 1, 2, 3) if moving else (1, 2)
-    ref = jax.grad(lambda *a: loss(gs.drivers.Batched(), *a), argnums=argnums)(*args)
-    got = jax.grad(lambda *a: loss(driver, *a), argnums=argnums)(*args)
+
+    def grad(drv):  # jitted over the differentiated arguments only: the others stay concrete
+        def fn(*diff):
+            full = list(args)
+            for i, a in zip(argnums, diff):
+                full[i] = a
+            return loss(drv, *full)
+        return jax.jit(jax.grad(fn, argnums=tuple(range(len(argnums)))))(
+            *(args[i] for i in argnums))
+
+    ref = grad(gs.drivers.Batched())
+    got = grad(driver)
     for a, b in zip(got, ref):
         a, b = np.where(np.isfinite(b), a, 0.0), np.where(np.isfinite(b), b, 0.0)
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10 * np.max(np.abs(b)))
@@ -243,20 +257,21 @@ def test_jit_vmap_and_forward_mode(grad_mesh, grads, driver):
     # vmap over dose sizes of a frozen-mesh replay: linear in the doses, as it must be.
     rep = lambda d: gs.replay(pk, grad_mesh, Y0, P, jumps=(DOSE_T, gut_sizes(d)),
                               driver=driver).ys
-    vm = jax.vmap(rep)(jnp.stack([DOSE, 2 * DOSE, 0 * DOSE]))
+    vm = jax.jit(jax.vmap(rep))(jnp.stack([DOSE, 2 * DOSE, 0 * DOSE]))
     np.testing.assert_allclose(vm[1], 2 * vm[0] - vm[2], rtol=1e-10, atol=1e-9)
     np.testing.assert_allclose(loss_of(vm[0]), value, rtol=1e-12)
     # vmap over gs.solve itself (each element records its own mesh).
     ds = jnp.stack([DOSE, 2 * DOSE])
-    vs = jax.vmap(lambda d: gs.solve(pk, T0, T1, Y0, P, ts=TS_GRAD, jumps=(DOSE_T, gut_sizes(d)),
-                                     tstops=TSTOPS, **TOL).ys)(ds)
+    vs = jax.jit(jax.vmap(lambda d: gs.solve(pk, T0, T1, Y0, P, ts=TS_GRAD,
+                                             jumps=(DOSE_T, gut_sizes(d)), tstops=TSTOPS,
+                                             **TOL).ys))(ds)
     np.testing.assert_allclose(vs[0], vm[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(vs[1], closed_form(TS_GRAD, DOSE_T, 2 * DOSE, P), rtol=1e-7,
                                atol=1e-7)
     # Forward mode (jacfwd) equals reverse mode, for jump times and sizes.
-    jf = jax.jacfwd(lambda t, d: loss_of(gs.replay(
+    jf = jax.jit(jax.jacfwd(lambda t, d: loss_of(gs.replay(
         pk, grad_mesh, Y0, P, jumps=(t, gut_sizes(d)), driver=driver).ys),
-        argnums=(0, 1))(DOSE_T, DOSE)
+        argnums=(0, 1)))(DOSE_T, DOSE)
     np.testing.assert_allclose(jf[0], grads[0], rtol=1e-10)
     np.testing.assert_allclose(jf[1], grads[1], rtol=1e-10)
 
@@ -433,6 +448,7 @@ def test_a_switch_carried_by_an_indicator_state_has_the_exact_gradient_of_its_ti
         t = np.asarray(ts)
         return float(np.sum(np.where(t >= tau, k / d * (1 - np.exp(-d * (t - tau))), 0.0)))
 
-    assert float(loss(1.2)) == pytest.approx(exact(1.2), rel=1e-9)
+    value, g = jax.jit(jax.value_and_grad(loss))(1.2)
+    assert float(value) == pytest.approx(exact(1.2), rel=1e-9)
     fd = (exact(1.2 + 1e-6) - exact(1.2 - 1e-6)) / 2e-6
-    assert float(jax.grad(loss)(1.2)) == pytest.approx(fd, rel=1e-6)
+    assert float(g) == pytest.approx(fd, rel=1e-6)

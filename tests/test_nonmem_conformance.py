@@ -188,7 +188,8 @@ def with_dose_parameters(model):
 # Every case: a function of the parameters p returning (rows, expected concentrations at
 # the observation rows). A batch puts each case of a group in one table (one subject each)
 # and predicts them together; a test checks its own subject.
-GROUPS: dict[str, dict] = {"bolus": {}, "schedule": {}, "dose_parameters": {}, "two": {}}
+GROUPS: dict[str, dict] = {"bolus": {}, "schedule": {}, "dose_parameters": {}, "two": {},
+                           "two_schedule": {}}
 
 
 def case(group, **dose_parameters):
@@ -205,16 +206,16 @@ class Batch:
         self.group = group
         subjects = {i + 1: fn(self.params())[0] for i, (fn, _) in enumerate(self.cases.values())}
         self.data = models.PopulationDataset.from_table(
-            table(subjects, **({"WT": 70.0} if group == "two" else {})))
+            table(subjects, **({"WT": 70.0} if group.startswith("two") else {})))
         self.pred = np.asarray(self.predict())
 
     def params(self, **over):
-        if self.group == "two":
+        if self.group.startswith("two"):
             return dict(TWO) | over
         return ONE_P | (DP_DEFAULT if self.group == "dose_parameters" else {}) | over
 
     def model(self):
-        if self.group == "two":
+        if self.group.startswith("two"):
             return models.two_compartment_oral()
         if self.group == "dose_parameters":
             return with_dose_parameters(models.theophylline())
@@ -222,7 +223,7 @@ class Batch:
 
     def theta(self, **kw):
         S = len(self.names)
-        if self.group == "two":
+        if self.group.startswith("two"):
             return two_theta(S, **kw)
         dp = {k: np.array([{**DP_DEFAULT, **d}[k] for _, d in self.cases.values()])
               for k in DOSE_PARAMETERS} if self.group == "dose_parameters" else {}
@@ -630,46 +631,58 @@ def test_two_compartment_iv_bolus_ADDL_bi_exponential(batch):
     batch("two").check("two_iv_addl")
 
 
-@case("two")
+@case("two_schedule")
 def two_infusion(p):
     rows = flat(dose(1.0, 300.0, cmt=2, RATE=100.0), obs(2.0, 4.0, 5.0, 24.0))
     t = observed_times(rows)
     return rows, infusion(t, 1.0, 300.0, 3.0, two_cpt_terms(p)) / p["v1"]
 
 
+# The two-compartment infusion, steady-state and reset cases (their own compiled
+# program, ~25 s with cold caches) run in the slow tier; the same records on the
+# one-compartment model are tested in the normal suite: test_RATE_infusion_lasts_AMT_over_RATE.
+@pytest.mark.slow
 def test_two_compartment_RATE_infusion(batch):
     """PREDPP Guide VI V.E with two compartments: a zero-order input at RATE into the
     central compartment (the integral of the bi-exponential)."""
-    batch("two").check("two_infusion")
+    batch("two_schedule").check("two_infusion")
 
 
-@case("two")
+@case("two_schedule")
 def two_ss1_bolus(p):
     rows = flat(dose(0.0, 500.0, cmt=2, SS=1, II=12.0), obs(0.5, 6.0, 12.0, 30.0))
     t = observed_times(rows)
     return rows, ss_bolus(t, 0.0, 500.0, 12.0, two_cpt_terms(p)) / p["v1"]
 
 
+# The two-compartment infusion, steady-state and reset cases (their own compiled
+# program, ~25 s with cold caches) run in the slow tier; the same records on the
+# one-compartment model are tested in the normal suite: test_SS1_iv_bolus_geometric_series.
+@pytest.mark.slow
 def test_two_compartment_SS1_bolus_geometric_series_per_exponential(batch):
     """NONMEM SS help with two compartments: both exponentials summed over the implied
     doses, A e^{-alpha s}/(1 - e^{-alpha II}) + B e^{-beta s}/(1 - e^{-beta II})."""
-    batch("two").check("two_ss1_bolus")
+    batch("two_schedule").check("two_ss1_bolus")
 
 
-@case("two")
+@case("two_schedule")
 def two_ss1_infusion(p):
     rows = flat(obs(1.0), dose(2.0, 400.0, cmt=2, DUR=2.0, SS=1, II=8.0), obs(3.0, 4.0, 9.0, 20.0))
     t = observed_times(rows)
     return rows, ss_infusion(t, 2.0, 400.0, 2.0, 8.0, two_cpt_terms(p)) / p["v1"]
 
 
+# The two-compartment infusion, steady-state and reset cases (their own compiled
+# program, ~25 s with cold caches) run in the slow tier; the same records on the
+# one-compartment model are tested in the normal suite: test_SS1_infusion_at_steady_state.
+@pytest.mark.slow
 def test_two_compartment_SS1_infusion(batch):
     """NONMEM SS dose help with two compartments: a steady-state infusion (DUR < II), the
     peripheral compartment at its steady state too."""
-    batch("two").check("two_ss1_infusion")
+    batch("two_schedule").check("two_ss1_infusion")
 
 
-@case("two")
+@case("two_schedule")
 def two_ss2_and_reset(p):
     rows = flat(dose(0.0, 200.0, cmt=2), obs(3.0), dose(3.0, 100.0, cmt=2, SS=2, II=6.0),
                 obs(4.0, 10.0), reset(11.0), obs(12.0), dose(12.0, 50.0, cmt=2), obs(15.0))
@@ -679,10 +692,14 @@ def two_ss2_and_reset(p):
     return rows, np.where(t < 11.0, before, bolus(t, 12.0, 50.0, terms)) / p["v1"]
 
 
+# The two-compartment infusion, steady-state and reset cases (their own compiled
+# program, ~25 s with cold caches) run in the slow tier; the same records on the
+# one-compartment model are tested in the normal suite: test_SS2_iv_bolus_keeps_pending_ADDL_doses, test_EVID3_reset_zeroes_every_compartment.
+@pytest.mark.slow
 def test_two_compartment_SS2_then_EVID3_resets_the_peripheral_too(batch):
     """NONMEM SS help (SS = 2 adds) and EVID help (EVID 3 resets every compartment, the
     peripheral one included)."""
-    batch("two").check("two_ss2_and_reset")
+    batch("two_schedule").check("two_ss2_and_reset")
 
 
 # ========================================================================= gradients
@@ -807,52 +824,73 @@ def predict_one(rows, model=None, **table_kw):
 
 
 # ---- B1: SS = 1 and EVID 4 before the model's t0 (R10)
-def test_SS1_dose_before_t0_starts_the_trajectory_at_its_steady_state():
+# (cases of the "schedule" batch: one ensemble prediction with the cases above)
+T_BEFORE_T0 = (0.0, 1.0, 6.0, 10.0, 24.0, 45.0, 46.0, 47.0, 47.9)
+
+
+@case("schedule")
+def ss1_before_t0(p):
+    rows = flat(dose(-2.0, 100.0, SS=1, II=12.0), obs(*T_BEFORE_T0))
+    t = observed_times(rows)
+    return rows, ss_bolus(t, -2.0, 100.0, 12.0, one_cpt_terms(p, 1)) / p["v"]
+
+
+@case("schedule")
+def ss1_before_t0_addl(p):
+    rows = flat(dose(-2.0, 100.0, SS=1, II=12.0, ADDL=3), obs(*T_BEFORE_T0))
+    t = observed_times(rows)
+    terms = one_cpt_terms(p, 1)
+    ss = ss_bolus(t, -2.0, 100.0, 12.0, terms)
+    return rows, (ss + sum(bolus(t, -2.0 + 12.0 * n, 100.0, terms) for n in (1, 2, 3))) / p["v"]
+
+
+def test_SS1_dose_before_t0_starts_the_trajectory_at_its_steady_state(batch):
     """NONMEM SS help: an SS = 1 dose at TIME -2 (before the model's t0 = 0) sets the
     steady state there; every save time up to 47.9 (the last 2 h included) reads it, and
     ADDL continues the pattern."""
-    t_obs = (0.0, 1.0, 6.0, 10.0, 24.0, 45.0, 46.0, 47.0, 47.9)
-    rows = {1: flat(dose(-2.0, 100.0, SS=1, II=12.0), obs(*t_obs)),
-            2: flat(dose(-2.0, 100.0, SS=1, II=12.0, ADDL=3), obs(*t_obs))}
-    data = models.PopulationDataset.from_table(table(rows))
-    pred = np.asarray(predict(models.theophylline(), one_theta(2), data))
-    t = np.array(t_obs)
-    terms = one_cpt_terms(ONE_P, 1)
-    ss = ss_bolus(t, -2.0, 100.0, 12.0, terms)
-    want = np.stack([ss, ss + sum(bolus(t, -2.0 + 12.0 * n, 100.0, terms) for n in (1, 2, 3))]) / V
-    np.testing.assert_allclose(pred, want, rtol=RTOL, atol=RTOL * want.max())
+    batch("schedule").check("ss1_before_t0")
+    batch("schedule").check("ss1_before_t0_addl")
 
 
-def test_EVID4_before_t0_is_a_restart_and_dose_before_t0():
+@case("schedule")
+def evid4_before_t0(p):
+    rows = flat(reset(-2.0, evid=4, AMT=100.0, CMT=1), obs(0.0, 0.5, 3.0, 12.0, 47.9))
+    return rows, bolus(observed_times(rows), -2.0, 100.0, one_cpt_terms(p, 1)) / p["v"]
+
+
+def test_EVID4_before_t0_is_a_restart_and_dose_before_t0(batch):
     """NONMEM EVID help: EVID 4 (reset, then a dose) at TIME -2, before the model's t0 = 0:
     the observations from t0 on (t0 itself included) read that dose's curve."""
-    rows = flat(reset(-2.0, evid=4, AMT=100.0, CMT=1), obs(0.0, 0.5, 3.0, 12.0, 47.9))
-    pred, _ = predict_one(rows)
-    want = bolus(observed_times(rows), -2.0, 100.0, one_cpt_terms(ONE_P, 1)) / V
-    np.testing.assert_allclose(pred, want, rtol=RTOL, atol=RTOL * want.max())
+    batch("schedule").check("evid4_before_t0")
 
 
-def test_EVID3_before_t0_resets_an_empty_system():
+@case("schedule")
+def evid3_before_t0(p):
+    rows = flat(reset(-2.0), obs(0.0, 0.5), dose(1.0, 100.0), obs(3.0, 12.0, 47.9))
+    return rows, bolus(observed_times(rows), 1.0, 100.0, one_cpt_terms(p, 1)) / p["v"]
+
+
+def test_EVID3_before_t0_resets_an_empty_system(batch):
     """NONMEM EVID help: EVID 3 at TIME -2 (before t0 = 0) re-initializes the (empty)
     system; a later dose is given as usual."""
-    rows = flat(reset(-2.0), obs(0.0, 0.5), dose(1.0, 100.0), obs(3.0, 12.0, 47.9))
-    pred, _ = predict_one(rows)
-    want = bolus(observed_times(rows), 1.0, 100.0, one_cpt_terms(ONE_P, 1)) / V
-    np.testing.assert_allclose(pred, want, rtol=RTOL, atol=RTOL * want.max())
+    batch("schedule").check("evid3_before_t0")
 
 
 # ---- B2: SS = 1 cancels pending ADDL doses (R4)
-def test_SS1_dose_cancels_pending_ADDL_doses():
-    """NONMEM SS help: with SS = 1, infusions in progress or pending additional doses are
-    cancelled: ADDL 5 every 12 h from 0, then SS = 1 every 8 h at 30: no dose at 36, 48, 60."""
+@case("schedule")
+def ss1_cancels_addl(p):
     rows = flat(dose(0.0, 100.0, ADDL=5, II=12.0), obs(5.0, 13.0, 29.9, 30.0),
                 dose(30.0, 100.0, SS=1, II=8.0), obs(31.0, 36.0, 40.0, 47.9, 50.0, 61.0))
-    pred, _ = predict_one(rows)
     t = observed_times(rows)
-    terms = one_cpt_terms(ONE_P, 1)
+    terms = one_cpt_terms(p, 1)
     before = sum(bolus(t, 12.0 * n, 100.0, terms) for n in range(3))
-    want = np.where(t <= 30.0, before, ss_bolus(t, 30.0, 100.0, 8.0, terms)) / V
-    np.testing.assert_allclose(pred, want, rtol=RTOL, atol=RTOL * want.max())
+    return rows, np.where(t <= 30.0, before, ss_bolus(t, 30.0, 100.0, 8.0, terms)) / p["v"]
+
+
+def test_SS1_dose_cancels_pending_ADDL_doses(batch):
+    """NONMEM SS help: with SS = 1, infusions in progress or pending additional doses are
+    cancelled: ADDL 5 every 12 h from 0, then SS = 1 every 8 h at 30: no dose at 36, 48, 60."""
+    batch("schedule").check("ss1_cancels_addl")
 
 
 def test_EVID3_reset_cancels_pending_ADDL_doses():
@@ -978,16 +1016,20 @@ def test_observation_after_an_iv_bolus_row_reads_the_post_dose_value():
     np.testing.assert_allclose(pred, want, rtol=RTOL, atol=RTOL * want.max())
 
 
-def test_observation_after_an_SS1_row_reads_the_steady_state_peak():
-    """NONMEM SS help and record order: an observation after an SS = 1 row at its TIME
-    reads the steady-state peak A/V/(1 - e^{-k II}); one before it the prior state."""
+@case("schedule")
+def obs_after_ss1_row(p):
     rows = flat(dose(0.0, 400.0, cmt=2), obs(4.0), dose(4.0, 400.0, cmt=2, SS=1, II=12.0),
                 obs(4.0, 10.0))
-    pred, _ = predict_one(rows)
-    g = 1.0 - np.exp(-KE * 12.0)
-    want = np.array([400.0 / V * np.exp(-KE * 4.0), 400.0 / V / g,
-                     400.0 / V * np.exp(-KE * 6.0) / g])
-    np.testing.assert_allclose(pred, want, rtol=RTOL, atol=RTOL * want.max())
+    ke, v = p["ke"], p["v"]
+    g = 1.0 - np.exp(-ke * 12.0)
+    return rows, np.array([400.0 / v * np.exp(-ke * 4.0), 400.0 / v / g,
+                           400.0 / v * np.exp(-ke * 6.0) / g])
+
+
+def test_observation_after_an_SS1_row_reads_the_steady_state_peak(batch):
+    """NONMEM SS help and record order: an observation after an SS = 1 row at its TIME
+    reads the steady-state peak A/V/(1 - e^{-k II}); one before it the prior state."""
+    batch("schedule").check("obs_after_ss1_row")
 
 
 def test_observation_after_an_EVID3_row_reads_zero_before_it_the_pre_reset_value():

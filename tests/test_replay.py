@@ -31,10 +31,13 @@ def test_same_mesh_matches_diffrax_stepto(lv_ensemble, gs_solver, dfx_solver):
     assert np.all(np.asarray(mesh.status) == 0)
 
     def loss_gs(y0_, p_):
-        return jnp.sum(gs.replay(f, mesh, y0_, p_).ys ** 2, axis=(1, 2))
+        ys_ = gs.replay(f, mesh, y0_, p_).ys
+        return jnp.sum(ys_ ** 2), ys_
 
-    ys = gs.replay(f, mesh, y0, p).ys
-    g_y0, g_p = jax.grad(lambda a, b: jnp.sum(loss_gs(a, b)), argnums=(0, 1))(y0, p)
+    # values and gradient in one jitted program (un-jitted, the transform compiles hundreds
+    # of small programs)
+    (_, ys), (g_y0, g_p) = jax.jit(jax.value_and_grad(loss_gs, argnums=(0, 1), has_aux=True))(
+        y0, p)
     i = 7  # one member of the ensemble (each Diffrax mesh length is its own compile)
     times = jnp.asarray(np.asarray(mesh.times[i, : int(mesh.n_steps[i]) + 1]))
     ref_loss = lambda a, b: jnp.sum(_diffrax_on_mesh(f, dfx_solver(), times, a, b, ts) ** 2)
@@ -79,8 +82,9 @@ def test_exponential_decay_closed_form(solver):
 
     e = jnp.exp(-k * ts)
     np.testing.assert_allclose(out(k, y0), 2.0 * e, rtol=1e-8)
-    np.testing.assert_allclose(jax.jacrev(out, 0)(k, y0), -ts * 2.0 * e, rtol=1e-7, atol=1e-12)
-    np.testing.assert_allclose(jax.jacrev(out, 1)(k, y0)[:, 0], e, rtol=1e-8)
+    jk, jy = jax.jit(jax.jacrev(out, (0, 1)))(k, y0)
+    np.testing.assert_allclose(jk, -ts * 2.0 * e, rtol=1e-7, atol=1e-12)
+    np.testing.assert_allclose(jy[:, 0], e, rtol=1e-8)
 
 
 def test_frozen_mesh_gradient_vs_finite_differences():
@@ -90,11 +94,12 @@ def test_frozen_mesh_gradient_vs_finite_differences():
     ts = jnp.linspace(0.0, 5.0, 11)
     mesh = gs.record(van_der_pol, 0.0, 5.0, y0, {"mu": mu}, ts=ts, rtol=1e-6, atol=1e-9)
 
+    @jax.jit  # one compile for all the differences below
     def loss(mu_, y0_):
         sol = gs.replay(van_der_pol, mesh, y0_, {"mu": mu_})
         return jnp.sum(jnp.sin(sol.ys[..., 0]) + sol.ys[..., 1] ** 2)
 
-    g_mu, g_y0 = jax.grad(loss, argnums=(0, 1))(mu, y0)
+    g_mu, g_y0 = jax.jit(jax.grad(loss, argnums=(0, 1)))(mu, y0)
     eps = 1e-5
     for i in range(n):
         dm = jnp.zeros(n).at[i].set(eps)
@@ -106,13 +111,20 @@ def test_frozen_mesh_gradient_vs_finite_differences():
             np.testing.assert_allclose(g_y0[i, j], fd, rtol=1e-6)
 
 
+@pytest.mark.slow  # ~15 s of compiles; forward mode through a replay equals reverse mode in
+# test_events.py::test_jit_vmap_and_forward_mode, and Hessians (forward over reverse) match
+# closed forms in test_equal_save_times_each_get_their_own_derivative and
+# test_derivatives_wrt_interval_ends_match_diffrax
 def test_forward_mode_equals_reverse_mode(lv_ensemble):
     f, y0, p, ts = lv_ensemble
     y0, p = y0[:4], p[:4]
     mesh = gs.record(f, 0.0, 10.0, y0, p, ts=ts)
     fn = lambda q: gs.replay(f, mesh, y0, q).ys[:, ::5]
-    np.testing.assert_allclose(jax.jacfwd(fn)(p), jax.jacrev(fn)(p), rtol=1e-10, atol=1e-12)
-    hess = jax.hessian(lambda q: jnp.sum(fn(q) ** 2))(p)
+    # the three transforms in one jitted program (un-jitted, each compiles hundreds of
+    # small programs)
+    jf, jr, hess = jax.jit(lambda q: (jax.jacfwd(fn)(q), jax.jacrev(fn)(q),
+                                      jax.hessian(lambda r: jnp.sum(fn(r) ** 2))(q)))(p)
+    np.testing.assert_allclose(jf, jr, rtol=1e-10, atol=1e-12)
     assert hess.shape == (4, 4, 4, 4) and np.all(np.isfinite(hess))
 
 
@@ -122,12 +134,12 @@ def test_gradient_wrt_save_times_is_vector_field(lv_ensemble):
     ts = jnp.array([0.0, 1.3, 2.7, 4.1, 6.0])  # t0 and t1 pinned, the rest interior
     mesh = gs.record(f, 0.0, 6.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12)
     sol = gs.replay(f, mesh, y0, p, ts=ts)
-    jac = jax.jacfwd(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(ts)  # (n, k, d, k)
+    jac = jax.jit(jax.jacfwd(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys))(ts)  # (n, k, d, k)
     for i in range(3):
         for j in range(len(ts)):
             expected = f(ts[j], sol.ys[i, j], p[i])
             np.testing.assert_allclose(jac[i, j, :, j], expected, rtol=1e-6, atol=1e-8)
-    jr = jax.jacrev(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys)(ts)
+    jr = jax.jit(jax.jacrev(lambda s: gs.replay(f, mesh, y0, p, ts=s).ys))(ts)
     np.testing.assert_allclose(jr, jac, rtol=1e-9, atol=1e-12)
 
 
@@ -145,7 +157,7 @@ def test_equal_save_times_each_get_their_own_derivative(kernel):
         # the Hessian (jacfwd of grad, as jax.hessian) and the gradient it differentiates
         # in one pass: no separate compile of the plain gradient
         grad_twice = lambda s: (jax.grad(loss)(s),) * 2
-        hess, grad = jax.jacfwd(grad_twice, has_aux=True)(ts)
+        hess, grad = jax.jit(jax.jacfwd(grad_twice, has_aux=True))(ts)
         np.testing.assert_allclose(grad, exact_d1, rtol=1e-8)
         np.testing.assert_allclose(jnp.diag(hess), -0.5 * exact_d1, rtol=1e-6)
         mesh = gs.record(f, 0.0, 2.0, y0, p, ts=ts, rtol=1e-11, atol=1e-13)
@@ -178,8 +190,8 @@ def test_derivatives_wrt_interval_ends_match_diffrax(solver):
             stepsize_controller=diffrax.PIDController(rtol=1e-10, atol=1e-12))
         return jnp.concatenate([sol.ys[-1], sol.ys[0]])
 
-    jg = jax.jacrev(gs_out, (0, 1))(0.2, 1.5)
-    jd = jax.jacrev(dfx_out, (0, 1))(0.2, 1.5)
+    jg = jax.jit(jax.jacrev(gs_out, (0, 1)))(0.2, 1.5)
+    jd = jax.jit(jax.jacrev(dfx_out, (0, 1)))(0.2, 1.5)
     np.testing.assert_allclose(jg[0], jd[0], rtol=1e-7, atol=1e-9)
     np.testing.assert_allclose(jg[1], jd[1], rtol=1e-7, atol=1e-9)
     # closed form for the second state: y = 2 exp(-(t - t0))
@@ -188,7 +200,7 @@ def test_derivatives_wrt_interval_ends_match_diffrax(solver):
     np.testing.assert_allclose(jg[0][3], 2 * np.exp(-0.5), rtol=1e-8)
     np.testing.assert_allclose(jg[1][3], 0.0, atol=1e-12)
     # second derivative w.r.t. t1 of y2(t1) = 2 exp(-(t1 - t0))
-    h = jax.hessian(lambda t1: gs_out(0.2, t1)[1])(1.5)
+    h = jax.jit(jax.hessian(lambda t1: gs_out(0.2, t1)[1]))(1.5)
     np.testing.assert_allclose(h, 2 * np.exp(-1.3), rtol=1e-8)
 
 
@@ -203,12 +215,16 @@ def test_ragged_ensemble_members_equal_single_solves(group_size):
     steps = np.asarray(mesh.n_steps)
     assert steps.max() > 5 * steps.min()
     sol = gs.replay(lotka_volterra, mesh, y0, p, group_size=group_size)
-    gsum = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, group_size=group_size).ys ** 2))(p)
+    gsum = jax.jit(jax.grad(lambda q: jnp.sum(
+        gs.replay(lotka_volterra, mesh, y0, q, group_size=group_size).ys ** 2)))(p)
+    # one jitted gradient of a single solve for the three members below (one compile)
+    grad1 = jax.jit(jax.grad(lambda q, y: jnp.sum(gs.solve(lotka_volterra, 0.0, 8.0, y, q,
+                                                           ts=ts).ys ** 2)))
     for i in [int(np.argmin(steps)), 5, int(np.argmax(steps))]:
         single = gs.solve(lotka_volterra, 0.0, 8.0, y0[i], p[i], ts=ts)
         assert int(single.mesh.n_steps) == steps[i]
         np.testing.assert_allclose(sol.ys[i], single.ys, rtol=1e-12, atol=1e-14)
-        g1 = jax.grad(lambda q: jnp.sum(gs.solve(lotka_volterra, 0.0, 8.0, y0[i], q, ts=ts).ys ** 2))(p[i])
+        g1 = grad1(p[i], y0[i])
         np.testing.assert_allclose(gsum[i], g1, rtol=1e-12)
     if group_size == 4:
         # XLA replay, length-sorted groups: work is close to the sum of steps, not n * max.
@@ -364,7 +380,7 @@ def test_padding_slots_past_n_steps_are_never_read(lv_ensemble, kernel):
         def run(mesh):
             loss = lambda a, t: jnp.sum(gs.replay(f, mesh, y0, a, ts=t).ys ** 2)
             sol = gs.replay(f, mesh, y0, p, ts=ts_n)
-            return sol.ys, sol.error_ratio, *jax.grad(loss, argnums=(0, 1))(p, ts_n)
+            return sol.ys, sol.error_ratio, *jax.jit(jax.grad(loss, argnums=(0, 1)))(p, ts_n)
 
         for got, want in zip(run(poisoned), run(jitted.padded())):
             assert np.all(np.isfinite(got))
@@ -485,7 +501,7 @@ def test_field_with_custom_vjp_solves_and_differentiates(driver):
     sol = gs.solve(f, 0.0, 1.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12, driver=driver)
     np.testing.assert_allclose(sol.ys, exact, rtol=1e-8)
     mesh = gs.record(f, 0.0, 1.0, y0, p, ts=ts, rtol=1e-10, atol=1e-12, driver=driver)
-    g = jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q, ts=ts, driver=driver).ys))(p)
+    g = jax.jit(jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q, ts=ts, driver=driver).ys)))(p)
     np.testing.assert_allclose(g, jnp.sum(-ts * jnp.exp(-p * ts), axis=1, keepdims=True),
                                rtol=1e-7)
 
@@ -521,13 +537,14 @@ def test_save_times_take_the_node_time_adjoint_only_when_differentiated(driver, 
     ts = jnp.linspace(0.5, 4.5, 5)
     mesh = gs.record(lotka_volterra, 0.0, 5.0, y0, p, ts=ts, rtol=1e-8, atol=1e-10)
     loss = lambda q, s, d: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, ts=s, driver=d).ys ** 2)
-    plain = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q, driver=drv).ys ** 2))(p)
+    plain = jax.jit(jax.grad(lambda q: jnp.sum(
+        gs.replay(lotka_volterra, mesh, y0, q, driver=drv).ys ** 2)))(p)
     seen.clear()
     g_traced = jax.jit(jax.grad(loss), static_argnums=2)(p, ts + 0.0, drv)
     assert seen and not any(seen)
     np.testing.assert_allclose(g_traced, plain, rtol=1e-13)
     seen.clear()
-    g_concrete = jax.grad(lambda q: loss(q, ts, drv))(p)
+    g_concrete = jax.jit(jax.grad(lambda q: loss(q, ts, drv)))(p)  # ts closed over: concrete
     assert not any(seen)
     np.testing.assert_allclose(g_concrete, plain, rtol=1e-13)
     seen.clear()
@@ -543,8 +560,8 @@ def test_save_times_take_the_node_time_adjoint_only_when_differentiated(driver, 
     seen.clear()
     g_solve = jax.jit(jax.grad(lambda q: solve(q, ts, drv)))(p)
     assert not any(seen)
-    np.testing.assert_allclose(g_solve, jax.grad(lambda q: solve(q, ts, gs.drivers.Batched()))(p),
-                               rtol=1e-11)
+    np.testing.assert_allclose(
+        g_solve, jax.jit(jax.grad(lambda q: solve(q, ts, gs.drivers.Batched())))(p), rtol=1e-11)
     sp, st = jax.jit(jax.grad(solve, argnums=(0, 1)), static_argnums=2)(p, ts, drv)
     rp, rt = jax.jit(jax.grad(solve, argnums=(0, 1)), static_argnums=2)(p, ts, gs.drivers.Batched())
     np.testing.assert_allclose(sp, rp, rtol=1e-11)
