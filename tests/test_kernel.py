@@ -77,11 +77,16 @@ def _loss(f, mesh, y0, p, ts):
     return jnp.sum(jnp.sin(sol.ys)) + jnp.sum(sol.y1 ** 2), sol
 
 
-# many_primitives (the largest field: the slowest kernel builds) with Tsit5 in the normal
-# suite, with Dopri5 and Vern7 in the slow tier; the other problems with every solver.
+# Each (problem, solver) pair is a kernel build and XLA compiles (~10 s cold). In the
+# normal suite every problem once, with Tsit5 (whose kernels the record tests below reuse);
+# Dopri5 and Vern7 on the kernel against the batched replay, values, error ratios and
+# gradients (save times included), are test_drivers.py's test_replay_drivers_agree_with_
+# batched[forced-Dopri5-Kernel] (dict parameters) and [vdp-Vern7-Kernel],
+# [coupled-Vern7-Kernel] (nested dict parameters). The other pairs run in the slow tier.
+KERNEL_VS_XLA_FAST = {("lotka_volterra", "Tsit5"), ("forced", "Tsit5"), ("many_primitives", "Tsit5")}
 KERNEL_VS_XLA = [pytest.param(problem, solver, id=f"{problem}-{type(solver).__name__}",
-                              marks=[pytest.mark.slow] if problem == "many_primitives"
-                              and not isinstance(solver, gs.Tsit5) else [])
+                              marks=[] if (problem, type(solver).__name__) in KERNEL_VS_XLA_FAST
+                              else [pytest.mark.slow])
                  for solver in (gs.Tsit5(), gs.Dopri5(), gs.Vern7()) for problem in sorted(PROBLEMS)]
 
 
@@ -110,23 +115,42 @@ def test_kernel_matches_xla_replay(problem, solver):
     assert np.abs(np.asarray(grads[2])[:, 1:-1]).max() > 0
 
 
+# The transforms, against the XLA replay's: forward mode and ``vmap`` of ``grad`` in the
+# normal suite; second order, forward over reverse (``hessian``) and reverse over reverse,
+# in the slow tier (~45 s: four second-order programs, each ~10 s to compile). Second
+# derivatives through the kernel (the rule of the adjoint's own ``custom_jvp``,
+# `gradsolve.drivers._adjoint`) are checked in the normal suite by test_replay.py's
+# test_equal_save_times_each_get_their_own_derivative[True] (``jacfwd`` of ``grad``
+# through the kernel, against the closed form).
+TRANSFORM_GROUPS = {"fwd_vmap": ("jacfwd", "vmap_grad"), "second_order": ("hessian", "rev_rev")}
+
+
 @requires_compiler
-def test_forward_mode_second_order_and_vmap():
+@pytest.mark.parametrize("group", [pytest.param("fwd_vmap"),
+                                   pytest.param("second_order", marks=pytest.mark.slow)])
+def test_forward_mode_second_order_and_vmap(group):
     f, t1, make_y0, make_p = PROBLEMS["lotka_volterra"]
     y0, p = make_y0(3), make_p(3)
     mesh = gs.record(f, 0.0, t1, y0, p, ts=jnp.linspace(0, t1, 5))
     loss = lambda q: jnp.sum(gs.replay(f, mesh, y0, q).ys ** 2)
     # plain reverse mode (jacrev of this scalar loss is its grad) is compared with the XLA
     # replay in test_kernel_matches_xla_replay[lotka_volterra-Tsit5]
-    transforms = {
-        "jacfwd": jax.jacfwd(loss), "hessian": jax.hessian(loss),
-        "rev_rev": jax.jacrev(jax.jacrev(loss)),
-        "vmap_grad": lambda q: jax.vmap(jax.grad(loss))(jnp.stack([q, 1.01 * q])),
-    }
-    out = {k: fn(p) for k, fn in transforms.items()}
+
+    def transforms():
+        # Jitted (one compile each instead of op-by-op dispatch), and built anew for each
+        # setting: `use_compiled_kernel` is read when tracing, and a jitted function
+        # reused would not trace again.
+        every = {
+            "jacfwd": jax.jacfwd(loss), "hessian": jax.hessian(loss),
+            "rev_rev": jax.jacrev(jax.jacrev(loss)),
+            "vmap_grad": lambda q: jax.vmap(jax.grad(loss))(jnp.stack([q, 1.01 * q])),
+        }
+        return {k: jax.jit(every[k]) for k in TRANSFORM_GROUPS[group]}
+
+    out = {k: fn(p) for k, fn in transforms().items()}
     with gs.use_compiled_kernel(False):
-        ref = {k: fn(p) for k, fn in transforms.items()}
-    for k in transforms:
+        ref = {k: fn(p) for k, fn in transforms().items()}
+    for k in out:
         np.testing.assert_allclose(out[k], ref[k], rtol=1e-9, atol=1e-11, err_msg=k)
 
 
@@ -259,13 +283,20 @@ def test_stiff_and_diffrax_solvers_use_the_xla_replay():
         assert gs.replay(f, mesh, y0, p).route == route
 
 
+# Every problem with the default options in the normal suite, and the options (the
+# initial step, the PI controller, the step limit: the controller's code, the same for
+# every field) on lotka_volterra; the options on the other fields in the slow tier.
+RECORD_OPTIONS = {"default": {},
+                  "dt0_pi": {"dt0": 0.01, "controller": gs.PIDController(pcoeff=0.4, icoeff=0.3)},
+                  "max_steps": {"max_steps": 20}}
+RECORD_CASES = [pytest.param(problem, options, id=f"{name}-{problem}",
+                             marks=[] if name == "default" or problem == "lotka_volterra"
+                             else [pytest.mark.slow])
+                for name, options in RECORD_OPTIONS.items() for problem in sorted(PROBLEMS)]
+
+
 @requires_compiler
-@pytest.mark.parametrize("problem", sorted(PROBLEMS))
-@pytest.mark.parametrize(
-    "options",
-    [{}, {"dt0": 0.01, "controller": gs.PIDController(pcoeff=0.4, icoeff=0.3)}, {"max_steps": 20}],
-    ids=["default", "dt0_pi", "max_steps"],
-)
+@pytest.mark.parametrize("problem, options", RECORD_CASES)
 def test_record_kernel_matches_xla_record(problem, options):
     f, t1, make_y0, make_p = PROBLEMS[problem]
     n = 9
@@ -317,7 +348,8 @@ def test_moved_save_times_not_differentiated_keep_their_nodes_in_the_adjoint():
 
 # The transforms of test_states_packed_by_step_count: ``jit`` in the normal suite (the
 # packing itself); ``vmap`` and second order, one compile each per driver, in the slow tier
-# (the kernel under ``vmap`` and second order: test_forward_mode_second_order_and_vmap).
+# (the kernel under ``vmap``: test_forward_mode_second_order_and_vmap[fwd_vmap]; second
+# order: test_replay.py's test_equal_save_times_each_get_their_own_derivative[True]).
 PACKED_TRANSFORMS = ["jit", pytest.param("vmap", marks=pytest.mark.slow),
                      pytest.param("second_order", marks=pytest.mark.slow)]
 
@@ -394,7 +426,10 @@ def test_stored_rows_without_node_times_past_the_size_limit(monkeypatch, case):
 
 
 @requires_compiler
-@pytest.mark.parametrize("solver", [gs.Tsit5(), gs.Vern7()], ids=lambda s: type(s).__name__)
+# Tsit5 (FSAL: the carried stage restarts after each jump and tstop node) in the normal
+# suite; Vern7 (another kernel build, ~8 s) in the slow tier
+@pytest.mark.parametrize("solver", [gs.Tsit5(), pytest.param(gs.Vern7(), marks=pytest.mark.slow)],
+                         ids=lambda s: type(s).__name__)
 def test_record_kernel_with_events_matches_xla_record(solver):
     """Ragged dose schedules (padding, a jump at t0, two jumps at one time, one at t1) and
     tstops: the C++ record lands the same forced nodes as the XLA loop."""

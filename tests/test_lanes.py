@@ -12,8 +12,6 @@ import gradsolve as gs
 from gradsolve.drivers import lanes as _lanes
 from conftest import lotka_volterra
 
-SOLVERS = [gs.Tsit5, gs.Dopri5, gs.Vern7]
-
 
 def forced(t, y, p):
     """Non-autonomous, transcendental, parameters as a dict with a vector leaf."""
@@ -58,7 +56,16 @@ def test_lane_field_applies_and_refuses():
     assert _lanes.lane_field(looped, gs.Tsit5(), y0, p).reason is not None
 
 
-@pytest.mark.parametrize("solver", SOLVERS)
+# In the slow tier (an XLA compile of each replay and its gradient, ~10 s each). In the
+# normal suite the lanes replay's gradients equal the batched one's on this field with
+# Tsit5 (dict parameters, moved save times, under jit, forward mode too) in
+# test_lanes_under_jit_with_spare_capacity_and_moved_times below, and values and gradients
+# with every solver in
+# test_drivers.py's test_replay_drivers_agree_with_batched[lv-Tsit5-Lanes],
+# [forced-Dopri5-Lanes] (a dict parameter with a vector leaf, moved save times) and
+# [vdp-Vern7-Lanes], on ragged ensembles.
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", [gs.Tsit5, gs.Dopri5, gs.Vern7], ids=["Tsit5", "Dopri5", "Vern7"])
 def test_lanes_match_batched_replay(kernel_off, solver):
     f, y0, p, ts = _forced_problem()
     mesh = gs.record(f, 0.0, 6.0, y0, p, ts=ts, solver=solver(), rtol=1e-7, atol=1e-9)
@@ -83,7 +90,7 @@ def test_lanes_match_diffrax_on_the_same_mesh(kernel_off):
     f, y0, p, ts = _forced_problem(8)
     mesh = gs.record(f, 0.0, 6.0, y0, p, ts=ts, rtol=1e-7, atol=1e-9)
     loss = lambda y, q: jnp.sum(gs.replay(f, mesh, y, q).ys ** 2)
-    g_y, g_p = jax.grad(loss, argnums=(0, 1))(y0, p)
+    g_y, g_p = jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, p)
     i = 5
     times = jnp.asarray(np.asarray(mesh.times[i, : int(mesh.n_steps[i]) + 1]))
     pi = jax.tree_util.tree_map(lambda x: x[i], p)
@@ -95,7 +102,7 @@ def test_lanes_match_diffrax_on_the_same_mesh(kernel_off):
             max_steps=len(times) + 1)
         return jnp.sum(sol.ys ** 2)
 
-    r_y, r_p = jax.grad(ref_loss, argnums=(0, 1))(y0[i], pi)
+    r_y, r_p = jax.jit(jax.grad(ref_loss, argnums=(0, 1)))(y0[i], pi)
     np.testing.assert_allclose(g_y[i], r_y, rtol=1e-10)
     for a, b in zip(jax.tree_util.tree_leaves(g_p), jax.tree_util.tree_leaves(r_p)):
         np.testing.assert_allclose(a[i], b, rtol=1e-10)
@@ -104,8 +111,8 @@ def test_lanes_match_diffrax_on_the_same_mesh(kernel_off):
 def test_lanes_gradient_matches_central_differences(kernel_off):
     f, y0, p, ts = _forced_problem(4)
     mesh = gs.record(f, 0.0, 6.0, y0, p, ts=ts, rtol=1e-8, atol=1e-10)
-    loss = lambda w: jnp.sum(gs.replay(f, mesh, y0, {"a": p["a"], "w": w}).ys[:, :, 0] ** 2)
-    g = jax.grad(loss)(p["w"])
+    loss = jax.jit(lambda w: jnp.sum(gs.replay(f, mesh, y0, {"a": p["a"], "w": w}).ys[:, :, 0] ** 2))
+    g = jax.jit(jax.grad(loss))(p["w"])
     eps = 1e-6
     for j in range(4):
         e = jnp.zeros(4).at[j].set(eps)
@@ -124,9 +131,12 @@ def test_lanes_under_jit_with_spare_capacity_and_moved_times(kernel_off):
             s = gs.solve(f, 0.0, 6.0, y, q, ts=tt, max_steps=512, driver=driver)
             return jnp.sum(s.ys ** 2)
 
-        g = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(y0, p, ts)
-        jv = jax.jvp(lambda tt: loss(y0, p, tt), (ts,), (jnp.ones_like(ts),))[1]
-        return g, jv
+        @jax.jit  # one program for both modes (they share the record)
+        def both(y, q, tt):
+            return (jax.grad(loss, argnums=(0, 1, 2))(y, q, tt),
+                    jax.jvp(lambda s: loss(y, q, s), (tt,), (jnp.ones_like(tt),))[1])
+
+        return both(y0, p, ts)
 
     out, ref = _both(run)
     _close(out, ref, 1e-10)
@@ -139,7 +149,7 @@ def test_lanes_failed_trajectory_is_nan_and_others_unchanged(kernel_off):
     p = jnp.array([[0.1], [2.0], [0.2]])
     mesh = jax.jit(lambda y, q: gs.record(f, 0.0, 1.0, y, q, max_steps=256))(y0, p)
     assert int(mesh.status[1]) != 0
-    g = jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q).y1[jnp.array([0, 2])]))(p)
+    g = jax.jit(jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q).y1[jnp.array([0, 2])])))(p)
     exact = 1.0 / (1.0 - p[jnp.array([0, 2]), 0]) ** 2  # d/dp of 1/(1 - p t) at t = 1
     np.testing.assert_allclose(np.asarray(g[jnp.array([0, 2]), 0]), np.asarray(exact), rtol=1e-5)
     assert np.all(np.isnan(np.asarray(gs.replay(f, mesh, y0, p).y1[1])))
@@ -150,8 +160,8 @@ def test_lanes_vmap_and_float32(kernel_off):
     p = jnp.tile(jnp.array([1.5, 1.0, 3.0, 1.0], jnp.float32), (6, 1))
     mesh = gs.record(lotka_volterra, 0.0, 5.0, y0, p, rtol=1e-4, atol=1e-6)
     scales = jnp.array([0.9, 1.0, 1.1], jnp.float32)
-    g = jax.vmap(lambda s: jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q).y1))(s * p))(scales)
-    g1 = jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q).y1))(p)
+    g = jax.jit(jax.vmap(lambda s: jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q).y1))(s * p)))(scales)
+    g1 = jax.jit(jax.grad(lambda q: jnp.sum(gs.replay(lotka_volterra, mesh, y0, q).y1)))(p)
     assert g.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(g[1]), np.asarray(g1), rtol=1e-5)
 
@@ -203,8 +213,8 @@ def test_lanes_matrix_parameters(kernel_off, monkeypatch):
     mesh = gs.record(f, 0.0, 3.0, y0, p, ts=jnp.linspace(0.0, 3.0, 7))
 
     def run(driver):
-        return jax.grad(lambda q, y: jnp.sum(gs.replay(f, mesh, y, q, driver=driver).ys ** 2),
-                        argnums=(0, 1))(p, y0)
+        return jax.jit(jax.grad(lambda q, y: jnp.sum(gs.replay(f, mesh, y, q, driver=driver).ys ** 2),
+                                argnums=(0, 1)))(p, y0)
 
     out, ref = _both(run)
     _close(out, ref, 1e-11)

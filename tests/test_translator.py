@@ -132,10 +132,12 @@ def _run(f, mesh, y0, p, ts, driver=None):
     w = jnp.linspace(0.5, 1.5, ts.size)[:, None]
 
     def loss(y0, p):
-        return jnp.sum(w * gs.replay(f, mesh, y0, p, ts=ts, driver=driver).ys ** 2)
+        sol = gs.replay(f, mesh, y0, p, ts=ts, driver=driver)
+        return jnp.sum(w * sol.ys ** 2), sol
 
-    sol = gs.replay(f, mesh, y0, p, ts=ts, driver=driver)
-    return sol.route, sol.ys, jax.grad(loss, argnums=(0, 1))(y0, p)
+    # the values from the gradient's own forward pass: no separate replay to compile
+    (_, sol), grads = jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(y0, p)
+    return sol.route, sol.ys, grads
 
 
 def _close(got, ref):
@@ -147,10 +149,11 @@ def _close(got, ref):
 
 # One kernel build (a C++ compile) per idiom is the slow part: in the normal suite every
 # idiom runs on the kernel in one of three stacked fields (test_all_idioms_in_one_field_
-# run_on_the_kernel, three builds) and alone for `at_set`; each idiom alone on the kernel in
-# the slow tier.
-KERNEL_ALONE = [pytest.param(name, marks=[] if name == "at_set" else [pytest.mark.slow])
-                for name in FIELDS]
+# run_on_the_kernel, three builds: the translation, no warning, values and gradients against
+# the batched replay); each idiom alone on the kernel, through `Auto`, in the slow tier
+# (`Auto` taking a translated field, with the kernel off: test_lanes_idioms_in_one_field_
+# match_batched; with it on: test_kernel.py's test_kernel_matches_xla_replay).
+KERNEL_ALONE = [pytest.param(name, marks=[pytest.mark.slow]) for name in FIELDS]
 
 
 @requires_compiler
@@ -168,12 +171,14 @@ def test_idiom_runs_on_the_kernel_and_matches_batched(name):
 
 # three groups: one field of all 13 idioms is 1.6 MB of C++ (a slower build than three)
 GROUPS = {"a": list(FIELDS)[:4], "b": list(FIELDS)[4:8], "c": list(FIELDS)[8:]}
+# the idioms the lanes replay runs stacked in the normal suite (see LANES_ALONE below)
+STACKS = {**GROUPS, "lanes": ["at_set", "gather", "switch"]}
 
 
 def _blocks(group):
     """``(name, state slice, parameter slice)`` of each idiom of ``group`` in its field."""
     out, i, j = [], 0, 0
-    for name in GROUPS[group]:
+    for name in STACKS[group]:
         _, y0, p, _ = FIELDS[name]
         out.append((name, slice(i, i + len(y0)), slice(j, j + len(p))))
         i, j = i + len(y0), j + len(p)
@@ -190,39 +195,71 @@ def _stacked(group):
     return idioms
 
 
+def _stacked_problem(group):
+    """``(f, mesh, y0, p, ts)`` of `_stacked` ``(group)``, its mesh recorded by the batched
+    driver."""
+    spread = (1 + 0.15 * jnp.linspace(-1, 1, N))[:, None]
+    every_idiom = _stacked(group)
+    y0 = jnp.concatenate([jnp.asarray(FIELDS[n][1]) for n in STACKS[group]]) * spread
+    p = jnp.concatenate([jnp.asarray(FIELDS[n][2]) for n in STACKS[group]]) * spread[::-1]
+    t1 = 3.0
+    ts = jnp.linspace(0.0, t1, 7)
+    mesh = gs.record(every_idiom, 0.0, t1, y0, p, ts=ts, rtol=1e-8, atol=1e-10,
+                     driver=gs.drivers.Batched())
+    return every_idiom, mesh, y0, p, ts
+
+
+def _close_blocks(group, got, ref):
+    """Each idiom's block of the values and of the gradients ``(ys, (d y0, d p))``."""
+    (ys, (gy, gp)), (ys_ref, (gy_ref, gp_ref)) = got, ref
+    for name, ys_, ps_ in _blocks(group):
+        _close(ys[..., ys_], ys_ref[..., ys_])
+        _close((gy[:, ys_], gp[:, ps_]), (gy_ref[:, ys_], gp_ref[:, ps_]))
+
+
 @requires_compiler
 @pytest.mark.parametrize("group", GROUPS)
 def test_all_idioms_in_one_field_run_on_the_kernel(group):
     """What test_idiom_runs_on_the_kernel_and_matches_batched checks for each idiom, for all
     of a group of them in one field (one kernel build): the kernel translates it without a warning,
     and each idiom's block of the values and of the gradients equals the batched replay's."""
-    spread = (1 + 0.15 * jnp.linspace(-1, 1, N))[:, None]
-    every_idiom = _stacked(group)
-    y0 = jnp.concatenate([jnp.asarray(FIELDS[n][1]) for n in GROUPS[group]]) * spread
-    p = jnp.concatenate([jnp.asarray(FIELDS[n][2]) for n in GROUPS[group]]) * spread[::-1]
-    t1 = 3.0
-    ts = jnp.linspace(0.0, t1, 7)
-    mesh = gs.record(every_idiom, 0.0, t1, y0, p, ts=ts, rtol=1e-8, atol=1e-10,
-                     driver=gs.drivers.Batched())
-    _, ys_ref, (gy_ref, gp_ref) = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Batched())
+    every_idiom, mesh, y0, p, ts = _stacked_problem(group)
+    _, ys_ref, g_ref = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Batched())
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # no fallback warning either
         # the kernel translates the field (what makes ``Auto`` take it; a field this size
         # it builds in the background, so the explicit driver waits for the build)
         assert gs.drivers.Kernel().replay_reason(every_idiom, gs.Tsit5(), y0, p) is None
-        route, ys, (gy, gp) = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Kernel())
+        route, ys, g = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Kernel())
     assert route == "gradsolve-kernel"
-    for name, ys_, ps_ in _blocks(group):
-        _close(ys[..., ys_], ys_ref[..., ys_])
-        _close((gy[:, ys_], gp[:, ps_]), (gy_ref[:, ys_], gp_ref[:, ps_]))
+    _close_blocks(group, (ys, g), (ys_ref, g_ref))
 
 
 # On the lanes replay, indexing and control flow (the lanes' own lowering: gathers and
-# selects over lanes) in the normal suite; the other idioms, whose scalar rules the kernel
-# tests above exercise, in the slow tier (an XLA compile each, ~3-10 s).
-LANES_FAST = {"at_set", "gather", "cond", "switch"}
-LANES_ALONE = [pytest.param(name, marks=[] if name in LANES_FAST else [pytest.mark.slow])
-               for name in FIELDS]
+# selects over lanes) in the normal suite, stacked in one field (STACKS["lanes"]: one
+# record and two XLA compiles instead of three of each; `cond` is left out, as
+# ``lax.cond`` and ``lax.switch`` are one primitive, ``cond`` with an index operand, which
+# `switch` runs with three branches on a computed index); each idiom alone, and the other
+# idioms, whose scalar rules the kernel tests above exercise, in the slow tier (an XLA
+# compile each, ~3-10 s).
+LANES_ALONE = [pytest.param(name, marks=[pytest.mark.slow]) for name in FIELDS]
+
+
+def test_lanes_idioms_in_one_field_match_batched(monkeypatch):
+    """What test_idiom_runs_on_the_lanes_replay_and_matches_batched checks for each idiom,
+    for the indexing and control-flow idioms in one field: the lanes replay gives each
+    idiom's block of the batched replay's values and gradients, and ``Auto`` takes it with
+    the kernel off, without a warning."""
+    every_idiom, mesh, y0, p, ts = _stacked_problem("lanes")
+    _, ys_ref, g_ref = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Batched())
+    # the translation is what is tested here, not `lanes_pays`'s size rule
+    monkeypatch.setattr(_lanes, "lanes_pays", lambda d, ops: True)
+    route, ys, g = _run(every_idiom, mesh, y0, p, ts, gs.drivers.Lanes())
+    assert route == "gradsolve-lanes"
+    _close_blocks("lanes", (ys, g), (ys_ref, g_ref))
+    with gs.use_compiled_kernel(False), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert _run(every_idiom, mesh, y0, p, ts)[0] == "gradsolve-lanes"
 
 
 @pytest.mark.parametrize("name", LANES_ALONE)
