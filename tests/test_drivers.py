@@ -183,8 +183,17 @@ def _agree(got, want, rtol=RTOL, what=""):
 # --- 1. every driver that applies equals the batched driver on one mesh ---------------------
 
 
-@pytest.mark.parametrize("driver", list(DRIVERS))
-@pytest.mark.parametrize("problem, solver", CASES, ids=[f"{a}-{b}" for a, b in CASES])
+# A kernel build (~10 s) is most of a Kernel case: Lotka-Volterra with Tsit5 on the kernel
+# is compared with the XLA replay in test_kernel.py (test_kernel_matches_xla_replay), and
+# Vern7 on the kernel here with `coupled` (nested dict parameters), so those two Kernel
+# cases run in the slow tier.
+SLOW_CASES = {("lv", "Tsit5", "Kernel"), ("vdp", "Vern7", "Kernel")}
+
+
+@pytest.mark.parametrize("problem, solver, driver", [
+    pytest.param(p, s, d, id=f"{p}-{s}-{d}",
+                 marks=[pytest.mark.slow] if (p, s, d) in SLOW_CASES else [])
+    for p, s in CASES for d in DRIVERS])
 def test_replay_drivers_agree_with_batched(problem, solver, driver):
     f, _, y0, p, ts = _problem(problem)
     mesh = _mesh(problem, solver)

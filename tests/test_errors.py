@@ -204,7 +204,10 @@ def test_vmap_over_a_value_the_vector_field_closes_over():
     assert np.isnan(float(sol.y1[1, 0]))
 
 
-@pytest.mark.parametrize("route", ["kernel", "xla", "rodas5p"])
+# the kernel route (a kernel build of its own, ~12 s) in the slow tier; float32 on the
+# kernel is checked in the normal suite by test_kernel.py::test_float32_kernel
+@pytest.mark.parametrize("route", [pytest.param("kernel", marks=pytest.mark.slow), "xla",
+                                   "rodas5p"])
 def test_mixed_and_half_precision_dtypes_are_promoted(route):
     """float32 y0 with float64 params (x64 on) runs in float64 on every route; float16 and
     bfloat16 y0 run in float32."""

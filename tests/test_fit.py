@@ -444,6 +444,9 @@ def test_fit_tells_a_non_finite_likelihood_from_a_failed_solve(lynx):
     assert "Rodas5P" not in str(info.value)
 
 
+@pytest.mark.slow  # ~13 s; a user's log-likelihood in the density against SciPy is
+# test_models.py::test_user_log_likelihood_model (normal suite), the fits that minimise such
+# densities the tests above
 def test_fit_with_a_plain_log_likelihood():
     """A user vector field plus a log-likelihood function (here Student-t, not a
     noise distribution). The MAP is checked against SciPy on the closed-form solution

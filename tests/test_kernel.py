@@ -81,8 +81,8 @@ def _loss(f, mesh, y0, p, ts):
 # normal suite every problem once, with Tsit5 (whose kernels the record tests below reuse);
 # Dopri5 and Vern7 on the kernel against the batched replay, values, error ratios and
 # gradients (save times included), are test_drivers.py's test_replay_drivers_agree_with_
-# batched[forced-Dopri5-Kernel] (dict parameters) and [vdp-Vern7-Kernel],
-# [coupled-Vern7-Kernel] (nested dict parameters). The other pairs run in the slow tier.
+# batched[forced-Dopri5-Kernel] (dict parameters) and [coupled-Vern7-Kernel] (nested dict
+# parameters). The other pairs run in the slow tier.
 KERNEL_VS_XLA_FAST = {("lotka_volterra", "Tsit5"), ("forced", "Tsit5"), ("many_primitives", "Tsit5")}
 KERNEL_VS_XLA = [pytest.param(problem, solver, id=f"{problem}-{type(solver).__name__}",
                               marks=[] if (problem, type(solver).__name__) in KERNEL_VS_XLA_FAST

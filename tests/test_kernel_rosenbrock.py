@@ -198,6 +198,8 @@ def test_known_time_events_match_the_xla_replay():
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-11)
 
 
+@pytest.mark.slow  # ~18 s; the Rodas5P kernel's values and adjoint against the XLA replay in
+# the normal suite: test_kernel_matches_xla_replay_values_and_gradients[robertson-Rodas5P]
 def test_a_step_split_over_several_lane_loops(monkeypatch):
     """Past `CHUNK` statements a lane's step runs as several loops, the values crossing
     them through lane buffers (larger fields: Boehm's 8 states make ~10 loops per sweep);

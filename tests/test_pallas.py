@@ -123,6 +123,11 @@ def oral(t, y, p):
     return jnp.stack([-p["ka"] * y[0], p["ka"] * y[0] - p["k"] * y[1] + rate])
 
 
+# ~20 s in interpret mode on a CPU (where the Pallas driver is never chosen); the replay's
+# values and gradients against the lanes replay stay in the normal suite
+# (test_replay_values_and_gradients_equal_lanes), and events and doses on the other drivers
+# in test_events.py and test_doses.py
+@pytest.mark.slow
 def test_events_and_doses_equal_lanes():
     """Known-time events (FSAL: the carried stage restarts after each jump and tstop node)
     from doses (boluses, ragged with +inf padding; an infusion: two rate jumps of an extra

@@ -37,6 +37,12 @@ def _close_to_reference(value, name):
     assert abs(value - ref) <= max(1e-3 * abs(ref), 0.01), (name, value, ref)
 
 
+# ~30 s (the fourth-order differences at rtol 1e-11 are a compile of their own); in the
+# normal suite Boehm's simulation is checked against the collection's
+# (test_boehm_simulation_matches_the_collections_simulation) and PEtab gradients against
+# closed forms (test_an_estimated_switch_time_has_its_exact_gradient,
+# test_a_large_switch_at_a_fixed_time_is_solved_exactly)
+@pytest.mark.slow
 def test_boehm_nominal_and_gradient_against_central_differences():
     # Tight tolerances, so that central differences of re-recorded solves resolve the
     # gradient to 1e-4 (the solution's own error divided by the step sets their noise).

@@ -253,6 +253,8 @@ def test_oscillator_objective_is_multimodal(oscillator):
     assert res.loss > nll_min[0] + 50
 
 
+@pytest.mark.slow  # ~20 s; in the normal suite the search reaches the decay problem's closed-form
+# optimum from the bounds, and the CMA kernel Rastrigin's minimum among its many local ones
 def test_global_search_finds_the_oscillators_frequency(oscillator, oscillator_fit):
     w_min, sigma_min, nll_min = _oscillator_minima()
     res = oscillator_fit
