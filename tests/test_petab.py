@@ -488,7 +488,6 @@ def test_an_estimated_switch_time_has_its_exact_gradient(tmp_path, per_condition
     problem = models.load_petab(path, rtol=1e-10, atol=1e-12)
     x0 = np.asarray(problem.nominal, float)
     ids = list(problem.parameter_ids)
-    taus = [x0[ids.index(f"tau_{c}" if per_condition else "tau")] for c in conds]
     exact = lambda v: _lag_llh(v[ids.index("k")], v[ids.index("d")],
                                [v[ids.index(f"tau_{c}" if per_condition else "tau")]
                                 for c in conds], times, len(conds))
