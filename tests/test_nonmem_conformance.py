@@ -204,18 +204,19 @@ class Batch:
         self.cases = GROUPS[group]
         self.names = list(self.cases)
         self.group = group
+        self.two_compartment = group in ("two", "two_schedule")
         subjects = {i + 1: fn(self.params())[0] for i, (fn, _) in enumerate(self.cases.values())}
         self.data = models.PopulationDataset.from_table(
-            table(subjects, **({"WT": 70.0} if group.startswith("two") else {})))
+            table(subjects, **({"WT": 70.0} if self.two_compartment else {})))
         self.pred = np.asarray(self.predict())
 
     def params(self, **over):
-        if self.group.startswith("two"):
+        if self.two_compartment:
             return dict(TWO) | over
         return ONE_P | (DP_DEFAULT if self.group == "dose_parameters" else {}) | over
 
     def model(self):
-        if self.group.startswith("two"):
+        if self.two_compartment:
             return models.two_compartment_oral()
         if self.group == "dose_parameters":
             return with_dose_parameters(models.theophylline())
@@ -223,7 +224,7 @@ class Batch:
 
     def theta(self, **kw):
         S = len(self.names)
-        if self.group.startswith("two"):
+        if self.two_compartment:
             return two_theta(S, **kw)
         dp = {k: np.array([{**DP_DEFAULT, **d}[k] for _, d in self.cases.values()])
               for k in DOSE_PARAMETERS} if self.group == "dose_parameters" else {}
@@ -631,6 +632,9 @@ def test_two_compartment_iv_bolus_ADDL_bi_exponential(batch):
     batch("two").check("two_iv_addl")
 
 
+# The two-compartment infusion, steady-state and reset cases ("two_schedule": a compiled
+# program of their own, ~25 s with cold caches) run in the slow tier; each test names the
+# one-compartment test of the same records in the normal suite.
 @case("two_schedule")
 def two_infusion(p):
     rows = flat(dose(1.0, 300.0, cmt=2, RATE=100.0), obs(2.0, 4.0, 5.0, 24.0))
@@ -638,10 +642,7 @@ def two_infusion(p):
     return rows, infusion(t, 1.0, 300.0, 3.0, two_cpt_terms(p)) / p["v1"]
 
 
-# The two-compartment infusion, steady-state and reset cases (their own compiled
-# program, ~25 s with cold caches) run in the slow tier; the same records on the
-# one-compartment model are tested in the normal suite: test_RATE_infusion_lasts_AMT_over_RATE.
-@pytest.mark.slow
+@pytest.mark.slow  # two_schedule; one compartment: test_RATE_infusion_lasts_AMT_over_RATE
 def test_two_compartment_RATE_infusion(batch):
     """PREDPP Guide VI V.E with two compartments: a zero-order input at RATE into the
     central compartment (the integral of the bi-exponential)."""
@@ -655,10 +656,7 @@ def two_ss1_bolus(p):
     return rows, ss_bolus(t, 0.0, 500.0, 12.0, two_cpt_terms(p)) / p["v1"]
 
 
-# The two-compartment infusion, steady-state and reset cases (their own compiled
-# program, ~25 s with cold caches) run in the slow tier; the same records on the
-# one-compartment model are tested in the normal suite: test_SS1_iv_bolus_geometric_series.
-@pytest.mark.slow
+@pytest.mark.slow  # two_schedule; one compartment: test_SS1_iv_bolus_geometric_series
 def test_two_compartment_SS1_bolus_geometric_series_per_exponential(batch):
     """NONMEM SS help with two compartments: both exponentials summed over the implied
     doses, A e^{-alpha s}/(1 - e^{-alpha II}) + B e^{-beta s}/(1 - e^{-beta II})."""
@@ -672,10 +670,7 @@ def two_ss1_infusion(p):
     return rows, ss_infusion(t, 2.0, 400.0, 2.0, 8.0, two_cpt_terms(p)) / p["v1"]
 
 
-# The two-compartment infusion, steady-state and reset cases (their own compiled
-# program, ~25 s with cold caches) run in the slow tier; the same records on the
-# one-compartment model are tested in the normal suite: test_SS1_infusion_at_steady_state.
-@pytest.mark.slow
+@pytest.mark.slow  # two_schedule; one compartment: test_SS1_infusion_at_steady_state
 def test_two_compartment_SS1_infusion(batch):
     """NONMEM SS dose help with two compartments: a steady-state infusion (DUR < II), the
     peripheral compartment at its steady state too."""
@@ -692,10 +687,8 @@ def two_ss2_and_reset(p):
     return rows, np.where(t < 11.0, before, bolus(t, 12.0, 50.0, terms)) / p["v1"]
 
 
-# The two-compartment infusion, steady-state and reset cases (their own compiled
-# program, ~25 s with cold caches) run in the slow tier; the same records on the
-# one-compartment model are tested in the normal suite: test_SS2_iv_bolus_keeps_pending_ADDL_doses, test_EVID3_reset_zeroes_every_compartment.
-@pytest.mark.slow
+@pytest.mark.slow  # two_schedule; one compartment: test_SS2_iv_bolus_keeps_pending_ADDL_doses
+# and test_EVID3_reset_zeroes_every_compartment
 def test_two_compartment_SS2_then_EVID3_resets_the_peripheral_too(batch):
     """NONMEM SS help (SS = 2 adds) and EVID help (EVID 3 resets every compartment, the
     peripheral one included)."""
