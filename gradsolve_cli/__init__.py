@@ -25,8 +25,9 @@ _REPEATS = 5  # timed runs per function in the demo; the best one is reported
 
 
 def _cpus() -> int:
-    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count()) or 1
+    from gradsolve._cpus import usable_cpus  # here: `gradsolve --help` imports no JAX
+
+    return usable_cpus()
 
 
 def _load_ratio() -> float | None:

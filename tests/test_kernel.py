@@ -241,7 +241,7 @@ def test_kernel_parts_build_in_any_grouping(monkeypatch, tmp_path, cpus):
     time-carrying adjoint only once a save-time gradient needs it: every grouping gives the
     XLA replay's values and gradients (parameters and ``ts``)."""
     _cache_settings(monkeypatch, kernel_cache=str(tmp_path))
-    monkeypatch.setattr(build.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr(build, "usable_cpus", lambda: cpus)
     monkeypatch.setattr(build, "_registered", {})
     monkeypatch.setattr(build, "_built", {})
     monkeypatch.setattr(kernel_replay_mod, "_sources", {})

@@ -55,6 +55,7 @@ from pathlib import Path
 import jax
 
 from ... import _config
+from ..._cpus import usable_cpus
 from ..._caches import cache
 
 _lock = threading.Lock()
@@ -111,10 +112,7 @@ def _groups(parts: tuple[str, ...]) -> list[tuple[str, ...]]:
     Each process pays ~1 s for the headers, so there are no more groups than CPUs; with
     two, the adjoint (the largest part) is compiled alone.
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     if cpus >= len(parts):
         return [(part,) for part in parts]
     if cpus == 2 and "bwd" in parts:

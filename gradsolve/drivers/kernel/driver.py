@@ -11,7 +11,6 @@ adjoint, forward mode and second derivatives the batched driver.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from functools import partial
@@ -27,6 +26,7 @@ from ..._caches import cache
 from ..._checks import batch, check_vector_field, split_static
 from ..._flat import cache_key, flat_field, flat_params, flatten_spec, per_trajectory
 from ..._config import kernel_enabled
+from ..._cpus import usable_cpus
 from ..._events import empty_events
 from ..._mesh import Mesh
 from ..._solver import Tsit5
@@ -167,8 +167,7 @@ def call_threads(threads: int) -> np.int32:
     if not am.manual_axes:
         return np.int32(0)
     k = int(np.prod([am.shape[a] for a in am.manual_axes]))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return np.int32(max(1, (cpus or 1) // k))
+    return np.int32(max(1, usable_cpus() // k))
 
 
 SPREAD_MIN = 64
