@@ -21,8 +21,8 @@ demo: $(STAMP)
 # its affinity and any cgroup CPU quota), at most 4 (each holds a JAX
 # process of 1-3 GB), whole test files to each (`--dist loadfile`: module fixtures run
 # once). tests/conftest.py gives each worker its own JAX compilation cache. Measured on a
-# quiet 2-core machine, fresh clone, every cache cold, venv included: 17.7 min with two
-# workers (2026-12-07, 800 tests; both cores busy throughout: the suite is bound by XLA
+# quiet 2-core machine, fresh clone, every cache cold, venv included: 17.7-20.2 min with two
+# workers (2026-12-07, 800-807 tests; both cores busy throughout: the suite is bound by XLA
 # compiles and C++ kernel builds). One process: `make test XDIST=`.
 WORKERS ?= $(shell $(PYTHON) tools/cpus.py 4 2>/dev/null || echo 1)
 XDIST ?= $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile,)
