@@ -128,16 +128,23 @@ class FitResult:
         """The best start's final loss."""
         return float(self.losses[self.best_index])
 
-    def plot_waterfall(self, ax=None, *, tol: float = 0.1):
+    def plot_waterfall(self, ax=None, *, tol: float = 0.1, reference: float | None = None,
+                       reference_label: str = "reference"):
         """Plot the final objective of every start, sorted (a waterfall plot).
 
-        The y axis is ``loss - best + 1`` on a log scale (so the best start sits at 1 and
-        a plateau of equal optima is flat); starts within ``tol`` of the best are marked.
+        The y axis is ``loss - floor + 1`` on a log scale, where ``floor`` is the best loss
+        (or ``reference`` where that is lower), so the lowest point sits at 1 and a plateau of
+        equal optima is flat; starts within ``tol`` of the best are marked.
 
         Args:
             ax: a matplotlib ``Axes`` (``None``: a new figure).
             tol: the distance to the best loss within which a start counts as having
                 reached it.
+            reference: an objective value known from elsewhere (a published optimum, the
+                objective at nominal parameters), drawn as a horizontal line. Where it lies
+                below every start, the axis starts at it, so a missed optimum shows as a
+                gap between the line and the lowest start instead of falling off the axis.
+            reference_label: the legend's name for that line.
 
         Returns:
             The ``Axes``.
@@ -153,18 +160,29 @@ class FitResult:
         losses = np.sort(np.asarray(self.losses, float))
         finite = np.isfinite(losses)
         rank = np.arange(1, len(losses) + 1)
+        ref = None if reference is None else float(reference)
+        if ref is not None and not np.isfinite(ref):
+            raise ValueError(f"`reference` must be a finite objective value, got {reference!r}")
         if finite.any():
-            y = losses[finite] - losses[finite][0] + 1.0
-            near = losses[finite] - losses[finite][0] <= tol
+            best = losses[finite][0]
+            floor = best if ref is None else min(best, ref)
+            y = losses[finite] - floor + 1.0
+            near = losses[finite] - best <= tol
             ax.plot(rank[finite], y, "-", color="0.6", lw=1, zorder=1)
             ax.scatter(rank[finite][~near], y[~near], s=14, color="C0", zorder=2)
             ax.scatter(rank[finite][near], y[near], s=14, color="C3", zorder=2,
                        label=f"within {tol:g} of best ({int(near.sum())})")
+            if ref is not None:
+                ax.axhline(ref - floor + 1.0, color="k", ls=":", lw=1,
+                           label=f"{reference_label} ({ref:.6g})")
             ax.set_yscale("log")
             ax.legend(loc="upper left", frameon=False)
+            what = "best" if ref is None or best <= ref else reference_label
+            ax.set_ylabel(f"objective - {what} + 1")
+        else:
+            ax.set_ylabel("objective")
         n_bad = int((~finite).sum())
-        ax.set_xlabel("start (sorted)" + (f"; {n_bad} failed" if n_bad else ""))
-        ax.set_ylabel("objective - best + 1")
+        ax.set_xlabel("start (sorted by final objective)" + (f"; {n_bad} failed" if n_bad else ""))
         return ax
 
     def __repr__(self) -> str:
