@@ -403,7 +403,9 @@ def fit(
             later (a full disk) is a ``RuntimeWarning`` and the fit goes on. For a PEtab
             problem only with ``method="global"`` (the search's state, saved every
             ``checkpoint_every`` generations and after each polish).
-        progress: show a tqdm bar (default: only when stderr is a terminal).
+        progress: ``None`` (default): a tqdm bar when stderr is a terminal, else a plain
+            line on stderr now and then (steps, seconds, best loss); ``True``: the
+            bar; ``False``: nothing.
         rtol, atol, solver, max_steps: the ODE solve (``None``: ``rtol = 1e-6``,
             ``atol = 1e-8``, the model's solver; ``max_steps=None``: 4,096 steps, or 16,384
             for the ode sites of a population model or program; a PEtab problem's own

@@ -172,12 +172,24 @@ def draw(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, Sampl
             if again:
                 next_save = 0
                 continue
-        run.advance(info.draws[-1].z.shape[1])
+        run.advance(info.draws[-1].z.shape[1], s)
         done = s.iteration - run.num_warmup
         if done >= next_save + every or s.iteration == run.total:
             run.save(s, info)
             next_save = done // every * every
     return s, info
+
+
+def _advancer(bar):
+    """``advance(n, state=None)`` for `Run`: ``n`` more iterations on ``bar``, with the
+    chains' step size (their median) from ``state`` where given."""
+    def advance(n, state=None):
+        if state is not None:
+            size = np.median(np.asarray(state.chains.adapt_state.step_size))
+            bar.set_postfix(step_size=f"{size:.3g}")
+        bar.update(n)
+
+    return advance
 
 
 def _checked_sample_args(o: dict) -> None:
@@ -351,7 +363,9 @@ def sample(
             path resumes and gives the same draws as an uninterrupted run. A path that
             cannot be written is a ``ValueError`` before the run starts; a save that fails
             later (a full disk) is a ``RuntimeWarning`` and the run goes on.
-        progress: a progress bar (default: only when stderr is a terminal).
+        progress: ``None`` (default): a progress bar when stderr is a terminal, else a
+            plain line on stderr now and then (phase, iterations, seconds, step size);
+            ``True``: the bar; ``False``: nothing.
         target_accept: NUTS/HMC's target acceptance probability; ``None``: 0.8 (NumPyro's
             and Stan's default) for an `ODEModel` or a program with no latent site in a
             plate; for a population model or program with them 0.9 with a diagonal
@@ -411,9 +425,10 @@ def sample(
     base, retuned, state, info = _first_state(problem, policy, data, o, fingerprint)
     total = int(num_warmup) + int(num_samples)
     bar = progress_bar(progress, total=total, done=state.iteration,
-                       desc=f"sample {problem.model.name}")
+                       desc=f"sample {problem.model.name} ({num_chains} chains)",
+                       phases=(("warmup", int(num_warmup)), ("sampling", int(num_samples))))
     run = Run(base, int(num_warmup), total, int(max_retunes), checkpoint_every,
-              _saver(checkpoint, fingerprint), bar.update, retuned)
+              _saver(checkpoint, fingerprint), _advancer(bar), retuned)
     try:
         state, info = draw(run, *warm_up(run, state, info))
     finally:

@@ -72,8 +72,9 @@ class Run(NamedTuple):
         max_retunes: how many re-adaptations the response to divergences may make.
         checkpoint_every: draws between checkpoints of the sampling phase.
         save: ``save(state, info)`` writes a checkpoint (or nothing).
-        advance: ``advance(n)`` reports ``n`` more iterations done (the progress bar;
-            negative where draws already counted are dropped).
+        advance: ``advance(n, state=None)`` reports ``n`` more iterations done (the
+            progress; negative where draws already counted are dropped), and the step
+            size of ``state`` where given.
         retuned: the re-adapting kernels built so far, by ``target_accept``.
     """
 
@@ -229,7 +230,7 @@ def warm_up(run: Run, s: SampleState, info: SampleInfo) -> tuple[SampleState, Sa
     lengths = windows(run.num_warmup)
     while s.window < len(lengths):
         s, info = warmup_window(run, s, info)
-        run.advance(lengths[s.window - 1])
+        run.advance(lengths[s.window - 1], s)
         run.save(s, info)
     if not lengths and run.base.policy.warmup_rerecords and s.mesh.is_ensemble:
         s, info = freeze_mesh(run, s, info)
