@@ -4,7 +4,9 @@ gradsolve: ``inference.fit(problem, n_starts=20)`` (timed apart), then
 ``inference.profile(problem, fit)``: every parameter's profile, both directions, one
 ensemble. Prints each parameter's estimate, 95 % interval (parameter scale), why each side
 stopped, the points per profile, rounds, LM evaluations and records, and the wall time
-(compilation included).
+(compilation included); where the fit was not the optimum, the profile's restarts from
+the better point it found, both objective values, and whether the result is reliable; and
+flags any zero-width interval (there must be none).
 
 pyPESTO (only where ``import pypesto, amici`` works in this interpreter, or in the one
 ``--pypesto-python`` names): the same problem through AMICI, one Fides run from gradsolve's
@@ -54,6 +56,10 @@ def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float) -> di
     wall = time.perf_counter() - t
     print(f"profile: {wall:.1f} s, {prof.n_rounds} rounds, {prof.n_evals} LM evaluations, "
           f"{prof.n_records} records (ensembles of {2 * len(prof.parameter_ids)} walks)")
+    print(f"  fit objective {prof.fit_objective:.5f}, profiled from {prof.objective_opt:.5f} "
+          f"after {prof.n_restarts} restart(s); reliable: {prof.reliable}")
+    zero = [p for p in prof.parameter_ids if prof.intervals[p][0] == prof.intervals[p][1]]
+    print(f"  zero-width intervals: {zero or 'none'}")
     for note in prof.notes:
         print(f"  note: {note}")
     print(f"  {'parameter':<28} {'scale':>5} {'estimate':>10} {'lower':>10} {'upper':>10}  "
@@ -65,7 +71,8 @@ def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float) -> di
               f"{len(prof.paths[p].values)}")
     return dict(problem=name, fit_s=t_fit, fit_loss=fit.loss, profile_s=wall,
                 rounds=prof.n_rounds, evals=prof.n_evals, records=prof.n_records,
-                objective_opt=prof.objective_opt,
+                objective_opt=prof.objective_opt, n_restarts=prof.n_restarts,
+                reliable=prof.reliable, zero_width=zero,
                 estimate={p: prof.estimate[p] for p in prof.parameter_ids},
                 intervals={p: list(prof.intervals[p]) for p in prof.parameter_ids},
                 stop_reasons={p: list(prof.stop_reasons[p]) for p in prof.parameter_ids},

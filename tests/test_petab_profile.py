@@ -88,15 +88,26 @@ def _linear_problem(path: Path):
     return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
 
 
-@pytest.mark.slow  # ~20 s; profiles against closed forms in the normal suite:
-# test_profile_intervals_match_the_closed_form_profiles
-def test_a_likelihood_gaussian_in_its_parameters_has_the_analytic_intervals(tmp_path):
-    # y = b + a t + e, e ~ N(0, sd^2): the profile of each parameter is exactly quadratic,
-    # its 95 % interval the estimate +- sqrt(chi2_1(0.95)) standard errors
-    problem = _linear_problem(tmp_path / "line")
+def _linear_truth():
+    """The linear problem's least-squares estimates of (a, b) and their standard errors."""
     design = np.stack([LIN_T, np.ones_like(LIN_T)], axis=1)        # columns a, b
     est = np.linalg.lstsq(design, LIN_Y, rcond=None)[0]
     se = LIN_SD * np.sqrt(np.diag(np.linalg.inv(design.T @ design)))
+    return est, se
+
+
+@pytest.fixture(scope="module")
+def line(tmp_path_factory):
+    return _linear_problem(tmp_path_factory.mktemp("line"))
+
+
+@pytest.mark.slow  # ~20 s; profiles against closed forms in the normal suite:
+# test_profile_intervals_match_the_closed_form_profiles
+def test_a_likelihood_gaussian_in_its_parameters_has_the_analytic_intervals(line):
+    # y = b + a t + e, e ~ N(0, sd^2): the profile of each parameter is exactly quadratic,
+    # its 95 % interval the estimate +- sqrt(chi2_1(0.95)) standard errors
+    problem = line
+    est, se = _linear_truth()
     half = np.sqrt(stats.chi2.ppf(0.95, 1)) * se
     fit = inference.fit(problem, n_starts=2, seed=0)
     prof = inference.profile(problem, fit)
@@ -113,10 +124,34 @@ def test_a_likelihood_gaussian_in_its_parameters_has_the_analytic_intervals(tmp_
                                    atol=1e-6 * se[j], err_msg=p)
 
 
-def _result_at(problem, x):
-    """A one-start `FitResult` of ``problem`` at ``x`` (its loss a fresh solve's)."""
+@pytest.mark.slow  # ~15 s (the linear problem's compile); the same restart in the normal
+# suite: test_a_profile_from_a_point_that_is_not_the_optimum_restarts_from_the_optimum
+def test_a_profile_from_far_off_the_optimum_has_the_analytic_intervals(line):
+    # the fit "stopped" 6 and 5 standard errors off (objective ~170 above the optimum):
+    # the profiles re-optimise from the lower points they find and give the analytic
+    # intervals of the optimum, never the start's zero-width ones
+    est, se = _linear_truth()
+    half = np.sqrt(stats.chi2.ppf(0.95, 1)) * se
+    off = _result_at(line, est + [0.3, -0.5])
+    with pytest.warns(RuntimeWarning, match="not the optimum") as rec:
+        prof = inference.profile(line, off)
+    assert prof.n_restarts >= 1 and prof.reliable
+    assert prof.fit_objective == pytest.approx(off.loss, rel=1e-12)
+    assert f"{off.loss:.6f}" in str(rec[0].message)
+    assert f"{prof.objective_opt:.6f}" in str(rec[0].message)
+    for j, p in enumerate(prof.parameter_ids):
+        assert prof.estimate[p] == pytest.approx(est[j], abs=1e-7)
+        np.testing.assert_allclose(prof.intervals[p], [est[j] - half[j], est[j] + half[j]],
+                                   atol=1e-6 * half[j], err_msg=p)
+        assert prof.identifiable[p] == (True, True)
+
+
+def _result_at(problem, x, loss=None):
+    """A one-start `FitResult` of ``problem`` at ``x`` (its loss a fresh solve's unless
+    given)."""
     ids = problem.parameter_ids
-    loss = -float(problem.log_likelihood(np.asarray(x, float)))
+    if loss is None:
+        loss = -float(problem.log_likelihood(np.asarray(x, float)))
     return FitResult.of_starts(
         {p: np.array([v]) for p, v in zip(ids, x)}, [loss], loss_history=np.array([[loss]]),
         n_records=0, n_records_per_start=np.zeros(1, int), n_grad_evals=0, wall_time=0.0,
@@ -201,12 +236,74 @@ def test_a_parameter_outside_the_likelihood_has_an_open_interval(with_unused):
     assert prof.identifiable["k"] == (True, True)
 
 
+def _shifted(decay):
+    """A result of the decay problem off its optimum by (0.3, -0.2, 0.4) on log10: an
+    objective ~460 above it, and A0 and sigma 2 and 2.5 times theirs."""
+    x_opt, _ = _decay_mle()
+    return _result_at(decay, x_opt + [0.3, -0.2, 0.4])
+
+
+def test_a_profile_from_a_point_that_is_not_the_optimum_restarts_from_the_optimum(decay):
+    x_opt, f_opt = _decay_mle()
+    off = _shifted(decay)
+    assert off.loss == pytest.approx(_nll([off.params[p] for p in decay.parameter_ids]),
+                                     rel=1e-9)
+    with pytest.warns(RuntimeWarning, match="not the optimum") as rec:
+        prof = inference.profile(decay, off)
+    # re-optimised from the lower points its walks found, then profiled from there
+    assert prof.n_restarts >= 1 and prof.reliable
+    assert prof.fit_objective == pytest.approx(off.loss, rel=1e-12)
+    assert prof.objective_opt == pytest.approx(f_opt, abs=1e-6)
+    np.testing.assert_allclose(prof.optimum, x_opt, atol=1e-5)
+    # the warning and the notes give both objective values
+    msg = str(rec[0].message)
+    assert f"{off.loss:.6f}" in msg and f"{prof.objective_opt:.6f}" in msg
+    assert prof.notes and f"{off.loss:.6f}" in prof.notes[0]
+    for j, p in enumerate(prof.parameter_ids):
+        assert prof.estimate[p] == pytest.approx(x_opt[j], abs=1e-5)
+        np.testing.assert_allclose(prof.intervals[p], _interval_ref(j, x_opt, f_opt),
+                                   atol=1e-6, err_msg=p)
+        assert prof.identifiable[p] == (True, True)
+        path = prof.paths[p]
+        assert path.ratio[np.searchsorted(path.values, prof.estimate[p])] == \
+            pytest.approx(1.0, abs=1e-6)
+
+
+def test_with_no_restart_left_the_intervals_are_marked_unreliable_not_zero_width(decay):
+    off = _shifted(decay)
+    with pytest.warns(RuntimeWarning, match="not reliable"):
+        prof = inference.profile(decay, off, max_restarts=0)
+    assert prof.n_restarts == 0 and not prof.reliable
+    assert prof.objective_opt < off.loss - 100  # the walks went far below the start
+    nan_sides = 0
+    for p in prof.parameter_ids:
+        lo, hi = prof.intervals[p]
+        # a side whose start is already past the threshold has no end, never the start
+        for end, why, found in zip((lo, hi), prof.stop_reasons[p], prof.identifiable[p]):
+            assert np.isnan(end) == (why == "not_optimum")
+            assert not (np.isnan(end) and found)
+            nan_sides += bool(np.isnan(end))
+        assert not lo == hi, p
+    assert nan_sides >= 1
+    assert "UNRELIABLE" in repr(prof)
+
+
 def test_bad_arguments_are_named(decay, decay_fit, with_unused):
     for c in (0.0, 1.0, 1.5, -0.1, "0.9", True):
         with pytest.raises(ValueError, match="confidence"):
             inference.profile(decay, decay_fit, confidence=c)
-    with pytest.raises(ValueError, match="nope"):
+    with pytest.raises(ValueError, match=r"\['nope'\] is not a parameter of the problem"):
         inference.profile(decay, decay_fit, parameters=["k", "nope"])
+    for bad in (1, ["k", 2], []):
+        with pytest.raises(ValueError, match="`parameters` must be parameter ids"):
+            inference.profile(decay, decay_fit, parameters=bad)
+    with pytest.raises(ValueError, match="max_restarts"):
+        inference.profile(decay, decay_fit, max_restarts=-1)
+    with pytest.raises(ValueError, match=r"it estimates \['u'\], which this problem"):
+        inference.profile(decay, _result_at(with_unused, [0.0] * 4, loss=0.0))
+    nan_fit = _result_at(decay, [0.0, np.nan, 0.0], loss=0.0)
+    with pytest.raises(ValueError, match=r"params \['k'\] are not finite"):
+        inference.profile(decay, nan_fit)
     with pytest.raises(ValueError, match="another problem"):
         inference.profile(with_unused, decay_fit)
     # same parameters, another objective value: a fit of other data
@@ -226,6 +323,24 @@ def test_bad_arguments_are_named(decay, decay_fit, with_unused):
         inference.profile(decay, decay_fit.params)
 
 
+def test_an_inner_parameter_is_named_with_how_to_profile_it(tmp_path):
+    # with hierarchical optimisation (the default) sigma is computed in closed form
+    _decay_problem(tmp_path)
+    hier = models.load_petab(tmp_path / "problem.yaml", solver=gs.Tsit5())
+    assert hier.inner_parameter_ids == ("sigma",)
+    res = _result_at(hier, [0.0, 0.0], loss=0.0)  # the names are checked before any solve
+    with pytest.raises(ValueError, match=r"'sigma' \(sigma\) is an inner parameter of "
+                                         r"hierarchical optimisation.*hierarchical=False"):
+        inference.profile(hier, res, parameters=["k", "sigma"])
+    # a fit without hierarchical optimisation: profile it on problem.full
+    full = _result_at(hier.full, [0.0, 0.0, 0.0], loss=0.0)
+    with pytest.raises(ValueError, match=r"it estimates \['sigma'\].*problem\.full"):
+        inference.profile(hier, full)
+    # the other way round: a hierarchical fit on the full problem lacks the inner ones
+    with pytest.raises(ValueError, match=r"it lacks \['sigma'\]"):
+        inference.profile(hier.full, res)
+
+
 def test_plot_draws_each_profile_against_the_threshold(decay_profile):
     import matplotlib
 
@@ -237,6 +352,11 @@ def test_plot_draws_each_profile_against_the_threshold(decay_profile):
         assert len(axes) == 3
         assert [ax.get_xlabel() for ax in axes] == ["A0 (log10)", "k (log10)",
                                                     "sigma (log10)"]
+        # no priors: a likelihood ratio (the fit's objective is "map", priors uniform);
+        # the y label once per row, so that it does not run into the panel on its left
+        assert not decay_profile.priors
+        assert [ax.get_ylabel() for ax in axes] == ["likelihood ratio", "", ""]
+        assert axes[0].figure.get_layout_engine() is not None
         ax = axes[1]
         threshold = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
         np.testing.assert_allclose(threshold[0].get_ydata(), np.exp(-THRESHOLD))

@@ -34,6 +34,14 @@ How it runs:
   that function's linear interpolation between the points bracketing the crossing. A walk
   also stops at the bound (open side: ``-inf``/``inf``), after ``max_steps`` points
   (open side) or where the solve fails at the smallest step (open side).
+- The intervals need the optimum: a point more than ``tol`` below the one the walks
+  started from (a fit stopped short of the optimum, or in another basin) abandons them;
+  one more batched LM run, with every coordinate free (the held index ``D``, which
+  matches none), from each walk's lowest point gives a better start, and the walks begin
+  again there (at most ``max_restarts`` times, the rounds' compiled batch unchanged).
+  Without restarts left, the intervals refer to the lowest point and are flagged
+  unreliable, and a side whose start is already past the threshold has no end (``nan``):
+  never the zero-width interval a start outside the confidence region would give.
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ _OVERSHOOT = 1.1
 """A walk whose next ratio target lies below the threshold aims at this times the
 threshold (just past it: a short bracket for the refinement)."""
 
-_REASONS = ("threshold", "bound", "max_steps", "failed")
+_REASONS = ("threshold", "bound", "max_steps", "failed", "not_optimum")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +89,9 @@ class ProfilePath:
         objective: ``(k,)`` the profile ``F_p``: the objective minimised over the other
             parameters with this one held at ``values`` (on kept meshes meeting the
             problem's tolerances).
-        ratio: ``(k,)`` ``exp(-(objective - objective_opt))``, the likelihood (posterior,
-            for ``"map"`` with priors) ratio to the optimum.
+        ratio: ``(k,)`` ``exp(-(objective - objective_opt))``, the likelihood ratio to
+            the optimum (posterior ratio where the objective includes priors:
+            ``ProfileResult.priors``).
         x: ``(k, D)`` every parameter at each point (``ProfileResult.all_parameter_ids``
             order; the profiled column is ``values``).
         converged: ``(k,)`` whether each point's inner Levenberg–Marquardt met its
@@ -107,20 +116,26 @@ class ProfileResult:
     Attributes:
         parameter_ids: the profiled parameters, in the problem's order.
         scales: ``{id: "lin" | "log" | "log10"}``, the scale of the values below.
-        estimate: ``{id: value}`` the optimum (the fit's ``params``), parameter scale.
+        estimate: ``{id: value}`` the optimum the profiles start from, parameter scale:
+            the fit's ``params``, or the point re-optimised from where a profile went
+            below them (``n_restarts``).
         intervals: ``{id: (lower, upper)}`` the ``confidence`` interval on the parameter
             scale; ``-inf`` / ``inf`` on a side whose profile does not cross the
-            threshold inside the bounds (nor within ``max_steps`` points).
+            threshold inside the bounds (nor within ``max_steps`` points); ``nan`` on a
+            side that has no end because its start is past the threshold (only where
+            ``reliable`` is false).
         identifiable: ``{id: (lower_side, upper_side)}`` whether the profile crossed the
             threshold on each side (Raue et al. 2009: a parameter is practically
             identifiable where both are true).
         stop_reasons: ``{id: (lower_side, upper_side)}`` why each walk stopped:
             ``"threshold"`` (crossed), ``"bound"`` (reached the parameter's bound below
             the threshold), ``"max_steps"``, or ``"failed"`` (the solve failed at the
-            smallest step).
+            smallest step), or ``"not_optimum"`` (the start is past the threshold, so
+            there is no end: only where ``reliable`` is false).
         paths: ``{id: ProfilePath}``.
-        objective_opt: the objective the ratios and the threshold refer to: the fit's
-            loss, or the lowest profile point where a profile went below it (``notes``).
+        objective_opt: the objective the ratios and the threshold refer to: the
+            objective at ``estimate``, or the lowest profile point where lower (within
+            ``tol`` of it where ``reliable``).
         confidence: the level; threshold: ``chi2_1(confidence) / 2``, the rise of the
             objective (a negative log-likelihood) that bounds the interval.
         objective: ``"map"`` or ``"mle"``, the fit's.
@@ -128,7 +143,18 @@ class ProfileResult:
         n_rounds: ensemble rounds (each: every walk's next point at once); n_evals,
             n_records: the LM's batched evaluations and mesh records.
         wall_time: seconds, compilation included.
-        notes: what the caller should know (a profile below the fit's optimum).
+        optimum: ``(D,)`` every parameter at ``estimate`` (``all_parameter_ids`` order).
+        fit_objective: the objective at the fit's ``params`` (its loss); above
+            ``objective_opt`` where the fit was not the optimum.
+        n_restarts: times the profiles were restarted from a re-optimised point because
+            a profile went more than ``tol`` below the point they started from.
+        reliable: false where, the restarts spent, a profile still went more than
+            ``tol`` below its start: the intervals are then relative to a point that is
+            not the optimum.
+        priors: whether the objective includes the table's priors (a ``"map"`` fit of a
+            problem with priors): the ratios are then posterior ratios.
+        notes: what the caller should know (the fit was not the optimum; the intervals
+            are unreliable), each also given as a ``RuntimeWarning``.
 
     Example:
         >>> prof = inference.profile(problem, inference.fit(problem, n_starts=20))
@@ -152,11 +178,18 @@ class ProfileResult:
     n_evals: int
     n_records: int
     wall_time: float
+    optimum: np.ndarray
+    fit_objective: float
+    n_restarts: int
+    reliable: bool
+    priors: bool
     notes: tuple = ()
 
     def __repr__(self) -> str:
+        extra = (f", {self.n_restarts} restart(s) from the fit's {self.fit_objective:.6g}"
+                 if self.n_restarts else "") + ("" if self.reliable else ", UNRELIABLE")
         rows = [f"ProfileResult({self.confidence:g} intervals, {self.n_rounds} rounds, "
-                f"{self.wall_time:.1f} s):"]
+                f"{self.wall_time:.1f} s, objective {self.objective_opt:.6g}{extra}):"]
         for p in self.parameter_ids:
             lo, hi = self.intervals[p]
             rows.append(f"  {p} ({self.scales[p]}): {self.estimate[p]:.6g} in "
@@ -167,6 +200,12 @@ class ProfileResult:
         """Each profile as pyPESTO draws it: the ratio ``exp(-(F_p - F_opt))`` against
         the parameter's value, the optimum marked, the threshold ``exp(-threshold)`` as a
         dashed line and the interval's finite ends as dotted lines.
+
+        The ratio is a likelihood ratio (a posterior ratio where the objective includes
+        the table's priors, ``priors``); an unreliable result says so in the legend's
+        title. A new figure has a constrained layout, the
+        y label on its first column only and one legend above the panels, so that long
+        parameter ids do not run into the neighbouring panels.
 
         Args:
             parameters: ids to draw (default every profiled one).
@@ -188,30 +227,51 @@ class ProfileResult:
         if unknown:
             raise ValueError(f"ProfileResult.plot: {unknown} were not profiled "
                              f"(profiled: {list(self.parameter_ids)})")
-        if axes is None:
+        new = axes is None
+        if new:
             nc = max(1, min(int(ncols), len(ids)))
             nr = -(-len(ids) // nc)
-            _, axes = plt.subplots(nr, nc, figsize=(3.2 * nc, 2.6 * nr), squeeze=False)
+            _, axes = plt.subplots(nr, nc, figsize=(3.4 * nc, 2.7 * nr + 0.4),
+                                   squeeze=False, layout="constrained")
         axes = np.ravel(np.asarray(axes, dtype=object))
         if len(axes) < len(ids):
             raise ValueError(f"ProfileResult.plot: {len(ids)} parameters, {len(axes)} axes")
-        what = "posterior ratio" if self.objective == "map" else "likelihood ratio"
+        what = "posterior ratio" if self.priors else "likelihood ratio"
         level = float(np.exp(-self.threshold))
         for ax, p in zip(axes, ids):
             path = self.paths[p]
-            ax.plot(path.values, path.ratio, "-o", ms=3, lw=1.2, color="C0")
-            ax.plot([self.estimate[p]], [1.0], "o", color="C3", ms=5, zorder=3)
+            ax.plot(path.values, path.ratio, "-o", ms=3, lw=1.2, color="C0",
+                    label="profile")
+            # the start's own ratio: 1 unless the result is unreliable
+            ax.plot([self.estimate[p]], [np.interp(self.estimate[p], path.values,
+                                                   path.ratio)],
+                    "o", color="C3", ms=5, zorder=3, label="estimate")
             ax.axhline(level, ls="--", color="k", lw=0.8,
                        label=f"{self.confidence:.0%} threshold")
             for end in self.intervals[p]:
                 if np.isfinite(end):
-                    ax.axvline(end, ls=":", color="0.4", lw=0.8)
+                    ax.axvline(end, ls=":", color="0.4", lw=0.8, label="interval end")
             ax.set_xlabel(f"{p} ({self.scales[p]})")
-            ax.set_ylabel(what)
+            spec = ax.get_subplotspec()
+            if spec is None or spec.is_first_col():
+                ax.set_ylabel(what)
             ax.set_ylim(0.0, 1.05)
         for ax in axes[len(ids):]:
             ax.set_visible(False)
-        axes[0].legend(loc="lower center", fontsize="small", frameon=False)
+        handles, labels = axes[0].get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        title = None if self.reliable else \
+            "unreliable: a profile went below the estimate (ProfileResult.notes)"
+        if new:
+            legend = axes[0].figure.legend(unique.values(), unique.keys(),
+                                           loc="outside upper center", ncols=len(unique),
+                                           fontsize="small", frameon=False, title=title)
+        else:
+            legend = axes[0].legend(unique.values(), unique.keys(), loc="upper left",
+                                    fontsize="x-small", frameon=False, title=title,
+                                    title_fontsize="x-small")
+        if title:
+            legend.get_title().set_color("C3")
         return axes[: len(ids)]
 
 
@@ -334,7 +394,7 @@ def _kernel(problem, objective: str, *, ftol: float):
 
 
 def _check(problem, result, confidence, parameters, numbers):
-    """The profiled indices and the optimum ``(D,)``; every bad argument named."""
+    """The profiled indices and the fit's point ``(D,)``; every bad argument named."""
     if not is_petab(problem):
         raise TypeError("inference.profile: `problem` must be a models.PetabProblem, got "
                         f"{type(problem).__name__}")
@@ -346,25 +406,41 @@ def _check(problem, result, confidence, parameters, numbers):
         raise ValueError(f"inference.profile: `confidence` must be in (0, 1), got "
                          f"{confidence!r}")
     for name, v, kind in numbers:
-        if kind == "int":
-            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+        if kind in ("int", "count"):
+            ok = isinstance(v, (int, np.integer)) and not isinstance(v, bool) and \
+                v >= (1 if kind == "int" else 0)
+            want = "an int >= 1" if kind == "int" else "an int >= 0"
         else:
             ok = isinstance(v, (int, float, np.integer, np.floating)) and \
                 not isinstance(v, bool) and bool(np.isfinite(v)) and v > 0
+            want = "a number > 0"
         if not ok:
-            raise ValueError(f"inference.profile: `{name}` must be "
-                             f"{'an int >= 1' if kind == 'int' else 'a number > 0'}, "
-                             f"got {v!r}")
+            raise ValueError(f"inference.profile: `{name}` must be {want}, got {v!r}")
     ids = tuple(problem.parameter_ids)
+    inner = tuple(problem.inner_parameter_ids)
     if result.objective not in ("map", "mle"):
         raise ValueError(f"inference.profile: `result` has objective {result.objective!r}; "
                          "a PEtab fit's is 'map' or 'mle'")
     theirs = tuple(result.parameter_ids) if result.parameter_ids is not None else \
         tuple(result.params)
     if theirs != ids:
-        raise ValueError(f"inference.profile: `result` is a fit of another problem: its "
-                         f"parameters {list(theirs)}, the problem's {list(ids)}")
+        extra = [p for p in theirs if p not in ids]
+        missing = [p for p in ids if p not in theirs]
+        how = ("; it was fitted without hierarchical optimisation: profile it on "
+               "problem.full" if inner and set(theirs) == set(problem.full_parameter_ids)
+               else "")
+        raise ValueError("inference.profile: `result` is a fit of another problem: "
+                         + (f"it estimates {extra}, which this problem does not"
+                            if extra else "") + ("; " if extra and missing else "")
+                         + (f"it lacks {missing}" if missing else "")
+                         + ("" if extra or missing else
+                            f"its parameters are in another order {list(theirs)}")
+                         + f" (the problem's: {list(ids)}){how}")
     x = np.array([float(np.asarray(result.params[p])) for p in ids])
+    bad = [p for p, v in zip(ids, x) if not np.isfinite(v)]
+    if bad:
+        raise ValueError(f"inference.profile: `result`'s params {bad} are not finite "
+                         "(a failed fit)")
     lo, hi = (np.asarray(b, float) for b in problem.bounds)
     outside = [p for p, a, b, v in zip(ids, lo, hi, x) if not (a <= v <= b)]
     if outside:
@@ -373,12 +449,27 @@ def _check(problem, result, confidence, parameters, numbers):
     if parameters is None:
         which = list(range(len(ids)))
     else:
-        names = [parameters] if isinstance(parameters, str) else list(parameters)
+        names = [parameters] if isinstance(parameters, str) else \
+            list(parameters) if isinstance(parameters, (list, tuple)) else [parameters]
+        odd = [p for p in names if not isinstance(p, str)]
+        if odd or not names:
+            raise ValueError(f"inference.profile: `parameters` must be parameter ids "
+                             f"(strings), got {parameters!r} (the problem's: {list(ids)})")
+        hier = [p for p in names if p in inner]
+        if hier:
+            kinds = ", ".join(f"'{p}' ({problem.inner_kinds[p]})" for p in hier)
+            raise ValueError(
+                f"inference.profile: `parameters`: {kinds} "
+                f"{'is an inner parameter' if len(hier) == 1 else 'are inner parameters'} "
+                "of hierarchical optimisation: computed in closed form at every point (so "
+                "profiled out, not profiled). To profile it, load the problem without "
+                "hierarchical optimisation, models.load_petab(..., hierarchical=False) "
+                "(or problem.full), and fit and profile that")
         unknown = [p for p in names if p not in ids]
-        if unknown or not names:
-            raise ValueError(f"inference.profile: `parameters` {names} names "
-                             f"{f'unknown ids {unknown}' if unknown else 'no parameter'} "
-                             f"(the problem's: {list(ids)})")
+        if unknown:
+            verb = "is not a parameter" if len(unknown) == 1 else "are not parameters"
+            raise ValueError(f"inference.profile: `parameters`: {unknown} {verb} of the "
+                             f"problem (its estimated parameters: {list(ids)})")
         which = sorted({ids.index(p) for p in names})
     if np.asarray(problem.residual_layout().laplace).any():
         raise NotImplementedError("inference.profile: the profiles run the batched "
@@ -390,7 +481,8 @@ def _check(problem, result, confidence, parameters, numbers):
 def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=None,
             max_steps: int = 50, first_step: float = 0.01, min_step: float = 1e-3,
             max_step: float = 1.0, ratio_step: float = 0.1, tol: float = 1e-3,
-            max_iter: int = 200, progress: bool | None = None) -> ProfileResult:
+            max_iter: int = 200, max_restarts: int = 2,
+            progress: bool | None = None) -> ProfileResult:
     """Profile likelihoods and likelihood-ratio intervals of a PEtab problem's parameters
     (Raue et al. 2009, Bioinformatics 25:1923; pyPESTO's ``pypesto.profile``).
 
@@ -401,6 +493,17 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
     re-optimising each walk's next point with the batched bounded Levenberg–Marquardt of
     `inference.fit` (module docstring: the steps, the crossing, the stops).
 
+    The intervals are only meaningful relative to the optimum: where a profile point lies
+    more than ``tol`` below the objective at ``result.params`` (the fit stopped short of
+    the optimum, or in another basin), the walks are abandoned, every parameter is
+    re-optimised from the lowest points found, and the profiles start again from that
+    better point (at most ``max_restarts`` times); ``estimate`` and ``objective_opt`` are
+    then that point's, ``fit_objective`` the fit's, and a ``RuntimeWarning`` and ``notes``
+    give both objective values. If the restarts run out and a profile still goes below the
+    point it started from, the ratios refer to the lowest point found, ``reliable`` is
+    false, and a side whose start already lies past the threshold has a ``nan`` end
+    (``stop_reasons`` ``"not_optimum"``).
+
     With hierarchical optimisation (`models.load_petab`'s default) the profiled
     parameters are the outer ones; the inner ones (scalings, offsets, noise) are
     re-optimised in closed form at every point, as profiling requires (load with
@@ -408,8 +511,9 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
 
     Args:
         problem: the `models.PetabProblem` (normal noise).
-        result: ``inference.fit(problem, ...)``'s `FitResult`: ``params`` is the optimum
-            and ``objective`` (``"map"`` or ``"mle"``) the profiled objective; its loss is
+        result: ``inference.fit(problem, ...)``'s `FitResult`: ``params`` is where the
+            profiles start (re-optimised first if it is not the optimum, above) and
+            ``objective`` (``"map"`` or ``"mle"``) the profiled objective; its loss is
             checked against the problem's objective there.
         confidence: the interval's level, in (0, 1).
         parameters: the ids to profile (one id or several; default all).
@@ -420,13 +524,22 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
         ratio_step: how far each step aims to lower the ratio ``exp(-(F_p - F_opt))``
             (pyPESTO's ``delta_ratio_max``).
         tol: the crossing is located to ``|F_p - F_opt - threshold| <= tol`` (at most
-            `REFINE` points), then interpolated.
-        max_iter: LM iterations per profile point.
+            `REFINE` points), then interpolated; a profile point more than ``tol`` below
+            the optimum restarts the profiles from a re-optimised point (above).
+        max_iter: LM iterations per profile point (and per re-optimisation).
+        max_restarts: re-optimisations at most (0: none; the result is then marked
+            unreliable where a profile goes below the start).
         progress: a progress bar (default: only on a terminal).
 
     Returns:
         A `ProfileResult`: ``intervals`` by id on the parameter scale (``+-inf`` on an open
-        side), ``identifiable`` per side, the paths, and ``plot()``.
+        side), ``identifiable`` per side, the paths, ``reliable``, and ``plot()``.
+
+    Raises:
+        ValueError: a bad argument, named: an id that is not a parameter of the problem
+            (an inner parameter of hierarchical optimisation says so), a result of another
+            problem (other parameter ids, params outside the bounds or not finite, a loss
+            that is not this problem's objective at its params).
 
     Why one ensemble: a profile point costs an LM run of several evaluations, and an
     evaluation of many rows costs little more than one of a few (one condition of
@@ -443,8 +556,9 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
     """
     t0 = time.perf_counter()
     gs.ensure_compilation_cache()
-    which, x_opt = _check(problem, result, confidence, parameters, (
+    which, x_fit = _check(problem, result, confidence, parameters, (
         ("max_steps", max_steps, "int"), ("max_iter", max_iter, "int"),
+        ("max_restarts", max_restarts, "count"),
         ("first_step", first_step, "float"), ("min_step", min_step, "float"),
         ("max_step", max_step, "float"), ("ratio_step", ratio_step, "float"),
         ("tol", tol, "float")))
@@ -459,69 +573,104 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
 
     # the fit's loss must be this problem's objective at its optimum (a fresh solve, as
     # the fit's losses are)
-    f_fit = -float(problem.log_likelihood(x_opt))
-    if objective == "map" and bool(np.any(problem.priors.given)):
-        f_fit -= float(problem.log_prior(x_opt, jacobian=False, given_only=True))
+    f_fit = _objective_at(problem, x_fit, objective)
     if not abs(f_fit - result.loss) <= 1e-6 * (1.0 + abs(result.loss)):
         raise ValueError(f"inference.profile: `result` is a fit of another problem: its "
                          f"loss {result.loss:.8g}, this problem's objective at its "
                          f"params {f_fit:.8g}")
 
     kernel, const = _kernel(problem, objective, ftol=1e-8)
-    walks = [_Walk(j, s) for j in which for s in (-1, 1)]
-    n = len(walks)
+    n = 2 * len(which)
 
     def run(points, held):
         """The LM of ``n`` rows from ``points (n, D)``, row ``r`` holding coordinate
-        ``held[r]``: (objective (n,), points (n, D), codes (n,))."""
+        ``held[r]`` (``d``: none): (objective (n,), points (n, D), codes (n,))."""
         xe = np.concatenate([points, np.asarray(held, float)[:, None]], axis=1)
         s, _ = kernel.run(xe, int(max_iter))
         return np.asarray(s.f) - const, np.asarray(s.x)[:, :d], np.asarray(s.code)
 
+    steps = dict(first_step=first_step, min_step=min_step, max_step=max_step,
+                 ratio_step=ratio_step)
     bar = progress_bar(progress, total=int(max_steps) + REFINE + 1, done=0,
                        desc="profile PEtab")
-    rounds = 0
+    x_opt, f_opt, rounds, starts = x_fit, f_fit, 0, [(x_fit, f_fit)]
     try:
-        # round 0: each walk's first point, the optimum re-optimised with x_j held
-        f, x, code = run(np.repeat(x_opt[None], n, axis=0), [w.j for w in walks])
-        rounds += 1
-        bar.update(1)
-        for w, fi, xi, ci in zip(walks, f, x, code):
-            ok = ci != FAILED_START and np.isfinite(fi)
-            w.add(x_opt[w.j], fi if ok else f_fit, xi if ok else x_opt, ci == CONVERGED)
-            if x_opt[w.j] <= lo[w.j] if w.sign < 0 else x_opt[w.j] >= hi[w.j]:
-                w.stop("bound")
-        f_ref = min(f_fit, min(w.f[0] for w in walks))
         while True:
-            proposals = {}
-            for r, w in enumerate(walks):
-                if w.phase == "done":
-                    continue
-                p = _propose(w, f_ref, threshold, lo, hi, first_step=first_step,
-                             min_step=min_step, max_step=max_step, ratio_step=ratio_step)
-                if p is None:
-                    w.stop("threshold")
-                else:
-                    proposals[r] = p
-            if not proposals:
+            # below this, the start is not the optimum: re-optimise (while restarts last)
+            floor = f_opt - tol if len(starts) <= max_restarts else -np.inf
+            walks, f_ref, k = _trace(run, which, x_opt, f_opt, floor, lo, hi, threshold,
+                                     int(max_steps), tol, steps, bar)
+            rounds += k
+            if f_ref >= floor:
                 break
-            # a finished walk's row repeats a running one's (the same path: no iterations
-            # added), so that every round runs the same compiled batch
-            active = sorted(proposals)
-            src = [r if r in proposals else active[r % len(active)] for r in range(n)]
-            f, x, code = run(np.stack([proposals[r][1] for r in src]),
-                             [walks[r].j for r in src])
+            # every parameter free (held index d) from each walk's lowest point
+            f, x, code = run(np.stack([w.x[int(np.argmin(w.f))] for w in walks]),
+                             [d] * n)
             rounds += 1
-            bar.update(1)
-            for r in active:
-                _advance(walks[r], proposals[r][0], f[r], x[r], code[r], f_ref, threshold,
-                         lo, hi, int(max_steps), tol, min_step)
-            f_ref = min(f_ref, min(min(w.f) for w in walks))
+            f = np.where((code != FAILED_START) & np.isfinite(f), f, np.inf)
+            low = min(walks, key=lambda w: min(w.f))
+            i = int(np.argmin(low.f))
+            x_opt = x[int(np.argmin(f))] if np.min(f) <= low.f[i] else low.x[i]
+            f_opt = _objective_at(problem, x_opt, objective)
+            starts.append((x_opt, f_opt))
     finally:
         bar.close()
 
-    return _result(problem, result, walks, which, x_opt, f_fit, f_ref, confidence,
+    return _result(problem, result, walks, which, starts, f_ref, tol, confidence,
                    threshold, objective, rounds, kernel, time.perf_counter() - t0)
+
+
+def _objective_at(problem, x, objective: str) -> float:
+    """The profiled objective at ``x (D,)`` from a fresh solve (as the fit's losses are):
+    the negative log-likelihood, minus the table's priors for ``"map"``."""
+    f = -float(problem.log_likelihood(x))
+    if objective == "map" and bool(np.any(problem.priors.given)):
+        f -= float(problem.log_prior(x, jacobian=False, given_only=True))
+    return f
+
+
+def _trace(run, which, x_opt, f_opt, floor, lo, hi, threshold, max_steps, tol, steps,
+           bar):
+    """Every walk of the profiles of ``which`` from ``x_opt`` (objective ``f_opt``), in
+    rounds, until all are done or a point goes below ``floor``: (walks, lowest objective
+    seen, rounds)."""
+    walks = [_Walk(j, s) for j in which for s in (-1, 1)]
+    n = len(walks)
+    # round 0: each walk's first point, the optimum re-optimised with x_j held
+    f, x, code = run(np.repeat(x_opt[None], n, axis=0), [w.j for w in walks])
+    rounds = 1
+    bar.update(1)
+    for w, fi, xi, ci in zip(walks, f, x, code):
+        ok = ci != FAILED_START and np.isfinite(fi)
+        w.add(x_opt[w.j], fi if ok else f_opt, xi if ok else x_opt, ci == CONVERGED)
+        if x_opt[w.j] <= lo[w.j] if w.sign < 0 else x_opt[w.j] >= hi[w.j]:
+            w.stop("bound")
+    f_ref = min(f_opt, min(w.f[0] for w in walks))
+    while f_ref >= floor:
+        proposals = {}
+        for r, w in enumerate(walks):
+            if w.phase == "done":
+                continue
+            p = _propose(w, f_ref, threshold, lo, hi, **steps)
+            if p is None:
+                w.stop("threshold")
+            else:
+                proposals[r] = p
+        if not proposals:
+            break
+        # a finished walk's row repeats a running one's (the same path: no iterations
+        # added), so that every round runs the same compiled batch
+        active = sorted(proposals)
+        src = [r if r in proposals else active[r % len(active)] for r in range(n)]
+        f, x, code = run(np.stack([proposals[r][1] for r in src]),
+                         [walks[r].j for r in src])
+        rounds += 1
+        bar.update(1)
+        for r in active:
+            _advance(walks[r], proposals[r][0], f[r], x[r], code[r], f_ref, threshold,
+                     lo, hi, max_steps, tol, steps["min_step"])
+        f_ref = min(f_ref, min(min(w.f) for w in walks))
+    return walks, f_ref, rounds
 
 
 def _advance(w: _Walk, value, f, x, code, f_ref, threshold, lo, hi, max_steps, tol,
@@ -559,17 +708,27 @@ def _advance(w: _Walk, value, f, x, code, f_ref, threshold, lo, hi, max_steps, t
         w.stop("max_steps")
 
 
-def _result(problem, result, walks, which, x_opt, f_fit, f_ref, confidence, threshold,
+def _result(problem, result, walks, which, starts, f_ref, tol, confidence, threshold,
             objective, rounds, kernel, wall) -> ProfileResult:
     ids = tuple(problem.parameter_ids)
+    (x_fit, f_fit), (x_opt, f_opt) = starts[0], starts[-1]
     notes = []
-    if f_ref < f_fit - 1e-3:
+    if len(starts) > 1:
+        notes.append(
+            f"`result` is not the optimum: its objective is {f_fit:.6f}, and profiles went "
+            f"lower; re-optimised {len(starts) - 1} time(s) from their lowest points, the "
+            f"profiles start from objective {f_opt:.6f} (`estimate`, `optimum`; refit, "
+            "e.g. inference.fit(problem, init=...), or use more starts)")
+    reliable = not f_ref < f_opt - tol
+    if not reliable:
         lowest = min(walks, key=lambda w: min(w.f))
-        msg = (f"the profile of {ids[lowest.j]} reached objective {f_ref:.6f}, below the "
-               f"fit's {f_fit:.6f}: `result` is not the optimum (refit from "
-               "paths[...].x, e.g. inference.fit(problem, init=...)); the ratios and "
-               "intervals refer to the lowest point")
-        notes.append(msg)
+        notes.append(
+            f"the profile of {ids[lowest.j]} reached objective {f_ref:.6f}, below the "
+            f"{f_opt:.6f} at the point it started from"
+            + (f", after {len(starts) - 1} re-optimisation(s)" if len(starts) > 1 else "")
+            + ": the intervals are not reliable; the ratios refer to the lowest point, and "
+            "a side whose start already lies past the threshold has no end (nan)")
+    for msg in notes:
         warnings.warn(f"inference.profile: {msg}", RuntimeWarning, stacklevel=3)
     intervals, identifiable, reasons, paths = {}, {}, {}, {}
     for j in which:
@@ -579,6 +738,9 @@ def _result(problem, result, walks, which, x_opt, f_fit, f_ref, confidence, thre
             if w.j != j:
                 continue
             c = _crossing(w, f_ref, threshold)
+            if c is not None and c[0] == 0:  # the start itself is past the threshold
+                ends.append(np.nan), found.append(False), why.append("not_optimum")
+                continue
             found.append(c is not None)
             ends.append(c[1] if c is not None else w.sign * np.inf)
             why.append("threshold" if c is not None else
@@ -604,4 +766,7 @@ def _result(problem, result, walks, which, x_opt, f_fit, f_ref, confidence, thre
         objective_opt=float(f_ref), confidence=float(confidence), threshold=threshold,
         objective=objective, all_parameter_ids=ids, n_rounds=rounds,
         n_evals=kernel.n_evals, n_records=kernel.n_records, wall_time=wall,
+        optimum=np.asarray(x_opt, float), fit_objective=float(f_fit),
+        n_restarts=len(starts) - 1, reliable=bool(reliable),
+        priors=objective == "map" and bool(np.any(problem.priors.given)),
         notes=tuple(notes))
