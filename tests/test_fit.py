@@ -6,6 +6,7 @@ Carpenter's published Stan posterior for the lynx–hare MAP.
 """
 
 import pickle
+import re
 
 import jax
 import jax.numpy as jnp
@@ -430,6 +431,48 @@ def test_fit_rejects_bad_arguments(lynx):
         inference.fit_least_squares(m, data, init={"thetaa": 1.0})
     with pytest.raises(ValueError, match="theta"):
         inference.fit_least_squares(m, data, init=dict(m.defaults, theta=jnp.ones(3)))
+
+
+def test_a_bad_init_is_refused_naming_the_key_or_the_parameter(lynx):
+    """An unknown key, or a start that is not finite (``inf`` for a positive parameter lies
+    in its support and became ``u = inf``, a NaN fit), is refused before any solve, by
+    every fitter and the sampler."""
+    m, data = lynx
+    names = str(sorted(m.priors, key=list(m.priors).index))
+    typo = dict(m.defaults, thetaa=1.0)
+    z_inf = dict(m.defaults, z_init=np.array([np.inf, 1.0]))
+    sigma_nan = dict(m.defaults, sigma=np.array([0.1, np.nan]))
+    runs = (lambda init: inference.fit(m, data, init, steps=1, progress=False),
+            lambda init: inference.fit_least_squares(m, data, init),
+            lambda init: inference.sample(m, data, init=init, num_warmup=1, num_samples=1,
+                                          progress=False))
+    for run in runs:
+        with pytest.raises(ValueError, match=r"`init` has unknown key\(s\) \['thetaa'\]; "
+                           r"the parameters are " + re.escape(names)):
+            run(typo)
+        with pytest.raises(ValueError, match=r"`init`\['z_init'\] is not finite"):
+            run(z_inf)
+        with pytest.raises(ValueError, match=r"`init`\['sigma'\] is not finite"):
+            run(sigma_nan)
+
+
+def test_fit_least_squares_names_its_bad_arguments(lynx):
+    m, data = lynx
+    for name, bad in (("n_starts", 0), ("max_iter", -1), ("max_rerecords", 0),
+                      ("n_starts", 2.0), ("lm_rtol", -1.0)):
+        with pytest.raises(ValueError, match=f"`{name}` must be"):
+            inference.fit_least_squares(m, data, **{name: bad})
+
+
+def test_fit_refuses_keywords_it_does_not_take(lynx):
+    """Unknown keywords (a PEtab global search's option given for an ODE model) are a
+    ValueError listing what fit takes, not a TypeError."""
+    m, data = lynx
+    with pytest.raises(ValueError, match=r"unknown keyword argument\(s\) \['max_generations'\] "
+                       r"for a model of type ODEModel; fit takes \['init', 'optimizer', 'steps'"):
+        inference.fit(m, data, max_generations=3)
+    with pytest.raises(ValueError, match="`steps` must be an int >= 0, got True"):
+        inference.fit(m, data, steps=True)
 
 
 def test_fit_tells_a_non_finite_likelihood_from_a_failed_solve(lynx):

@@ -141,6 +141,60 @@ def test_global_bad_arguments_are_named(decay):
         inference.fit(model, data, max_time=60.0)
 
 
+def test_fit_names_its_own_arguments_and_takes_the_searchs_options(decay):
+    """`fit`'s ``steps`` is the LM's ``max_iter`` and the search's ``max_generations``: a bad
+    value is named as the user wrote it; the search's own keywords are taken (a TypeError
+    before), any other is refused listing what fit takes for the method; arguments of the
+    Optax fit that a PEtab fit would ignore are refused."""
+    for method in ("auto", "lm", "global"):
+        with pytest.raises(ValueError, match="`steps` must be an int >= 1, got 0"):
+            inference.fit(decay, method=method, steps=0)
+    with pytest.raises(ValueError, match="`max_generations` must be an int >= 1, got 0"):
+        inference.fit(decay, method="global", max_generations=0)
+    with pytest.raises(ValueError, match="`local` must be"):
+        inference.fit(decay, method="global", local="bfgs")
+    with pytest.raises(ValueError, match="`steps`=5 and `max_generations`=3"):
+        inference.fit(decay, method="global", steps=5, max_generations=3)
+    with pytest.raises(ValueError, match=r"unknown keyword argument\(s\) \['max_generation'\] "
+                       r"for method='global'; fit takes \[.*'max_time', 'max_generations', "
+                       r"'local'\]"):
+        inference.fit(decay, method="global", max_generation=3)
+    with pytest.raises(ValueError, match=r"\['max_generations'\] for a PEtab problem with "
+                       r"method='lm'; fit takes \['init', 'steps'"):
+        inference.fit(decay, method="lm", max_generations=3)
+    for name, v in (("jacobian", True), ("rerecord", "always"), ("drift_tol", 0.5)):
+        with pytest.raises(ValueError, match=f"`{name}` does not apply to a PEtab problem"):
+            inference.fit(decay, **{name: v})
+
+
+def test_fit_passes_the_searchs_options_on(decay):
+    """``fit(problem, method="global", max_generations=..., local=...)`` is the search run with
+    them (`fit_global`, the correctly written call)."""
+    kw = dict(seed=0, n_starts=2, progress=False)
+    res = inference.fit(decay, method="global", max_generations=3, local="lbfgs", **kw)
+    ref = _global.fit_global(decay, max_generations=3, local="lbfgs", **kw)
+    np.testing.assert_array_equal(res.losses, ref.losses)
+    assert res.method == "global" and len(res.loss_history) == len(ref.loss_history)
+
+
+@pytest.mark.slow  # ~15 s: two searches; the options' route is the test above
+def test_fit_of_a_hierarchical_problem_reports_its_inner_optima(tmp_path):
+    """For a problem with inner parameters (hierarchical optimisation) `fit`'s global search
+    gives what the multistart's route to it (`fit_petab`) gives, inner optima included."""
+    from inference.petab._petab import fit_petab
+
+    _decay_problem(tmp_path)
+    kw = dict(seed=0, n_starts=2, progress=False)
+    hier = models.load_petab(tmp_path / "problem.yaml", solver=gs.Tsit5())
+    assert hier.inner_parameter_ids == ("sigma",)
+    res = inference.fit(hier, method="global", max_generations=3, **kw)
+    ref = fit_petab(hier, method="global", max_iter=3, **kw)
+    np.testing.assert_array_equal(res.losses, ref.losses)
+    for p in ("A0", "k", "sigma"):
+        np.testing.assert_array_equal(res.all_params[p], ref.all_params[p])
+        assert res.params[p] == ref.params[p]
+
+
 @pytest.mark.slow  # ~16 s: runs until its time limit
 def test_global_search_stops_at_max_time(decay):
     res = inference.fit(decay, method="global", seed=0, steps=100000, n_starts=2,

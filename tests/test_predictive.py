@@ -92,3 +92,16 @@ def test_bad_input_names_the_argument(decay):
         inference.predictive(decay, TS, num_samples=2, return_sites=["nope"])
     with pytest.raises(TypeError, match="model"):
         inference.predictive(3.0, TS, num_samples=2)
+    for name, bad in (("num_samples", 2.5), ("batch_size", 0), ("num_samples", True)):
+        with pytest.raises(ValueError, match=f"`{name}` must be an int >= 1"):
+            inference.predictive(decay, TS, **{name: bad})
+
+
+def test_draws_of_another_model_are_refused(decay):
+    """A key of ``samples`` that no site of the program is named (a typo, another model's
+    draws) was ignored: that parameter was drawn from the prior instead."""
+    draws = {"k": np.full(3, 0.5), "y0": np.full(3, 2.0), "sigma": np.full(3, 0.1),
+             "kk": np.ones(3)}
+    with pytest.raises(ValueError, match=r"`samples` has \['kk'\], which no site of the "
+                       r"program is named \(its sample sites: \['k', 'y0', 'sigma', 'obs'\]"):
+        inference.predictive(decay, TS, draws)

@@ -114,6 +114,13 @@ def test_sample_rejects_bad_arguments(lynx):
         inference.sample(m, data, init="mode")
     with pytest.raises(ValueError, match="`rtol` must be a positive number"):
         inference.sample(m, data, rtol=-1e-6)
+    for name, bad in (("num_samples", -1), ("num_chains", True), ("num_warmup", 2.5)):
+        with pytest.raises(ValueError, match=f"`{name}` must be an int"):
+            inference.sample(m, data, **{name: bad})
+    # a MAP fit's keyword misspelt: refused at once, not after the model is traced
+    with pytest.raises(ValueError, match=r"`fit_kwargs` has unknown key\(s\) \['nstarts'\]; "
+                       r"inference.fit takes \['init', 'optimizer', 'steps', 'n_starts'"):
+        inference.sample(m, data, fit_kwargs={"nstarts": 4})
 
 
 # ------------------------------------------------------------------------------ slow

@@ -321,6 +321,96 @@ def _no_start_left(bad, unsolved, max_redraws: int, can_redraw: bool):
     raise RuntimeError(f"inference.fit: {why}")
 
 
+_GLOBAL_OPTIONS = ("max_generations", "local")
+"""The global search's own keyword arguments `fit` passes on (``method="global"``)."""
+
+
+_OPTAX_ONLY = ("optimizer", "callback", "rerecord", "drift_tol", "error_ratio_max",
+               "record_tol_factor", "jacobian", "max_redraws")
+"""`fit`'s arguments of the Optax fit, which a PEtab problem's fit does not use."""
+
+
+def _fit_defaults() -> dict:
+    import inspect
+
+    return {k: p.default for k, p in inspect.signature(fit).parameters.items()
+            if k not in ("model", "data", "options")}
+
+
+def _refuse_optax_args(given: dict) -> None:
+    """``ValueError`` naming an argument of the Optax fit given to a PEtab problem's fit
+    with a value other than its default (it would be ignored)."""
+    defaults = _fit_defaults()
+    for name, v in given.items():
+        if v is not defaults[name] and v != defaults[name]:
+            raise ValueError(f"`{name}` does not apply to a PEtab problem (it is fitted "
+                             "by a multistart least-squares optimiser or a global search; "
+                             f"got {name}={v!r})")
+
+
+def _refuse_options(options: Mapping, what: str, extra: tuple[str, ...],
+                    petab: bool = False) -> None:
+    """``ValueError`` naming the keyword arguments in ``options`` that `fit` does not take
+    for ``what`` (its own arguments, but the Optax fit's for a PEtab problem, and
+    ``extra``), listing those it takes."""
+    if options:
+        own = [p for p in _fit_defaults() if not (petab and p in _OPTAX_ONLY)]
+        raise ValueError(
+            f"inference.fit: unknown keyword argument(s) {sorted(options)} for {what}; "
+            f"fit takes {own + list(extra)}")
+
+
+def _checked_petab_args(method, steps, n_starts, options: dict) -> tuple[int, str]:
+    """``ValueError`` naming the first bad argument of `fit` for a PEtab problem (the
+    names the user wrote: ``steps`` is the LM's ``max_iter`` and the global search's
+    ``max_generations``); ``(steps, local)`` with the global search's own options
+    (``max_generations``, ``local``) settled."""
+    if method not in ("auto", "lm", "lbfgs", "global"):
+        raise ValueError(f"`method` must be 'auto', 'lm', 'lbfgs' or 'global', got "
+                         f"{method!r}")
+    options = dict(options)
+    if method == "global":
+        _refuse_options({k: v for k, v in options.items() if k not in _GLOBAL_OPTIONS},
+                        "method='global'", _GLOBAL_OPTIONS, petab=True)
+        if "max_generations" in options:
+            gens = options.pop("max_generations")
+            if steps not in (1000, gens):  # 1000: `steps`' default
+                raise ValueError(f"`steps`={steps!r} and `max_generations`={gens!r}: both "
+                                 "count the global search's generations; pass one")
+            name, steps = "max_generations", gens
+        else:
+            name = "steps"
+    else:
+        _refuse_options(options, f"a PEtab problem with method={method!r}", (),
+                        petab=True)
+        name = "steps"
+    for arg, v in ((name, steps), ("n_starts", n_starts)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"`{arg}` must be an int >= 1, got {v!r}")
+    local = options.get("local", "auto")
+    if local not in ("auto", "lm", "lbfgs"):
+        raise ValueError(f"`local` must be 'auto', 'lm' or 'lbfgs', got {local!r}")
+    return int(steps), local
+
+
+def _fit_global(petab, **kw) -> FitResult:
+    """The global search (`inference.petab._global.fit_global`, its own options passed on),
+    with a hierarchical problem's inner parameters at their optimum given each refined
+    point in ``params`` and ``all_params`` (as the multistart reports them)."""
+    import dataclasses
+
+    from ..petab._global import fit_global
+    from ..petab._petab import _full_params
+
+    res = fit_global(petab, **kw)
+    if not petab.inner_parameter_ids:
+        return res
+    x = np.stack([np.asarray(res.all_params[p], float) for p in petab.parameter_ids], axis=1)
+    every = _full_params(petab, x)
+    return dataclasses.replace(res, all_params=every,
+                               params={p: v[res.best_index] for p, v in every.items()})
+
+
 def _checked_fit_args(objective, steps, n_starts, checkpoint_every, record_tol_factor,
                       max_redraws, optimizer):
     """``ValueError`` naming the first bad argument of `fit`; the optimizer (default Adam)."""
@@ -329,9 +419,10 @@ def _checked_fit_args(objective, steps, n_starts, checkpoint_every, record_tol_f
     for name, v, lo in (("steps", steps, 0), ("n_starts", n_starts, 1),
                         ("checkpoint_every", checkpoint_every, 1),
                         ("max_redraws", max_redraws, 0)):
-        if not isinstance(v, (int, np.integer)) or v < lo:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
-    if not 0 < record_tol_factor <= 1:
+    if not (isinstance(record_tol_factor, (int, float, np.number))
+            and 0 < record_tol_factor <= 1):
         raise ValueError(f"`record_tol_factor` must lie in (0, 1], got {record_tol_factor}")
     if optimizer is None:
         return optax.adam(1e-2)
@@ -351,7 +442,7 @@ def fit(
     atol: float | None = None, solver=None, max_steps: int | None = None,
     record_tol_factor: float = 0.5, jacobian: bool = False, max_redraws: int = 10,
     callback: Callable[[int, dict], Any] | None = None, method: str = "auto",
-    max_time: float | None = None,
+    max_time: float | None = None, **options,
 ) -> FitResult:
     """Fit ``model`` to ``data`` by gradient descent (Optax) from one or many starts.
 
@@ -421,6 +512,10 @@ def fit(
         max_time: PEtab problems with ``method="global"`` only: seconds after which the
             search stops (``None``: none; a resumed search counts its earlier seconds);
             the final refinement runs after it.
+        **options: PEtab problems with ``method="global"`` only, the global search's own:
+            ``max_generations`` (another name for ``steps`` there) and ``local`` (its
+            polisher: ``"lm"``, ``"lbfgs"`` or ``"auto"``, the LM where every noise model
+            is normal). Any other keyword is a ``ValueError`` listing those `fit` takes.
 
     Returns:
         `FitResult`.
@@ -437,16 +532,23 @@ def fit(
     if is_petab(model):
         # a problem of noise-weighted residuals: the least-squares multistart, or the
         # global search (`fit_petab` refuses `checkpoint` and `max_time` for the former)
-        for name, v in (("optimizer", optimizer), ("callback", callback)):
-            if v is not None:
-                raise ValueError(f"`{name}` does not apply to a PEtab problem (it is fitted "
-                                 "by a multistart least-squares optimiser)")
+        _refuse_optax_args(dict(
+            optimizer=optimizer, callback=callback, rerecord=rerecord, drift_tol=drift_tol,
+            error_ratio_max=error_ratio_max, record_tol_factor=record_tol_factor,
+            jacobian=jacobian, max_redraws=max_redraws))
+        steps, local = _checked_petab_args(method, steps, n_starts, options)
         problem = problem_of(model, data, solver=solver, rtol=rtol, atol=atol,
                              max_steps=max_steps)
+        if method == "global":
+            return _fit_global(problem.petab, init=init, n_starts=n_starts, seed=seed,
+                               objective=objective, max_generations=steps,
+                               max_time=max_time, local=local, checkpoint=checkpoint,
+                               checkpoint_every=checkpoint_every, progress=progress)
         return fit_petab(problem.petab, init=init, n_starts=n_starts, seed=seed,
                          objective=objective, max_iter=steps, progress=progress,
                          method=method, max_time=max_time, checkpoint=checkpoint,
                          checkpoint_every=checkpoint_every)
+    _refuse_options(options, f"a model of type {type(model).__name__}", ())
     for name, v, default in (("method", method, "auto"), ("max_time", max_time, None)):
         if v != default:
             raise ValueError(f"`{name}` applies to PEtab problems only (got {name}={v!r}); "

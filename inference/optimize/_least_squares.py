@@ -206,6 +206,13 @@ def fit_least_squares(
         ...                                   models.load_dataset("lynx_hare"))
         >>> res.params["theta"], res.losses      # (4,), (1,)
     """
+    for name, v in (("n_starts", n_starts), ("max_iter", max_iter),
+                    ("max_rerecords", max_rerecords)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"`{name}` must be an int >= 1, got {v!r}")
+    for name, v in (("lm_rtol", lm_rtol), ("lm_atol", lm_atol)):
+        if not (isinstance(v, (int, float, np.number)) and v >= 0):
+            raise ValueError(f"`{name}` must be a number >= 0, got {v!r}")
     t_start = time.perf_counter()
     gs.ensure_compilation_cache()  # as `fit`: a second run loads its compiled programs
     policy = MeshPolicy.checked("fit", "auto", drift_tol=drift_tol,
@@ -214,7 +221,7 @@ def fit_least_squares(
                                 drift_measure="absolute")
     problem = Problem(model, data, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
     res = LeastSquaresResiduals(problem, policy)
-    starts = prior_draws(model, problem.space, jax.random.PRNGKey(seed), max(n_starts, 1))
+    starts = prior_draws(model, problem.space, jax.random.PRNGKey(seed), int(n_starts))
     if init is not None:
         u0, n_init = checked_init(model, problem.space, init)
         if n_init is not None:
@@ -240,7 +247,7 @@ def fit_least_squares(
     history = []
     n_steps = 0
     todo = np.arange(n)
-    for _ in range(max(int(max_rerecords), 1)):
+    for _ in range(int(max_rerecords)):
         # every pass runs at the full batch size, padded with repeats of its first row:
         # one compiled program for all passes (at these sizes an LM iteration costs
         # milliseconds and a program for a smaller batch seconds to compile)

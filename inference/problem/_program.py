@@ -33,6 +33,7 @@ import gradsolve as gs
 
 from ._abstract import AbstractProblem
 from .._checkpoint import digest
+from ._observed import check_observed_sites
 from ._ode import SITE, RecordSites, ReplaySites, SolveSites
 from ._problem import Problem
 from ._space import ParamSpace
@@ -320,7 +321,8 @@ def _latent_and_observed(program, data, name: str, defaults):
     """``(priors, observed, ode_sites, plates)`` of one seeded trace of ``program(data)``;
     ``ode_sites``: name -> its `OdeCall` (the run's defaults filled in); ``plates``: every
     latent, observed and ode site's enclosing plates, ``(plate name, size)`` outermost
-    first."""
+    first. A program that observes no data, or whose observations do not fit their
+    distributions, is refused here (`check_observed_sites`)."""
     with SolveSites(defaults=defaults):
         tr = handlers.trace(handlers.seed(program, 0)).get_trace(data)
     priors, observed, sites, plates = {}, {}, {}, {}
@@ -347,6 +349,7 @@ def _latent_and_observed(program, data, name: str, defaults):
                          "NumPyro directly (there is no mesh to reuse)")
     if not priors:
         raise ValueError(f"{name}: the program has no latent sample site to infer")
+    check_observed_sites(tr, name)
     return priors, observed, sites, plates
 
 

@@ -146,6 +146,20 @@ def checked_init(model, space: ParamSpace, init) -> tuple[np.ndarray, int | None
     ensemble size ``n`` (``None`` for one point)."""
     if not isinstance(init, Mapping):
         raise ValueError(f"`init` must be None or a parameter dict, got {type(init).__name__}")
+    names = list(space.names)
+    unknown = [k for k in init if k not in space.shapes]
+    missing = [k for k in names if k not in init]
+    if unknown or missing:
+        parts = ([f"unknown key(s) {unknown}"] if unknown else []) + (
+            [f"missing parameters {missing}"] if missing else [])
+        raise ValueError(f"`init` has {' and '.join(parts)}; the parameters are {names}")
+    for k in names:
+        v = np.asarray(init[k])
+        if not np.issubdtype(v.dtype, np.number) and v.dtype != bool:
+            raise ValueError(f"`init`[{k!r}] must be numbers, got {v.dtype} ({init[k]!r})")
+        if not np.all(np.isfinite(v)):
+            raise ValueError(f"`init`[{k!r}] is not finite ({v.tolist()}); every starting "
+                             "value must be a finite number")
     n = model.check_params(init)
     init = {k: jnp.asarray(init[k], dtype=jnp.result_type(float)) for k in model.priors}
     check_support(space, init, "init")

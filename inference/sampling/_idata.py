@@ -103,6 +103,8 @@ def inference_data(kernel: ChainKernel, s: SampleState, info: SampleInfo, attrs:
             "or max_retunes.", RuntimeWarning, stacklevel=3)
     # NetCDF (``idata.to_netcdf``) has no boolean attributes
     attrs = {k: int(v) if isinstance(v, (bool, np.bool_)) else v for k, v in attrs.items()}
-    for group in (idata.posterior, idata.sample_stats, idata.observed_data):
-        group.attrs.update(attrs)
+    # (a program whose likelihood is a numpyro.factor has no observed_data group)
+    for group in ("posterior", "sample_stats", "observed_data"):
+        if group in idata.groups():
+            getattr(idata, group).attrs.update(attrs)
     return idata

@@ -114,12 +114,13 @@ def predictive(
     else:
         raise TypeError("inference.predictive: `model` must be a models.ODEModel or a NumPyro "
                         f"program (a callable); got {type(model).__name__}.")
-    if int(batch_size) < 1:
-        raise ValueError(f"inference.predictive: `batch_size` must be >= 1, got {batch_size}.")
+    for name, v in (("batch_size", batch_size),
+                    ("num_samples", 1 if num_samples is None else num_samples)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"inference.predictive: `{name}` must be an int >= 1, got "
+                             f"{v!r}.")
     if samples is None:
         n = 1000 if num_samples is None else int(num_samples)
-        if n < 1:
-            raise ValueError(f"inference.predictive: `num_samples` must be >= 1, got {n}.")
         draws, batch = {}, (n,)
     else:
         if num_samples is not None:
@@ -136,6 +137,13 @@ def predictive(
             k for k, s in tr.items()
             if s["type"] in ("sample", "deterministic") and k not in values
             and not isinstance(s.get("fn"), Unit)]
+        stray = sorted(k for k in values if k not in tr)
+        if stray:
+            sites = [k for k, s in tr.items() if s["type"] == "sample"
+                     and not isinstance(s.get("fn"), Unit)]
+            raise ValueError(f"inference.predictive: `samples` has {stray}, which no site "
+                             f"of the program is named (its sample sites: {sites}); the "
+                             "draws must be of this model's parameters")
         missing = [k for k in names if k not in tr]
         if missing:
             raise ValueError(f"inference.predictive: no site named {missing} in the program; "

@@ -192,6 +192,26 @@ def _advancer(bar):
     return advance
 
 
+def _check_fit_kwargs(fit_kwargs) -> None:
+    """``ValueError`` naming a key of ``fit_kwargs`` that `inference.fit` does not take
+    (checked before the model is traced, not when the MAP fit starts)."""
+    import inspect
+
+    from ..optimize._fit import fit
+
+    if fit_kwargs is None:
+        return
+    if not isinstance(fit_kwargs, Mapping):
+        raise ValueError(f"`fit_kwargs` must be None or a dict of inference.fit's keyword "
+                         f"arguments, got {type(fit_kwargs).__name__}")
+    takes = [k for k in inspect.signature(fit).parameters if k not in ("model", "data",
+                                                                        "options")]
+    unknown = sorted(set(fit_kwargs) - set(takes) - {"max_generations", "local"})
+    if unknown:
+        raise ValueError(f"`fit_kwargs` has unknown key(s) {unknown}; inference.fit takes "
+                         f"{takes}")
+
+
 def _checked_sample_args(o: dict) -> None:
     """``ValueError`` naming the first bad argument of `sample` (its arguments ``o``)."""
     kernel, num_warmup, target_accept, init_jitter, init, max_steps = (
@@ -205,8 +225,9 @@ def _checked_sample_args(o: dict) -> None:
                         ("max_tree_depth", o["max_tree_depth"], 1),
                         ("max_retunes", o["max_retunes"], 0),
                         ("max_steps", 1 if max_steps is None else max_steps, 1)):
-        if not isinstance(v, (int, np.integer)) or v < lo:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
+    _check_fit_kwargs(o["fit_kwargs"])
     if not 0 < o["frozen_tol_factor"] <= 1:
         raise ValueError(
             f"`frozen_tol_factor` must lie in (0, 1], got {o['frozen_tol_factor']}")
