@@ -243,3 +243,90 @@ def test_newton_polish_reaches_the_gradient_tolerance_without_the_flat_direction
     assert np.max(np.abs(g)) < 1e-6
     np.testing.assert_allclose(g, fun(u)[1])
     assert abs(V[:, 2] @ (u - u0)) < 1e-6
+
+
+# --------------------------------------------------------------------- refused at the start
+def _with_rows(data):
+    """``data`` with each observation's table row (1-based, observations only, in order)."""
+    out, row = [], 1
+    for s in data.subjects:
+        out.append(s._replace(obs_rows=np.arange(row, row + s.ts.size)))
+        row += s.ts.size
+    return models.PopulationDataset(out)
+
+
+def test_an_observation_outside_the_noise_support_is_named_before_any_solve():
+    """LogNormal noise and a DV <= 0 (subject 2's third observation, table row 13): the
+    log-likelihood is -inf at every parameter value. Both methods name the row at once
+    (FOCE-I would refuse the noise model anyway; Laplace ran for a while, then failed with
+    a singular Hessian)."""
+    data = linear_data(np.random.default_rng(0))
+    subjects = list(data.subjects)
+    subjects[2] = subjects[2]._replace(ys=np.where(np.arange(T.size) == 2, 0.0, subjects[2].ys))
+    data = _with_rows(models.PopulationDataset(subjects))
+    model = linear_model().replace(
+        noise=lambda th, pred: dist.LogNormal(jnp.log(jnp.abs(pred) + 1.0), th["sigma"]))
+    for method in ("laplace", "foce-i"):
+        with pytest.raises(ValueError, match=r"subject 2, row 13 \(TIME 2, DV 0\)"):
+            inference.fit_population(model, data, method=method)
+
+
+def test_a_start_without_a_finite_likelihood_is_named():
+    """A proportional error ``sd = sigma * pred`` and a start whose predictions are all 0:
+    every subject's density is degenerate there, so no conditional mode exists; the fit
+    names the first row and the prediction instead of failing in the optimiser."""
+    data = _with_rows(linear_data(np.random.default_rng(0)))
+    model = linear_model().replace(noise=lambda th, pred: dist.Normal(pred, th["sigma"] * pred))
+    with pytest.raises(ValueError, match=r"at the start .* subject 0, row 1 .* prediction"
+                                         r" there 0"):
+        inference.fit_population(model, data, method="laplace",
+                                 init={"a": 0.0, "b": 0.0, "omega": 1.0, "sigma": 0.5})
+
+
+def test_float32_is_refused_naming_enable_x64():
+    """In a fresh process with float64 off, the fit and the profile refuse at once, naming
+    ``gs.enable_x64()``: in float32 the objective's gradient is rounding (FOCE-I on
+    theophylline at the float32 tolerance floor: max |gradient| 0.66 against 4e-8 in
+    float64, SEs wrong by up to 3x)."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import inference, models
+data = models.load_dataset("theophylline")
+for call in (lambda: inference.fit_population(models.theophylline(), data),
+             lambda: inference.fit_population(models.theophylline(), data, method="laplace",
+                                              rtol=1e-5),
+             lambda: inference.profile_intervals(None, models.theophylline(), data)):
+    try:
+        call()
+    except ValueError as e:
+        print("REFUSED", e)
+"""
+    env = dict(os.environ, JAX_ENABLE_X64="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("REFUSED")]
+    assert len(lines) == 3, out.stdout + out.stderr
+    assert all("gs.enable_x64()" in ln and "float64" in ln for ln in lines), lines
+    assert "inference.profile_intervals" in lines[2]
+    assert "compiling" not in out.stderr  # refused before any kernel is built
+
+
+def test_progress_lines_when_stderr_is_not_a_terminal(capfd, monkeypatch):
+    """Off a terminal the fit prints a plain line per outer iteration once the interval
+    has passed (here 0 s), with the OFV at the accepted point; ``progress=False`` none."""
+    from inference import _progress
+
+    monkeypatch.setattr(_progress, "INTERVAL", 0.0)
+    data = linear_data(np.random.default_rng(0))
+    init = {"a": 1.0, "b": 0.5, "omega": 1.0, "sigma": 0.5}
+    fit = inference.fit_population(linear_model(), data, init=init, max_iterations=5)
+    lines = [ln for ln in capfd.readouterr().err.splitlines()
+             if ln.startswith("fit_population linear (foce-i): ")]
+    assert 1 <= len(lines) <= 5 and lines[-1].startswith(
+        f"fit_population linear (foce-i): {fit.n_iterations}/5, "), lines
+    assert float(lines[-1].rsplit("ofv ", 1)[1]) >= fit.ofv - 1e-6
+    inference.fit_population(linear_model(), data, init=init, max_iterations=5, progress=False)
+    assert "fit_population" not in capfd.readouterr().err

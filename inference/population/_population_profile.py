@@ -23,6 +23,7 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.stats import chi2
 
+from ._checks import check_float64
 from ._population_fit import PopulationFit, _objective, _objective_hessian, _problem
 
 __all__ = ["profile_intervals", "ProfileIntervals"]
@@ -137,6 +138,7 @@ def profile_intervals(
         >>> ci.lower["lQ"], ci.upper["lQ"]
     """
     t0 = time.perf_counter()
+    check_float64("inference.profile_intervals")
     _check_arguments(fit, level, tol, max_steps)
     pb = _problem(model, data, fit.method, {k: np.asarray(v) for k, v in fit.params.items()}, 0)
     targets = _targets(pb, names)
