@@ -39,12 +39,60 @@ def _column(table, name: str, argname: str, required: bool = True):
                     f"`covariates`); the table has {cols}. Pass covariates=['<column>', ...] "
                     "naming the table's covariate columns."
                 ) from None
+            near = [c for c in cols if _misspelling(str(c), name) is not None]
+            hint = f" ({near[0]!r} looks like a misspelling of it)" if near else ""
             raise ValueError(
                 f"PopulationDataset.from_table: no column {name!r} (the `{argname}` "
-                f"column); the table has {cols}. Pass {argname}='<your column name>'."
+                f"column); the table has {cols}{hint}. Pass {argname}='<your column name>'."
             ) from None
         return None
     return list(np.asarray(col, dtype=object).reshape(-1))
+
+
+def _misspelling(column: str, reserved: str) -> str | None:
+    """How ``column`` looks like a typo of ``reserved``, or ``None``.
+
+    Compared case-insensitively: the same name in other case; for names of 3 or more
+    letters, two adjacent letters swapped (``RTAE``), one letter missing (``RTE``, from a
+    reserved name of 4 or more letters) or one letter doubled (``RAATE``). Other one-letter
+    changes are real covariates too often to refuse (``RACE`` and ``DATE`` are one letter
+    from ``RATE``, ``ULOQ`` from ``LLOQ``, ``II2`` from ``II``)."""
+    c, r = column.upper(), reserved.upper()
+    if c == r:
+        return None if column == reserved else "the same name in other case"
+    if min(len(c), len(r)) < 3:
+        return None
+    if len(c) == len(r):
+        diff = [i for i in range(len(c)) if c[i] != r[i]]
+        if len(diff) == 2 and diff[1] == diff[0] + 1 and c[diff[0]] == r[diff[1]] \
+                and c[diff[1]] == r[diff[0]]:
+            return "two letters swapped"
+        return None
+    if len(c) == len(r) - 1 and any(r[:i] + r[i + 1:] == c for i in range(len(r))):
+        return "one letter missing"
+    if len(c) == len(r) + 1 and any(c[:i] + c[i + 1:] == r and c[i] in c[max(i - 1, 0):i]
+                                    + c[i + 1:i + 2] for i in range(len(c))):
+        return "one letter doubled"
+    return None
+
+
+def _refuse_misspelt_reserved(columns: list, names: Mapping[str, str | None],
+                              present: set) -> None:
+    """Refuse a would-be covariate column (of ``columns``) that looks like a misspelt
+    reserved column (``names``' values) the table's ``present`` columns lack: ``RTE`` for
+    ``RATE`` read as a covariate would silently make every infusion a bolus."""
+    for column in columns:
+        for key, reserved in names.items():
+            if reserved is None or reserved in present:
+                continue
+            how = _misspelling(str(column), reserved)
+            if how is not None:
+                raise ValueError(
+                    f"PopulationDataset.from_table: column {column!r} looks like the reserved "
+                    f"column {reserved!r} ({how}), which the table does not have; read as a "
+                    f"covariate, it would leave the table's {reserved} unread. Rename it "
+                    f"{reserved!r} (or pass {key}={column!r}), or, if it is a covariate, "
+                    "list the covariates: covariates=[...].")
 
 
 def _number(value, what: str, subject, allow_missing: bool = True) -> float:
@@ -395,6 +443,7 @@ def read_table(table: Mapping | str | Path, names: Mapping[str, str | None],
     named = {c for c in names.values() if c is not None} | {"C", "LLOQ", "BLQ", "LIMIT"}
     if covariates is None:
         covariates = [k for k in table if k not in named]
+        _refuse_misspelt_reserved(covariates, names, set(table))
     covariates = list(covariates)
     clash = sorted(set(covariates) & set(special.values()))
     if clash:

@@ -248,3 +248,50 @@ def test_a_missing_covariate_column_says_covariates_is_a_list():
     assert "covariates='" not in message
     refused(table(dose(0.0, 4.0), obs(1.0, 2.0)), "no column 'TAD' (the `time` column)",
             "time='<your column name>'", time="TAD")
+
+
+def infusion(t, amt, rate_column="RATE", **kw):
+    return dose(t, amt, **{rate_column: 2.0}, **kw)
+
+
+@pytest.mark.parametrize("column, how", [
+    ("RTE", "one letter missing"), ("RTAE", "two letters swapped"),
+    ("RAATE", "one letter doubled"), ("Rate", "the same name in other case")])
+def test_a_misspelt_reserved_column_is_refused_not_read_as_a_covariate(column, how):
+    """A column one typo from RATE, in a table without RATE, would be read as a covariate
+    (and, changing within the subject, advised into `time_varying=`), leaving every
+    infusion a bolus: refused, naming the reserved column and how to resolve it."""
+    tab = table(infusion(0.0, 4.0, column), obs(1.0, 2.0, **{column: 0.0}))
+    refused(tab, f"column {column!r} looks like the reserved column 'RATE' ({how})",
+            f"rate={column!r}", "covariates=[...]")
+    # Either resolution reads it: as the rate (an infusion of 4 at 2 per unit time) ...
+    s = read(tab, rate=column).subjects[0]
+    np.testing.assert_array_equal(s.dose_rates, [2.0])
+    # ... or as a covariate the user names.
+    assert column in read(tab, covariates=[column], time_varying=[column]).covariate_names
+
+
+@pytest.mark.parametrize("column, reserved", [("EVD", "EVID"), ("TMIE", "TIME"),
+                                              ("CMMT", "CMT"), ("BQL", "BLQ"),
+                                              ("LOQ", "LLOQ"), ("ss", "SS")])
+def test_misspellings_of_the_other_reserved_columns_are_refused(column, reserved):
+    rows = [dose(0.0, 4.0), obs(1.0, 2.0)]
+    if reserved == "TIME":
+        rows = [{("TMIE" if k == "TIME" else k): v for k, v in r.items()} for r in rows]
+        refused(table(*rows), "no column 'TIME'", "'TMIE' looks like a misspelling of it")
+        return
+    for r in rows:
+        r.pop(reserved, None)
+        r[column] = 1
+    refused(table(*rows), f"column {column!r} looks like the reserved column {reserved!r}")
+
+
+@pytest.mark.parametrize("column", ["WT", "AGE", "SEX", "CRCL", "DOSE", "II2", "SX", "RACE",
+                                    "DATE", "ULOQ", "DVID", "TIMES", "AMT2"])
+def test_real_covariates_near_a_reserved_name_are_read(column):
+    """Names one letter from a reserved one that are common covariates (RACE and DATE
+    from RATE, ULOQ from LLOQ, II2 from II, SX from SS) keep working."""
+    tab = table(dose(0.0, 4.0, **{column: 3.0}), obs(1.0, 2.0, **{column: 3.0}))
+    data = read(tab)
+    assert column in data.covariate_names
+    assert data.subjects[0].covariates[column] == 3.0
