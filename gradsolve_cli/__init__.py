@@ -8,6 +8,7 @@ the core never imports the layers above it.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import os
@@ -232,13 +233,28 @@ def _positive_int(text: str) -> int:
     return v
 
 
+_COMMANDS = ("demo", "bench", "build-cache")
+
+
+def _parse(ap: argparse.ArgumentParser, argv):
+    """``ap.parse_args(argv)``, an unrecognised option answered with the closest ones."""
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:
+        options = [o for a in ap._actions for o in a.option_strings]
+        bad = unknown[0]
+        near = difflib.get_close_matches(bad.split("=")[0], options, n=2, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(near)}?" if near else f"; its options: {', '.join(options)}"
+        ap.error(f"unrecognized argument {bad!r}{hint}")
+    return args
+
+
 def demo(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="gradsolve demo", description="Solve, differentiate, fit and sample: a tour on this machine.")
     ap.add_argument("--out", default="gradsolve-demo", help="output folder for plots and results (default: ./gradsolve-demo)")
     ap.add_argument("--n", type=_positive_int, default=1000,
                     help="trajectories in the Lotka–Volterra ensemble (default: %(default)s)")
     ap.add_argument("--quick", action="store_true", help="smaller fit and shorter chains")
-    args = ap.parse_args(argv)
+    args = _parse(ap, argv)
     _x64()
     _demo_core(args.n)
     _demo_inference(args.out, args.quick)
@@ -331,7 +347,7 @@ def build_cache(argv=None) -> int:
     ap.add_argument("--x64", action="store_true",
                     help="64-bit floats (gs.enable_x64()) before importing the module, as a "
                          "job that calls gs.enable_x64() has: the kernels differ by dtype")
-    args = ap.parse_args(argv)
+    args = _parse(ap, argv)
     import gradsolve as gs
 
     if args.cache:
@@ -372,7 +388,7 @@ def build_cache(argv=None) -> int:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ap = argparse.ArgumentParser(prog="gradsolve", description="gradsolve: record, replay, differentiate ODE ensembles.")
-    ap.add_argument("command", choices=["demo", "bench", "build-cache"],
+    ap.add_argument("command", choices=_COMMANDS,
                     help="demo: solve/fit/sample tour; bench: benchmark table vs Diffrax; "
                          "build-cache: compile the CPU kernels of your vector fields ahead "
                          "of time (see gradsolve build-cache --help)")
@@ -392,7 +408,12 @@ def main(argv=None) -> int:
         return bench(rest)
     if cmd == "build-cache":
         return build_cache(rest)
-    ap.error(f"unknown command {cmd!r}")
+    if cmd.startswith("-"):
+        ap.error(f"unrecognized option {cmd!r}; options other than --help and --version "
+                 "follow the command, e.g. gradsolve demo --quick (see gradsolve demo --help)")
+    near = difflib.get_close_matches(cmd, _COMMANDS, n=1, cutoff=0.5)
+    hint = f"; did you mean {near[0]!r}?" if near else "."
+    ap.error(f"unknown command {cmd!r}{hint} The commands: {', '.join(_COMMANDS)}.")
     return 2
 
 

@@ -44,6 +44,22 @@ def test_bad_cli_values_are_argparse_errors(argv, needle):
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["dem"], "unknown command 'dem'; did you mean 'demo'?"),
+    (["buildcache"], "did you mean 'build-cache'?"),
+    (["frobnicate"], "unknown command 'frobnicate'. The commands: demo, bench, build-cache."),
+    (["--quick", "demo"], "follow the command, e.g. gradsolve demo --quick"),
+    (["demo", "--qick"], "unrecognized argument '--qick'; did you mean --quick?"),
+    (["build-cache", "--x46", "m:f"], "did you mean --x64?"),
+])
+def test_cli_mistakes_suggest_the_right_spelling(capsys, argv, needle):
+    """Misspelt commands and options are answered with the nearest ones (argparse's
+    usage error, exit status 2), before anything runs."""
+    with pytest.raises(SystemExit) as info:
+        gradsolve_cli.main(argv)
+    assert info.value.code == 2
+    assert needle in capsys.readouterr().err
+
 def test_version(capsys):
     import gradsolve
 
