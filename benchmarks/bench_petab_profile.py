@@ -6,7 +6,12 @@ ensemble. Prints each parameter's estimate, 95 % interval (parameter scale), why
 stopped, the points per profile, rounds, LM evaluations and records, and the wall time
 (compilation included); where the fit was not the optimum, the profile's restarts from
 the better point it found, both objective values, and whether the result is reliable; and
-flags any zero-width interval (there must be none).
+flags any zero-width interval (there must be none). With ``--check-restart``, where the
+profile restarted, the problem is refitted from the point it restarted to (one start) and
+profiled again; with ``--from-local``, the profile is also run from the best start that
+ended more than 1 above the best (a local optimum, as a fit with too few starts returns),
+which must restart to the optimum: either way both profiles' interval ends are compared, as
+a fraction of the width.
 
 pyPESTO (only where ``import pypesto, amici`` works in this interpreter, or in the one
 ``--pypesto-python`` names): the same problem through AMICI, one Fides run from gradsolve's
@@ -20,12 +25,14 @@ Usage::
 
     python benchmarks/bench_petab_profile.py                       # Boehm, 20 starts
     python benchmarks/bench_petab_profile.py --out /tmp/profile.json
+    python benchmarks/bench_petab_profile.py --from-local     # also from a local optimum
     python benchmarks/bench_petab_profile.py --pypesto-python /path/to/venv/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import subprocess
@@ -36,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 
-def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float) -> dict:
+def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float,
+                   check_restart: bool = False, from_local: bool = False) -> dict:
     import jax
 
     jax.config.update("jax_enable_x64", True)
@@ -69,6 +77,28 @@ def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float) -> di
         print(f"  {p:<28} {prof.scales[p]:>5} {prof.estimate[p]:>10.4f} {lo:>10.4f} "
               f"{hi:>10.4f}  {' / '.join(prof.stop_reasons[p]):<22} "
               f"{len(prof.paths[p].values)}")
+    check = other = None
+    if check_restart and prof.n_restarts:
+        other = inference.fit(problem, init=prof.optimum, n_starts=1)
+        what = f"refitted from the restart's point ({other.loss:.5f})"
+    local = np.flatnonzero(fit.losses > fit.loss + 1.0)
+    if from_local and len(local):
+        i = int(local[0])
+        other = dataclasses.replace(fit, best_index=i,
+                                    params={k: v[i] for k, v in fit.all_params.items()})
+        what = f"from the local optimum of start {i} ({other.loss:.5f})"
+    if other is not None:
+        t = time.perf_counter()
+        again = inference.profile(problem, other, confidence=confidence)
+        check = {p: _end_shift(again.intervals[p], prof.intervals[p])
+                 for p in prof.parameter_ids}
+        print(f"check: profiled {what}: {time.perf_counter() - t:.1f} s, "
+              f"{again.n_restarts} restart(s) to {again.objective_opt:.5f}, reliable: "
+              f"{again.reliable}; its interval ends, and the first profile's minus them "
+              "/ width:")
+        for p, (dl, du) in check.items():
+            lo, hi = again.intervals[p]
+            print(f"  {p:<28} {lo:>10.4f} {hi:>10.4f}  {dl:>10.2e} {du:>10.2e}")
     return dict(problem=name, fit_s=t_fit, fit_loss=fit.loss, profile_s=wall,
                 rounds=prof.n_rounds, evals=prof.n_evals, records=prof.n_records,
                 objective_opt=prof.objective_opt, n_restarts=prof.n_restarts,
@@ -77,7 +107,16 @@ def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float) -> di
                 intervals={p: list(prof.intervals[p]) for p in prof.parameter_ids},
                 stop_reasons={p: list(prof.stop_reasons[p]) for p in prof.parameter_ids},
                 points={p: len(prof.paths[p].values) for p in prof.parameter_ids},
+                restart_check=check,
                 yaml=str(_yaml(problem)))
+
+
+def _end_shift(a, b) -> list:
+    """Each end's difference of the intervals ``a`` and ``b`` as a fraction of ``a``'s
+    width (0 where both are the same infinity, nan where the width is not finite)."""
+    width = a[1] - a[0]
+    return [0.0 if x == y else float((y - x) / width) if np.isfinite(width) else np.nan
+            for x, y in zip(a, b)]
 
 
 def _yaml(problem) -> Path:
@@ -143,6 +182,10 @@ def main() -> None:
     ap.add_argument("--starts", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--confidence", type=float, default=0.95)
+    ap.add_argument("--check-restart", action="store_true",
+                    help="where the profile restarted, refit from its point and profile again")
+    ap.add_argument("--from-local", action="store_true",
+                    help="also profile from the best start > 1 above the best and compare")
     ap.add_argument("--pypesto-python", default=None,
                     help="an interpreter with pypesto and amici (default: this one, if any)")
     ap.add_argument("--pypesto-only", default=None, help=argparse.SUPPRESS)
@@ -153,7 +196,8 @@ def main() -> None:
         print(json.dumps(pypesto_side(job["yaml"], job["x_opt"], job["confidence"])))
         return
 
-    ours = gradsolve_side(a.problem, a.starts, a.seed, a.confidence)
+    ours = gradsolve_side(a.problem, a.starts, a.seed, a.confidence, a.check_restart,
+                          a.from_local)
     theirs = None
     if a.pypesto_python is None:
         missing = [m for m in ("pypesto", "amici") if importlib.util.find_spec(m) is None]

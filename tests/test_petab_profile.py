@@ -299,6 +299,9 @@ def test_bad_arguments_are_named(decay, decay_fit, with_unused):
             inference.profile(decay, decay_fit, parameters=bad)
     with pytest.raises(ValueError, match="max_restarts"):
         inference.profile(decay, decay_fit, max_restarts=-1)
+    # at 1 % the interval's rise is 7.9e-5: the default tol 1e-3 cannot locate it
+    with pytest.raises(ValueError, match="`tol` 0.001 must be below half the threshold"):
+        inference.profile(decay, decay_fit, confidence=0.01)
     with pytest.raises(ValueError, match=r"it estimates \['u'\], which this problem"):
         inference.profile(decay, _result_at(with_unused, [0.0] * 4, loss=0.0))
     nan_fit = _result_at(decay, [0.0, np.nan, 0.0], loss=0.0)

@@ -449,8 +449,10 @@ def _check(problem, result, confidence, parameters, numbers):
     if parameters is None:
         which = list(range(len(ids)))
     else:
-        names = [parameters] if isinstance(parameters, str) else \
-            list(parameters) if isinstance(parameters, (list, tuple)) else [parameters]
+        try:
+            names = [parameters] if isinstance(parameters, str) else list(parameters)
+        except TypeError:  # not iterable: reported below
+            names = [parameters]
         odd = [p for p in names if not isinstance(p, str)]
         if odd or not names:
             raise ValueError(f"inference.profile: `parameters` must be parameter ids "
@@ -525,7 +527,8 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
             (pyPESTO's ``delta_ratio_max``).
         tol: the crossing is located to ``|F_p - F_opt - threshold| <= tol`` (at most
             `REFINE` points), then interpolated; a profile point more than ``tol`` below
-            the optimum restarts the profiles from a re-optimised point (above).
+            the optimum restarts the profiles from a re-optimised point (above). Below
+            half the threshold (the default 1e-3: a confidence of 0.0505 or more).
         max_iter: LM iterations per profile point (and per re-optimisation).
         max_restarts: re-optimisations at most (0: none; the result is then marked
             unreliable where a profile goes below the start).
@@ -569,6 +572,10 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
     d = len(ids)
     objective = result.objective
     threshold = float(chi2.ppf(float(confidence), 1)) / 2.0
+    if not tol < threshold / 2:
+        raise ValueError(f"inference.profile: `tol` {tol:g} must be below half the "
+                         f"threshold, {threshold:.3g} at confidence {confidence:g}: the "
+                         "crossing cannot be located more coarsely than the rise it marks")
     lo, hi = (np.asarray(b, float) for b in problem.bounds)
 
     # the fit's loss must be this problem's objective at its optimum (a fresh solve, as
@@ -613,6 +620,7 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
             x_opt = x[int(np.argmin(f))] if np.min(f) <= low.f[i] else low.x[i]
             f_opt = _objective_at(problem, x_opt, objective)
             starts.append((x_opt, f_opt))
+            bar.set_postfix(restarts=len(starts) - 1, objective=f"{f_opt:.6f}")
     finally:
         bar.close()
 
