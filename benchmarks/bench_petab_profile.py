@@ -90,12 +90,12 @@ def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float,
     if other is not None:
         t = time.perf_counter()
         again = inference.profile(problem, other, confidence=confidence)
-        check = {p: _end_shift(again.intervals[p], prof.intervals[p])
+        check = {p: _end_shift(again.intervals[p], prof.intervals[p], again.estimate[p])
                  for p in prof.parameter_ids}
         print(f"check: profiled {what}: {time.perf_counter() - t:.1f} s, "
               f"{again.n_restarts} restart(s) to {again.objective_opt:.5f}, reliable: "
               f"{again.reliable}; its interval ends, and the first profile's minus them "
-              "/ width:")
+              "/ width (/ half-width where open):")
         for p, (dl, du) in check.items():
             lo, hi = again.intervals[p]
             print(f"  {p:<28} {lo:>10.4f} {hi:>10.4f}  {dl:>10.2e} {du:>10.2e}")
@@ -111,12 +111,15 @@ def gradsolve_side(name: str, n_starts: int, seed: int, confidence: float,
                 yaml=str(_yaml(problem)))
 
 
-def _end_shift(a, b) -> list:
+def _end_shift(a, b, estimate: float) -> list:
     """Each end's difference of the intervals ``a`` and ``b`` as a fraction of ``a``'s
-    width (0 where both are the same infinity, nan where the width is not finite)."""
+    width (of the distance from ``estimate`` to its finite end where one side is open;
+    0 where both ends are the same infinity)."""
     width = a[1] - a[0]
-    return [0.0 if x == y else float((y - x) / width) if np.isfinite(width) else np.nan
-            for x, y in zip(a, b)]
+    if not np.isfinite(width):
+        width = max(abs(e - estimate) for e in a if np.isfinite(e)) if \
+            np.isfinite(a).any() else np.nan
+    return [0.0 if x == y else float((y - x) / width) for x, y in zip(a, b)]
 
 
 def _yaml(problem) -> Path:

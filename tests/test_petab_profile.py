@@ -12,6 +12,7 @@ optimum.
 """
 
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -286,6 +287,20 @@ def test_with_no_restart_left_the_intervals_are_marked_unreliable_not_zero_width
         assert not lo == hi, p
     assert nan_sides >= 1
     assert "UNRELIABLE" in repr(prof)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    try:  # the figure says so too, and marks the start at its own ratio, not at 1
+        axes = prof.plot()
+        assert "unreliable" in axes[0].figure.legends[0].get_title().get_text()
+        for ax, p in zip(axes, prof.parameter_ids):
+            marker = ax.get_lines()[1]
+            start = prof.paths[p].values == prof.estimate[p]
+            np.testing.assert_allclose(marker.get_ydata(), prof.paths[p].ratio[start])
+    finally:
+        plt.close("all")
 
 
 def test_bad_arguments_are_named(decay, decay_fit, with_unused):
@@ -368,5 +383,47 @@ def test_plot_draws_each_profile_against_the_threshold(decay_profile):
         np.testing.assert_allclose(curve.get_ydata(), decay_profile.paths["k"].ratio)
         with pytest.raises(ValueError, match="not profiled"):
             decay_profile.plot(["nope"])
+    finally:
+        plt.close("all")
+
+
+def test_plot_labels_do_not_overlap(decay_profile):
+    # ids as long as Boehm's ("Epo_degradation_BaF3 (log10)"), two rows: no label or tick
+    # label runs into another panel or into another panel's labels
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    old = decay_profile
+    name = {p: f"{p}_degradation_BaF3"[:20] for p in old.parameter_ids}
+    prof = dataclasses.replace(old, parameter_ids=tuple(name.values()), **{
+        f: {name[p]: v for p, v in getattr(old, f).items()}
+        for f in ("scales", "estimate", "intervals", "identifiable", "stop_reasons",
+                  "paths")})
+    axes = prof.plot(ncols=2)
+    try:
+        fig = axes[0].figure
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()
+
+        def drawn(ax):  # the labels, and the tick labels inside the view (the others
+            # are not drawn)
+            (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+            return [ax.xaxis.label, ax.yaxis.label,
+                    *(t for t in ax.get_xticklabels() if x0 <= t.get_position()[0] <= x1),
+                    *(t for t in ax.get_yticklabels() if y0 <= t.get_position()[1] <= y1)]
+
+        texts = [(i, t.get_window_extent(r)) for i, ax in enumerate(axes)
+                 for t in drawn(ax) if t.get_text() and t.get_visible()]
+        panels = [ax.get_window_extent(r) for ax in axes]
+        for i, a in texts:
+            for j, b in texts:
+                assert i == j or not a.overlaps(b), (i, j)
+            for j, b in enumerate(panels):
+                assert i == j or not a.overlaps(b), (i, j)
+        legend = fig.legends[0].get_window_extent(r)
+        assert not any(legend.overlaps(b) for _, b in texts)
+        assert not any(legend.overlaps(b) for b in panels)
     finally:
         plt.close("all")
