@@ -547,8 +547,9 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
     Why one ensemble: a profile point costs an LM run of several evaluations, and an
     evaluation of many rows costs little more than one of a few (one condition of
     Boehm_JProteomeRes2014: 5 rows 90 ms, 20 rows 161 ms, ``petab/_petab.py``); batched,
-    Boehm's 9 profiles (18 walks, 207 points) took 15 rounds and 192 evaluations
-    (``benchmarks/bench_petab_profile.py``).
+    Boehm's 6 profiles (hierarchical: 12 walks, 130 points) took 15 rounds and 173
+    evaluations from its optimum; from the 145.76 local optimum, one restart more and the
+    same intervals to 3e-8 of their widths (``benchmarks/bench_petab_profile.py``).
 
     Example:
         >>> problem = models.load_petab("Boehm_JProteomeRes2014")
