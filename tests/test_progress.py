@@ -78,9 +78,10 @@ def test_sampler_reports_iterations_and_the_chains_step_size(capfd):
 def test_sample_prints_lines_to_a_non_terminal(lynx, capfd, monkeypatch):
     m, data = lynx
     monkeypatch.setattr(_progress, "INTERVAL", 0.0)
-    inference.sample(m, data, num_warmup=20, num_samples=20, num_chains=2, seed=0,
-                     init="prior")
-    lines = _lines(capfd.readouterr().err, "sample lynx_hare (2 chains): ")
+    inference.sample(m, data, num_warmup=20, num_samples=20, num_chains=2, seed=0)
+    err = capfd.readouterr().err
+    assert _lines(err, "fit lynx_hare: ")  # the MAP fit that places the chains
+    lines = _lines(err, "sample lynx_hare (2 chains): ")
     assert any(ln.startswith("sample lynx_hare (2 chains): warmup ") for ln in lines), lines
     assert lines[-1].startswith("sample lynx_hare (2 chains): sampling 20/20, ")
     assert all(" s, step size " in ln for ln in lines), lines

@@ -312,7 +312,9 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
         u0, metric, state, info = start(
             problem, policy, data, init=o["init"], num_chains=int(o["num_chains"]),
             key=k_init, init_jitter=o["init_jitter"], seed=o["seed"],
-            fit_kwargs=o["fit_kwargs"], max_steps=o["max_steps"],
+            # the MAP fit that places the chains shows its progress as the sampler does
+            fit_kwargs={"progress": o["progress"], **(o["fit_kwargs"] or {})},
+            max_steps=o["max_steps"],
             target_accept=o["target_accept"], dense_mass=o["dense_mass"])
     else:
         state, info = saved
