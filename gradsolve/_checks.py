@@ -70,7 +70,29 @@ def _as_array(name: str, x, dtype, where: str):
         ) from e
 
 
+def _check_real(name: str, v, where: str) -> None:
+    """``v`` is a real number or array (not text, not complex): a ``ValueError`` naming
+    ``name`` otherwise, instead of a ``TypeError`` deep inside ``jnp``."""
+    if isinstance(v, (str, bytes)) or not eqx.is_array_like(v) or \
+            jnp.issubdtype(jnp.result_type(v), jnp.complexfloating):
+        raise ValueError(f"{where}: `{name}` must be a real number, got "
+                         f"{type(v).__name__} {v!r}.")
+
+
+def check_layout(group_size, chunk_size, where: str) -> None:
+    """The replay layout: ``group_size`` a positive int or ``None``, ``chunk_size`` a
+    positive int (checked before a solve records anything)."""
+    ok = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+    if not (group_size is None or ok(group_size)):
+        raise ValueError(f"{where}: `group_size` must be a positive int or None, got "
+                         f"{group_size!r}.")
+    if not ok(chunk_size):
+        raise ValueError(f"{where}: `chunk_size` must be a positive int, got {chunk_size!r}.")
+
+
 def check_interval(t0, t1, where: str) -> None:
+    _check_real("t0", t0, where)
+    _check_real("t1", t1, where)
     if jnp.ndim(t0) != 0:
         raise ValueError(f"{where}: `t0` must be a scalar, got shape {jnp.shape(t0)}.")
     if jnp.ndim(t1) != 0:
@@ -85,10 +107,12 @@ def check_interval(t0, t1, where: str) -> None:
 
 def check_tolerances(rtol, atol, max_steps, where: str) -> None:
     for name, v in (("rtol", rtol), ("atol", atol)):
+        _check_real(name, v, where)
         if jnp.ndim(v) != 0:
             raise ValueError(f"{where}: `{name}` must be a scalar, got shape {jnp.shape(v)}.")
-        if is_concrete(v) and not float(v) > 0:
-            raise ValueError(f"{where}: `{name}` must be positive, got {float(v)}.")
+        # (an infinite tolerance accepts every step: no error control at all)
+        if is_concrete(v) and not (float(v) > 0 and np.isfinite(float(v))):
+            raise ValueError(f"{where}: `{name}` must be positive and finite, got {float(v)}.")
     if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
         raise ValueError(f"{where}: `max_steps` must be a positive int, got {max_steps!r}.")
 
@@ -123,6 +147,7 @@ def check_dt0(dt0, where: str) -> None:
     """``dt0``: ``None`` or a positive, finite scalar (checked when concrete)."""
     if dt0 is None:
         return
+    _check_real("dt0", dt0, where)
     if jnp.ndim(dt0) != 0:
         raise ValueError(f"{where}: `dt0` must be a scalar or None, got shape {jnp.shape(dt0)}.")
     if is_concrete(dt0):

@@ -22,10 +22,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import batch, check_vector_field, is_concrete, split_static
+from ._checks import batch, check_layout, check_vector_field, is_concrete, split_static
 from ._doses import DoseSchedule, as_schedule
 from ._events import Events, batch_events, check_moved_events, events_out_of_order, replay_events
 from ._mesh import Mesh, Status
+from ._nan_rows import nan_rows
 from ._savetimes import check_moved_ts, moved_out_of_order, pinned_moved, save_roles, taylor2
 from ._solution import Solution
 from ._solver.diffrax_adapter import DiffraxSolver
@@ -206,10 +207,7 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
     ``check_moved=False`` skips the on-device check of moved save times and jump times
     (`gradsolve.solve`, whose ``ts`` and jumps are the recorded nodes). ``events``: the
     validated jumps (`batch_events`) of a mesh recorded with them."""
-    if not (group_size is None or isinstance(group_size, (int, np.integer)) and group_size >= 1):
-        raise ValueError(f"`group_size` must be a positive int or None, got {group_size!r}.")
-    if not (isinstance(chunk_size, (int, np.integer)) and chunk_size >= 1):
-        raise ValueError(f"`chunk_size` must be a positive int, got {chunk_size!r}.")
+    check_layout(group_size, chunk_size, where)
     driver = resolve(driver, "replay", f, mesh.solver, b.y0, b.params, where, mesh.has_events)
     layout = ReplayLayout(None if group_size is None else int(group_size), int(chunk_size),
                           jax.default_backend())
@@ -332,9 +330,10 @@ def _replay_core(driver: AbstractDriver, f, mesh: Mesh, y0, params, ts, layout: 
         s1 = jnp.broadcast_to(t1_live - _sg(t1_live), y1.shape[:1])
         y1 = jax.vmap(lambda y, p, s: taylor2(f, t1[None], y[None], p, s[None])[0])(
             y1, params, s1)
-    nan = jnp.asarray(jnp.nan, dtype)
-    ys = jnp.where(failed[:, None, None], nan, ys)
-    y1 = jnp.where(failed[:, None], nan, y1)
+    # NaN for failed trajectories, and a NaN derivative w.r.t. their inputs (not the
+    # zero a constant NaN would give: an optimiser must not see a stationary point).
+    inputs = (y0, params, tsave, jumps if jumps is not None else (), mesh.t0, mesh.t1)
+    ys, y1 = nan_rows(failed, (ys, y1), inputs)
     err = jnp.where(failed, jnp.inf, _sg(err))
     out_ts = ts if ts is not None else rec_ts
     return ys, y1, err, _sg(work), out_ts, status

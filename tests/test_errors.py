@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import gradsolve as gs
-from conftest import decay, lotka_volterra, robertson
+from conftest import decay, kernel_builds, lotka_volterra, robertson
 
 P = jnp.array([1.5, 1.0, 3.0, 1.0])
 Y0 = jnp.array([1.0, 1.0])
@@ -37,6 +37,12 @@ Y0 = jnp.array([1.0, 1.0])
         (dict(y0=jnp.ones((0, 2)), params=jnp.ones((0, 4))), "`y0`"),
         (dict(y0=jnp.ones(2, jnp.complex128)), "`y0`"),
         (dict(controller="pid"), "`controller`"),
+        (dict(atol=float("inf")), "`atol` must be positive and finite"),
+        (dict(rtol=float("inf")), "`rtol` must be positive and finite"),
+        (dict(t0="0"), "`t0` must be a real number, got str '0'"),
+        (dict(t1=1j), "`t1` must be a real number"),
+        (dict(rtol="1e-6"), "`rtol` must be a real number"),
+        (dict(dt0="0.1"), "`dt0` must be a real number"),
     ],
 )
 @pytest.mark.parametrize("fn", ["record", "solve"])
@@ -58,6 +64,11 @@ def test_replay_rejects_mismatched_inputs():
         gs.replay(lotka_volterra, "mesh", Y0, P)
     with pytest.raises(ValueError, match="`ts`"):
         gs.replay(lotka_volterra, mesh, jnp.ones((3, 2)), jnp.tile(P, (3, 1)), ts=jnp.ones(4))
+    for layout, needle in ((dict(group_size=0), "gs.replay: `group_size`"),
+                           (dict(group_size=True), "gs.replay: `group_size`"),
+                           (dict(chunk_size=2.0), "gs.replay: `chunk_size`")):
+        with pytest.raises(ValueError, match=needle):
+            gs.replay(lotka_volterra, mesh, jnp.ones((3, 2)), jnp.tile(P, (3, 1)), **layout)
 
 
 def _blowup(t, y, p):
@@ -105,6 +116,73 @@ def test_inside_jit_failures_are_status_and_nan():
     g = jax.grad(lambda a_: jnp.sum(jnp.nan_to_num(run(a_).ys)))(a)
     assert np.all(np.isfinite(np.asarray(g)))
 
+
+
+# Trajectory 1 runs out of max_steps=40 (rtol 1e-5 on [0, 5]); 0 and 2 need about 16 and 24
+# steps (the Diffrax driver counts its own: 16 and 23).
+_FAIL_Y0 = jnp.array([[3.1, 1.6], [30.0, 30.0], [2.0, 1.0]])
+_FAIL_TS = jnp.linspace(0.0, 5.0, 6)
+
+
+def _failing_solve(y0, p, driver, **kw):
+    return gs.solve(lotka_volterra, 0.0, 5.0, y0, p, ts=_FAIL_TS, rtol=1e-5, max_steps=40,
+                    driver=driver, **kw)
+
+
+_FAIL_DRIVERS = ([pytest.param(gs.drivers.Kernel(), id="kernel")] if kernel_builds() else []) + [
+    pytest.param(gs.drivers.Batched(), id="batched"), pytest.param(gs.drivers.Lanes(), id="lanes"),
+    pytest.param(gs.drivers.Diffrax(), id="diffrax", marks=pytest.mark.slow)]  # ~25 s
+
+
+@pytest.mark.parametrize("driver", _FAIL_DRIVERS)
+def test_failed_trajectory_has_a_nan_gradient(driver):
+    """A loss on a failed trajectory is NaN and so is its gradient (not a zero that an
+    optimiser would take for a stationary point); the other trajectories' gradients are
+    those of a solve of them alone."""
+    p = jnp.tile(P, (3, 1))
+
+    def loss(y0, p):
+        sol = _failing_solve(y0, p, driver)
+        return jnp.sum(sol.ys ** 2), sol.stats["status"]
+
+    (value, status), (g_y0, g_p) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
+        _FAIL_Y0, p)
+    np.testing.assert_array_equal(status, [0, gs.Status.MAX_STEPS, 0])
+    assert np.isnan(value)
+    assert np.all(np.isnan(g_y0[1])) and np.all(np.isnan(g_p[1]))
+    ok = jnp.array([0, 2])
+    (want_y0, want_p), _ = jax.jit(jax.grad(loss, (0, 1), has_aux=True))(_FAIL_Y0[ok], p[ok])
+    np.testing.assert_allclose(g_y0[ok], want_y0, rtol=1e-10)
+    np.testing.assert_allclose(g_p[ok], want_p, rtol=1e-10)
+    if isinstance(driver, gs.drivers.Diffrax):
+        return  # (the rest is the same code on every driver; Diffrax compiles slowly)
+    # Parameters shared by every trajectory mix the failed one in: NaN, as JAX would.
+    shared = jax.jit(jax.grad(lambda q: loss(_FAIL_Y0, jnp.tile(q, (3, 1)))[0]))(P)
+    assert np.all(np.isnan(shared))
+    # A loss that leaves the failed trajectory out has a finite gradient (zero there).
+    masked = jax.jit(jax.grad(lambda p: jnp.sum(jnp.nan_to_num(_failing_solve(
+        _FAIL_Y0, p, driver).ys))))(p)
+    np.testing.assert_array_equal(masked[1], 0.0)
+    assert np.all(np.isfinite(masked))
+
+
+def test_failed_trajectory_has_nan_derivatives_in_replay_and_forward_mode():
+    """The same for `gs.replay` of a mesh whose record failed, in reverse and forward
+    mode: NaN in the failed row, the others' derivatives untouched."""
+    p = jnp.tile(P, (3, 1))
+    mesh = gs.record(lotka_volterra, 0.0, 5.0, _FAIL_Y0, p, ts=_FAIL_TS, rtol=1e-5,
+                     max_steps=40, throw=False)
+    np.testing.assert_array_equal(mesh.status, [0, gs.Status.MAX_STEPS, 0])
+    y_end = lambda p: gs.replay(lotka_volterra, mesh, _FAIL_Y0, p).ys[:, -1, 0]
+    g = jax.jit(jax.grad(lambda p: jnp.sum(y_end(p))))(p)
+    jf = jax.jit(jax.jacfwd(y_end))(p)  # (3 outputs, 3 trajectories, 4 parameters)
+    assert np.all(np.isnan(g[1])) and np.all(np.isnan(jf[1, 1]))
+    ok = np.array([0, 2])
+    want = jax.jacfwd(lambda q: _failing_solve(_FAIL_Y0[ok], q, None).ys[:, -1, 0])(p[ok])
+    np.testing.assert_allclose(g[ok], want[np.arange(2), np.arange(2)], rtol=1e-10)
+    np.testing.assert_allclose(jf[ok][:, ok], want, rtol=1e-10)
+    np.testing.assert_array_equal(jf[1][ok], 0.0)  # no leak across rows
+    np.testing.assert_array_equal(jf[ok][:, 1], 0.0)
 
 def test_throw_true_raises_inside_jit():
     @jax.jit

@@ -24,6 +24,7 @@ import numpy as np
 from .._checks import is_concrete
 from .._errors import error_if_failed, raise_if_fallback_failed
 from .._mesh import Status
+from .._nan_rows import nan_rows
 from .._savetimes import node_times
 from .._solution import Solution
 from .._solver.diffrax_adapter import DiffraxSolver
@@ -258,9 +259,9 @@ def solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps: int, control
     if rc is not None:
         status = jnp.where(rc.invalid, Status.INVALID_INPUT, status).astype(jnp.int32)
     failed = status != Status.OK
-    nan = jnp.asarray(jnp.nan, b.y0.dtype)
-    ys = jnp.where(failed[:, None, None], nan, ys)
-    y1 = jnp.where(failed[:, None], nan, y1)
+    # NaN values and derivatives for failed trajectories (`gradsolve._nan_rows`)
+    inputs = (b.y0, b.params, b.ts, () if events is None else events.jump_sizes, t0, t1)
+    ys, y1 = nan_rows(failed, (ys, y1), inputs)
     if is_concrete(status):
         if throw is None or throw:
             raise_if_fallback_failed(status, where, dt0, max_steps)
