@@ -473,6 +473,11 @@ def test_fit_refuses_keywords_it_does_not_take(lynx):
         inference.fit(m, data, max_generations=3)
     with pytest.raises(ValueError, match="`steps` must be an int >= 0, got True"):
         inference.fit(m, data, steps=True)
+    # values that were taken silently (a truthy string) or failed deep inside JAX
+    with pytest.raises(ValueError, match="`jacobian` must be True or False, got 'no'"):
+        inference.fit(m, data, jacobian="no")
+    with pytest.raises(ValueError, match="`seed` must be an int, got 1.5"):
+        inference.fit(m, data, seed=1.5)
 
 
 def test_fit_tells_a_non_finite_likelihood_from_a_failed_solve(lynx):

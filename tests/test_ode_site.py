@@ -307,3 +307,29 @@ def test_missing_observations_the_distribution_cannot_take_are_refused():
                            "of 8"):
             inference.fit(plain, data, progress=False)
         ProgramProblem(masked, data, rtol=1e-6, atol=1e-8, max_steps=64)
+
+
+def test_a_prior_with_reversed_bounds_is_refused_naming_its_site():
+    """``Uniform(2, 1)``: every value lies outside its support, so every start's log density
+    was -inf and the fit ended, after ten rounds of re-drawing, blaming the data."""
+    program = _decay_program(lambda pred, s, y: numpyro.sample(
+        "y", dist.Normal(pred, numpyro.sample("scale", dist.Uniform(2.0, 1.0))), obs=y))
+    with gs.use_compiled_kernel(False):
+        with pytest.raises(ValueError, match=r"parameter 'scale': its prior's support has "
+                           r"lower bound 2.0 not below its upper bound 1.0"):
+            inference.fit(program, DECAY_Y, progress=False)
+
+
+@pytest.mark.slow  # ~30 s (a short run); the refusal of a program without data is tested above
+def test_a_likelihood_written_as_a_factor_is_sampled():
+    """A program whose data enter through ``numpyro.factor`` has no observed_data group: the
+    InferenceData is built without it (an AttributeError before), its attributes on the
+    groups it has."""
+    program = _decay_program(lambda pred, s, y: numpyro.factor(
+        "ll", dist.Normal(pred, s).log_prob(y).sum()))
+    with gs.use_compiled_kernel(False):
+        idata = inference.sample(program, DECAY_Y, num_warmup=30, num_samples=30,
+                                 num_chains=1, init="prior", progress=False)
+    assert set(idata.groups()) == {"posterior", "sample_stats"}
+    assert idata.posterior["k"].shape == (1, 30)
+    assert idata.posterior.attrs["mesh_policy"] == idata.sample_stats.attrs["mesh_policy"]

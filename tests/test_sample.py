@@ -121,6 +121,13 @@ def test_sample_rejects_bad_arguments(lynx):
     with pytest.raises(ValueError, match=r"`fit_kwargs` has unknown key\(s\) \['nstarts'\]; "
                        r"inference.fit takes \['init', 'optimizer', 'steps', 'n_starts'"):
         inference.sample(m, data, fit_kwargs={"nstarts": 4})
+    # a truthy string was a dense metric; a string or a float failed deep inside
+    with pytest.raises(ValueError, match="`dense_mass` must be None, True or False, got 'no'"):
+        inference.sample(m, data, dense_mass="no")
+    with pytest.raises(ValueError, match="`frozen_tol_factor` must lie in"):
+        inference.sample(m, data, frozen_tol_factor="0.1")
+    with pytest.raises(ValueError, match="`seed` must be an int, got 0.5"):
+        inference.sample(m, data, seed=0.5)
 
 
 # ------------------------------------------------------------------------------ slow

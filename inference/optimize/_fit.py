@@ -412,10 +412,12 @@ def _fit_global(petab, **kw) -> FitResult:
 
 
 def _checked_fit_args(objective, steps, n_starts, checkpoint_every, record_tol_factor,
-                      max_redraws, optimizer):
+                      max_redraws, optimizer, jacobian):
     """``ValueError`` naming the first bad argument of `fit`; the optimizer (default Adam)."""
     if objective not in ("map", "mle"):
         raise ValueError(f"`objective` must be 'map' or 'mle', got {objective!r}")
+    if not isinstance(jacobian, (bool, np.bool_)):
+        raise ValueError(f"`jacobian` must be True or False, got {jacobian!r}")
     for name, v, lo in (("steps", steps, 0), ("n_starts", n_starts, 1),
                         ("checkpoint_every", checkpoint_every, 1),
                         ("max_redraws", max_redraws, 0)):
@@ -529,6 +531,8 @@ def fit(
         >>> res = inference.fit(models.load_petab("Fujita_SciSignal2010"),
         ...                     method="global", max_time=1800, n_starts=5, seed=1)
     """
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ValueError(f"`seed` must be an int, got {seed!r}")
     if is_petab(model):
         # a problem of noise-weighted residuals: the least-squares multistart, or the
         # global search (`fit_petab` refuses `checkpoint` and `max_time` for the former)
@@ -554,7 +558,7 @@ def fit(
             raise ValueError(f"`{name}` applies to PEtab problems only (got {name}={v!r}); "
                              f"a {type(model).__name__} is fitted by Optax (`optimizer`, `steps`)")
     optimizer = _checked_fit_args(objective, steps, n_starts, checkpoint_every,
-                                  record_tol_factor, max_redraws, optimizer)
+                                  record_tol_factor, max_redraws, optimizer, jacobian)
     _checkpoint.check_path(checkpoint)
     policy = MeshPolicy.checked("fit", rerecord, drift_tol=drift_tol,
                                 error_ratio_max=error_ratio_max,

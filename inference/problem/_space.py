@@ -51,6 +51,7 @@ class ParamSpace:
         entries = []
         off = 0
         for name, d in priors.items():
+            _check_interval(name, d.support)
             shape = tuple(d.batch_shape) + tuple(d.event_shape)
             size = int(np.prod(shape)) if shape else 1
             entries.append(_Entry(name, shape, size, off, biject_to(d.support), d.support))
@@ -138,6 +139,24 @@ class ParamSpace:
         """The coordinates of the flat vector that hold parameter ``name``."""
         e = next(e for e in self.entries if e.name == name)
         return np.arange(e.offset, e.offset + e.size)
+
+
+def _check_interval(name: str, support) -> None:
+    """``ValueError`` naming parameter ``name`` when its prior's support is an interval
+    whose lower bound is not below its upper one (reversed bounds: every value is outside
+    it, the log density -inf everywhere and the transform NaN)."""
+    lo, hi = getattr(support, "lower_bound", None), getattr(support, "upper_bound", None)
+    if lo is None or hi is None:
+        return
+    try:
+        lo, hi = np.asarray(lo, float), np.asarray(hi, float)
+    except (TypeError, jax.errors.ConcretizationTypeError,
+            jax.errors.TracerArrayConversionError):
+        return  # bounds that are traced values: checked by the distribution, if at all
+    if np.any(~(lo < hi)):
+        raise ValueError(f"parameter {name!r}: its prior's support has lower bound "
+                         f"{lo.tolist()} not below its upper bound {hi.tolist()}; "
+                         "swap the bounds")
 
 
 def checked_init(model, space: ParamSpace, init) -> tuple[np.ndarray, int | None]:

@@ -228,7 +228,13 @@ def _checked_sample_args(o: dict) -> None:
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
             raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
     _check_fit_kwargs(o["fit_kwargs"])
-    if not 0 < o["frozen_tol_factor"] <= 1:
+    if not isinstance(o["seed"], (int, np.integer)) or isinstance(o["seed"], bool):
+        raise ValueError(f"`seed` must be an int, got {o['seed']!r}")
+    for name in ("dense_mass", "count_failures"):
+        if o[name] is not None and not isinstance(o[name], (bool, np.bool_)):
+            raise ValueError(f"`{name}` must be None, True or False, got {o[name]!r}")
+    if not (isinstance(o["frozen_tol_factor"], (int, float, np.number))
+            and 0 < o["frozen_tol_factor"] <= 1):
         raise ValueError(
             f"`frozen_tol_factor` must lie in (0, 1], got {o['frozen_tol_factor']}")
     if target_accept is not None and not (
