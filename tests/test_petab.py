@@ -522,3 +522,44 @@ def test_the_boehm_problem_ships_with_models():
     for name in names:
         assert (shipped / name).read_bytes() == \
             (DATA / "Boehm_JProteomeRes2014" / name).read_bytes(), name
+
+
+def _boehm_with_parameter(tmp_path, pid: str, **cells):
+    """A copy of Boehm's problem with the parameter table's cells of ``pid`` replaced."""
+    import pandas as pd
+
+    dst = tmp_path / "problem"
+    shutil.copytree(DATA / "Boehm_JProteomeRes2014", dst)
+    tsv = next(dst.glob("parameters_*.tsv"))
+    df = pd.read_csv(tsv, sep="\t")
+    for column, value in cells.items():
+        df.loc[df["parameterId"] == pid, column] = value
+    df.to_csv(tsv, sep="\t", index=False)
+    return dst
+
+
+@pytest.mark.parametrize("column", ["nominalValue", "lowerBound"])
+@pytest.mark.parametrize("lint", [False, True])
+def test_a_negative_value_of_a_log10_parameter_is_refused_at_load_naming_it(tmp_path, column,
+                                                                          lint):
+    """A negative nominal value (or bound) has no log10: refused at load naming the
+    parameter, not a LinAlgError from a NaN Jacobian in the stiffness probe (the linter
+    refuses a negative bound itself, also naming it)."""
+    dst = _boehm_with_parameter(tmp_path, "k_phos", **{column: -15766.5})
+    ours = rf"'k_phos' \(parameterScale log10\): {column} -15766.5 is negative"
+    linter = "Bounds for log10 scaled parameter k_phos must be positive"
+    with pytest.raises(ValueError, match=linter if lint and column == "lowerBound" else ours):
+        models.load_petab(dst, lint=lint)
+
+
+def test_an_estimated_parameter_without_a_nominal_value_loads(tmp_path):
+    """PEtab makes an estimated parameter's nominal value optional: the stiffness probe
+    has no point to look at (its NaN Jacobian once raised a LinAlgError), so the stiff
+    solver is kept, and the likelihood at a given point is the full problem's there."""
+    dst = _boehm_with_parameter(tmp_path, "k_phos", nominalValue=float("nan"))
+    problem = models.load_petab(dst, lint=False, hierarchical=False)
+    assert "Rodas5P" in problem.solver_reason and "not finite" in problem.solver_reason
+    x = np.asarray(models.load_petab(DATA / "Boehm_JProteomeRes2014",
+                                     hierarchical=False).nominal)
+    _close_to_reference(float(problem.log_likelihood(x)), "Boehm_JProteomeRes2014")
+

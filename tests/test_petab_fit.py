@@ -78,6 +78,40 @@ def test_lm_with_an_estimated_noise_scale_reaches_the_closed_form_mle():
     np.testing.assert_allclose(np.exp(np.asarray(s.x)[:, 3]), sigma, rtol=1e-5)
 
 
+def test_lm_curvature_of_a_profiled_noise_is_the_schur_complement():
+    # sigma profiled out (sigma^2 = RSS / n at every x, as hierarchical optimisation
+    # does): F = n/2 log RSS + n/2. Its Fisher information is the Schur complement of the
+    # full (x, log sigma) one, J_r^T J_r / sigma^2 (the x-sigma block vanishes); the
+    # gradient stays the exact one of F (central differences)
+    n = len(Y)
+
+    def terms(x):
+        r = Y - _model(x)
+        sigma = jnp.sqrt(jnp.sum(r**2) / n)
+        return r / sigma, jnp.full_like(r, jnp.log(sigma))
+
+    x0 = np.array([[1.5, 0.8, 0.2]])
+    kernel = LMKernel(terms, lower=np.full(3, -10.0), upper=np.full(3, 10.0),
+                      profiled=np.ones(n, bool))
+    s = kernel.init(x0)
+    r = Y - _model(x0[0])
+    jr = np.stack([(_model(x0[0] - e) - _model(x0[0] + e)) / 2e-6
+                   for e in 1e-6 * np.eye(3)], axis=1)  # d r / dx
+    np.testing.assert_allclose(np.asarray(s.h)[0], jr.T @ jr / np.mean(r**2), rtol=1e-6)
+
+    def f(x):
+        return n / 2 * np.log(np.sum((Y - _model(x))**2)) + n / 2 - n / 2 * np.log(n)
+
+    fd = [(f(x0[0] + e) - f(x0[0] - e)) / 2e-6 for e in 1e-6 * np.eye(3)]
+    np.testing.assert_allclose(np.asarray(s.g)[0], fd, rtol=1e-6)
+    assert float(s.f[0]) == pytest.approx(f(x0[0]), rel=1e-12)
+    # and from there it reaches the least-squares curve's optimum
+    s, _ = kernel.run(np.array([[1.5, 0.8, 0.2], [3.0, 0.5, 1.0]]), 300)
+    ls = optimize.least_squares(lambda x: Y - _model(x), [1.0, 1.0, 0.0], xtol=1e-15,
+                                ftol=1e-15, gtol=1e-15)
+    np.testing.assert_allclose(np.asarray(s.x), np.broadcast_to(ls.x, (2, 3)), atol=1e-5)
+
+
 def test_lm_does_not_stop_on_the_small_decrease_of_a_heavily_damped_step():
     # after many rejections the damping is large and an accepted step short wherever it
     # is: its small decrease must not count as convergence (a start far from the optimum
@@ -186,6 +220,15 @@ DECAY_Y = 3.0 * np.exp(-0.7 * DECAY_T) + np.array(
 
 def _decay_problem(path: Path, noise: str = "normal", priors: dict | None = None):
     """A PEtab problem of dA/dt = -k A, A(0) = A0, observed with noise sd sigma."""
+    yaml = _write_decay(path, noise, priors)
+    # non-stiff: the explicit default solver compiles in a fraction of Rodas5P's time;
+    # sigma estimated by the outer optimiser (hierarchical=False): the closed forms below
+    # are those of all three parameters
+    return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
+
+
+def _write_decay(path: Path, noise: str = "normal", priors: dict | None = None) -> Path:
+    """The tables of `_decay_problem` written into ``path``: its YAML file."""
     doc = one_reaction_sbml("decay", "A", "A0", ("A0", "k"), "k * A", consumed=True)
     parameters = {"parameterId": ["A0", "k", "sigma"], "parameterScale": "log10",
                   "lowerBound": 1e-3, "upperBound": 1e3, "nominalValue": [3.0, 0.7, 0.1],
@@ -197,10 +240,7 @@ def _decay_problem(path: Path, noise: str = "normal", priors: dict | None = None
         measurements={"observableId": "obs_A", "simulationConditionId": "c0", "time": DECAY_T,
                       "measurement": DECAY_Y, "noiseParameters": "sigma"},
         parameters=parameters)
-    # non-stiff: the explicit default solver compiles in a fraction of Rodas5P's time;
-    # sigma estimated by the outer optimiser (hierarchical=False): the closed forms below
-    # are those of all three parameters
-    return models.load_petab(yaml, solver=gs.Tsit5(), hierarchical=False)
+    return yaml
 
 
 def _decay_mle():
@@ -302,6 +342,55 @@ def test_petab_fit_bad_arguments_are_named(decay):
         inference.fit(decay, init={"A0": 0.0})
     with pytest.raises(ValueError, match="`objective`"):
         inference.fit(decay, objective="ml")
+
+
+def test_petab_init_mistakes_are_refused_naming_the_parameter(decay):
+    x_ref, _ = _decay_mle()  # log10 values inside the bounds [-3, 3]
+    good = dict(zip(decay.parameter_ids, x_ref))
+    # a start given on the linear scale: outside the log10 bounds, not clipped onto them
+    with pytest.raises(ValueError, match=r"'A0' \(start 0\) is 30, outside its bounds "
+                                         r"\[-3, 3\] on its log10 scale.*given linear\? "
+                                         r"its log10 is 1.47712"):
+        inference.fit(decay, init={**good, "A0": 30.0})
+    with pytest.raises(ValueError, match=r"'k' \(start 1\) is -4, outside"):
+        inference.fit(decay, init=np.array([x_ref, [0.0, -4.0, 0.0]]), n_starts=2)
+    with pytest.raises(ValueError, match=r"keys \['kk'\] that are not parameters"):
+        inference.fit(decay, init={**good, "kk": 0.1})
+    with pytest.raises(ValueError, match=r"'sigma' \(start 0\) is nan; starts must be "
+                                         "finite"):
+        inference.fit(decay, init={**good, "sigma": float("nan")})
+    with pytest.raises(ValueError, match=r"'k' \(start 0\) is inf"):
+        inference.fit(decay, init=[0.0, np.inf, 0.0], method="global", max_time=1.0)
+
+
+def test_petab_in_float32_is_refused_naming_enable_x64(tmp_path):
+    """Without 64-bit floats, load_petab refuses before reading the tables, and a problem
+    loaded in float64 refuses to be fitted once they are switched off, both naming
+    gs.enable_x64() (a fresh process: the tests run in float64)."""
+    import subprocess
+    import sys
+
+    yaml = _write_decay(tmp_path)
+    code = f"""
+import gradsolve as gs, inference, models
+for step in ("load", "fit"):
+    try:
+        if step == "fit":
+            gs.enable_x64()
+            problem = models.load_petab({str(yaml)!r}, solver=gs.Tsit5())
+            gs.enable_x64(False)
+            inference.fit(problem, n_starts=2)
+        else:
+            models.load_petab({str(yaml)!r})
+    except ValueError as e:
+        print(step, "REFUSED", e)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert "load REFUSED load_petab needs 64-bit floats: call gs.enable_x64()" in out.stdout, (
+        out.stdout + out.stderr)
+    assert "fit REFUSED a PEtab problem is fitted" in out.stdout and "gs.enable_x64()" in (
+        out.stdout.split("fit REFUSED")[1]), out.stdout + out.stderr
 
 
 # ----------------------------------------------------------------- priors

@@ -21,9 +21,14 @@ residuals at the closed-form optimum of the inner parameters (scalings, offsets,
 so ``F`` is the full negative log-likelihood at that optimum and the forward-mode
 Jacobian, taken through the closed forms, is that of the reduced residuals (variable
 projection). With a noise parameter profiled out, ``sum z^2`` over its measurements is
-their number and ``F`` their ``n/2 log RSS``: the curvature above is then the
-Gauss-Newton matrix of ``RSS / sigma^2`` plus ``2 n J_s^T J_s``, which shortens a step
-along the gradient by at most a factor 3 far from an optimum and vanishes at it.
+their number and ``F`` their ``n/2 log RSS``, and ``log sigma`` is no parameter: the
+Fisher information of the reduced problem is the Schur complement of the full one, whose
+``x``-``sigma`` block vanishes, so it is ``J_h^T J_h`` alone (``J_h`` through the closed
+forms of scalings and offsets: variable projection's Gauss-Newton matrix), the matrix
+pyPESTO's hierarchical optimisation hands Fides; such rows (``profiled``) leave their
+``2 J_s^T J_s`` out. Kept in, it is no Fisher information of the reduced problem: it adds
+``2 n g g^T / RSS^2`` where the Hessian of ``n/2 log RSS`` subtracts it, and shortens
+every step along the gradient by up to a factor 3 far from an optimum.
 
 Bounds: a projected method with an active set (Bertsekas 1982, "Projected Newton methods
 for optimization problems with simple constraints"): coordinates on a bound whose gradient
@@ -157,12 +162,15 @@ class LMKernel:
         policy: when a start's mesh is re-recorded (`MeshPolicy`; default `LM_POLICY`:
             a move of 0.5 on the parameter scale, or an error ratio above 1, which also
             redoes that evaluation).
+        profiled: ``(m,)`` bool, where ``s`` is a noise parameter optimised in closed
+            form at each ``x`` (hierarchical optimisation; ``None``: nowhere): its
+            derivative enters the gradient but not the curvature.
     """
 
     def __init__(self, terms: Callable, laplace=None, penalty: Callable | None = None, *,
                  lower, upper, ftol: float = 1e-10, gtol: float = 1e-6, xtol: float = 0.0,
                  lam_max: float = 1e12, mesh_terms: MeshTerms | None = None,
-                 policy: MeshPolicy = LM_POLICY):
+                 policy: MeshPolicy = LM_POLICY, profiled=None):
         self.lower = jnp.asarray(lower, float)
         self.upper = jnp.asarray(upper, float)
         self.ftol, self.gtol, self.xtol, self.lam_max = ftol, gtol, xtol, lam_max
@@ -170,6 +178,7 @@ class LMKernel:
         self.n_records = 0  # batched records run (init included)
         self.n_evals = 0  # batched evaluations (residuals and Jacobians)
         lap = None if laplace is None else jnp.asarray(laplace, bool)
+        prof = None if profiled is None else jnp.asarray(profiled, bool)
 
         def local(x, mesh=None):
             """(F, gradient, curvature, the solves' largest error ratio) at one point."""
@@ -190,7 +199,9 @@ class LMKernel:
             dz = jnp.where(is_lap, jnp.sign(z), z)
             g = jz.T @ dz + jnp.sum(js, axis=0)
             jh = jz + z[:, None] * js
-            w = jnp.where(is_lap, 1.0, 2.0)
+            # a profiled noise's log sigma is no parameter of the reduced problem: its
+            # Fisher information is the Schur complement J_h^T J_h (module docstring)
+            w = jnp.where(is_lap, 1.0, 2.0) * (1.0 if prof is None else ~prof)
             h = jh.T @ jh + (js * w[:, None]).T @ js
             if penalty is not None:
                 p, gp = jax.value_and_grad(penalty)(x)

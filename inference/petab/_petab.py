@@ -65,26 +65,62 @@ def latin_hypercube(lower, upper, n: int, rng: np.random.Generator) -> np.ndarra
 
 
 def _starts(problem, init, n_starts: int, seed: int) -> np.ndarray:
-    """The starts ``(n, D)``: Latin hypercube draws, after the given ``init`` rows."""
+    """The starts ``(n, D)``: Latin hypercube draws, after the given ``init`` rows (checked
+    by `_given_starts`)."""
     lo, hi = finite_bounds(problem)
     rng = np.random.default_rng(seed)
     x = latin_hypercube(lo, hi, n_starts, rng)
     if init is None:
         return x
-    if isinstance(init, dict):
-        missing = set(problem.parameter_ids) - set(init)
-        if missing:
-            raise ValueError(f"`init` is missing parameters {sorted(missing)}")
-        given = np.asarray([[float(init[p]) for p in problem.parameter_ids]])
-    else:
-        given = np.atleast_2d(np.asarray(init, float))
-    if given.shape[1] != len(lo):
-        raise ValueError(f"`init` has {given.shape[1]} parameters, the problem "
-                         f"{len(lo)} ({problem.parameter_ids})")
+    given = _given_starts(problem, init, lo, hi)
     if len(given) > n_starts:
         raise ValueError(f"`init` holds {len(given)} starts, more than n_starts={n_starts}")
     x[: len(given)] = given
     return x
+
+
+def _given_starts(problem, init, lo, hi) -> np.ndarray:
+    """``init`` (a dict by parameter id, a ``(D,)`` vector or ``(k, D)`` rows, on the
+    parameter scale) as ``(k, D)`` rows, refused with a ``ValueError`` naming the key,
+    parameter or row where it is not a start of ``problem``: an unknown key, a missing
+    parameter, a value that is not finite or lies outside the bounds (the optimiser would
+    clip it to the bound without a word: typically a value given on the linear scale)."""
+    ids = list(problem.parameter_ids)
+    if isinstance(init, dict):
+        # a previous fit's params hold the inner parameters too: known, set in closed form
+        unknown = set(init) - set(ids) - set(problem.inner_parameter_ids)
+        if unknown:
+            raise ValueError(f"`init` has keys {sorted(unknown)} that are not parameters "
+                             f"of the problem (estimated: {ids})")
+        missing = set(ids) - set(init)
+        if missing:
+            raise ValueError(f"`init` is missing parameters {sorted(missing)}")
+        given = np.stack([np.asarray(init[p], float).reshape(-1) for p in ids], axis=1)
+    else:
+        given = np.atleast_2d(np.asarray(init, float))
+    if given.ndim != 2 or given.shape[1] != len(ids):
+        raise ValueError(f"`init` has {given.shape[-1]} parameters, the problem "
+                         f"{len(ids)} ({ids})")
+    bad = np.argwhere(~np.isfinite(given))
+    if len(bad):
+        row, j = bad[0]
+        raise ValueError(f"`init`'s parameter '{ids[j]}' (start {row}) is {given[row, j]}; "
+                         "starts must be finite")
+    # a hair of slack: a start read back from a fit's result sits on its bound
+    slack = 1e-9 * (hi - lo)
+    bad = np.argwhere((given < lo - slack) | (given > hi + slack))
+    if len(bad):
+        row, j = bad[0]
+        v, scale = given[row, j], problem.scales[j]
+        hint = ""
+        if scale != "lin" and v > 0:
+            on_scale = np.log10(v) if scale == "log10" else np.log(v)
+            if lo[j] <= on_scale <= hi[j]:
+                hint = (f"; starts are on the parameter scale: was {v:g} given linear? "
+                        f"its {scale} is {on_scale:.6g}")
+        raise ValueError(f"`init`'s parameter '{ids[j]}' (start {row}) is {v:g}, outside "
+                         f"its bounds [{lo[j]:g}, {hi[j]:g}] on its {scale} scale{hint}")
+    return np.clip(given, lo, hi)
 
 
 def _objective_parts(problem, objective: str):
@@ -123,7 +159,8 @@ def _lm_pass(problem, x0, objective, max_iter, bar, tol_factor: float, ftol: flo
             return np.max(np.asarray(mesh.n_steps), axis=-1)
     mesh_terms = MeshTerms(lambda x: problem.record(x, record_factor), terms_on, cost)
     kernel = LMKernel(terms, lap, penalty, lower=lo, upper=hi, mesh_terms=mesh_terms,
-                      ftol=ftol, gtol=1e-6, policy=LM_POLICY)
+                      ftol=ftol, gtol=1e-6, policy=LM_POLICY,
+                      profiled=problem.residual_layout().profiled)
     s, history = kernel.run(x0, max_iter, callback=lambda s: bar.update(1))
     return s, history, kernel
 

@@ -186,6 +186,10 @@ def problem_of(model, data, *, solver=None, rtol=None, atol=None, max_steps=None
         if data is not None:
             raise ValueError("`data` does not apply to a PEtab problem (it carries its "
                              "measurements); pass data=None")
+        if jnp.result_type(float) != jnp.float64:
+            raise ValueError("a PEtab problem is fitted, sampled and profiled in 64-bit "
+                             "floats, as it was loaded: call gs.enable_x64() again (import "
+                             "gradsolve as gs)")
         return PetabProgramProblem(model, solver=solver, rtol=rtol, atol=atol,
                                    max_steps=max_steps)
     from ..problem._problem import TOLERANCES

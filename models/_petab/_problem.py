@@ -50,12 +50,17 @@ class Residuals(NamedTuple):
         laplace: ``(m,)`` True where the noise is Laplace (else normal); static.
         constant: the rest of the log-likelihood (normalising constants and the
             transformations' Jacobians), independent of the parameters.
+        profiled: ``(m,)`` True where ``log_sigma`` is an inner noise parameter at its
+            closed-form optimum (hierarchical optimisation), ``None`` where there is
+            none; static. The Fisher information of the outer parameters leaves such
+            rows' ``d log_sigma / dx`` out (module `inference.petab._lm`).
     """
 
     z: jax.Array
     log_sigma: jax.Array
     laplace: np.ndarray
     constant: float
+    profiled: np.ndarray | None = None
 
 
 class PetabProblem:
@@ -396,12 +401,19 @@ class PetabProblem:
         solvers use (`Residuals`; ``m`` measurements, grouped by observable). Jittable and
         differentiable (forward and reverse mode)."""
         z, log_sigma = self._residuals_jit(self._as_vector(x))
-        return Residuals(z, log_sigma, self._laplace, self._llh_constant)
+        return Residuals(z, log_sigma, self._laplace, self._llh_constant, self._profiled())
 
     def residual_layout(self) -> Residuals:
         """`residuals`' parameter-independent parts without a solve: ``z`` and
-        ``log_sigma`` are ``None``, ``laplace`` and ``constant`` as `residuals` gives them."""
-        return Residuals(None, None, self._laplace, self._llh_constant)
+        ``log_sigma`` are ``None``, ``laplace``, ``constant`` and ``profiled`` as
+        `residuals` gives them."""
+        return Residuals(None, None, self._laplace, self._llh_constant, self._profiled())
+
+    def _profiled(self) -> np.ndarray | None:
+        """The rows whose noise is an inner parameter (`Residuals.profiled`)."""
+        if self._hier is None or not len(self._hier.noise):
+            return None
+        return np.asarray(self._hier.row_noise) < len(self._hier.noise)
 
     def log_prior_terms(self, x, *, jacobian: bool = True) -> jax.Array:
         """Each estimated parameter's log prior density at ``x`` ``(n_par,)`` (their sum
@@ -553,6 +565,10 @@ def load_petab(path, *, lint: bool = True, hierarchical: bool = True,
         ValueError: for an inconsistent problem (with the linter's messages), a table
             that is empty (naming it and its file), or a parameter marked in a
             ``parameterType`` column that cannot be inner (naming it and the formula).
+        ValueError: also in float32 (call ``gs.enable_x64()`` first), and for an
+            estimated parameter whose nominal value or bound has no value on its scale
+            (negative on a ``log``/``log10`` scale) or whose bounds are missing or crossed
+            (naming it).
         NotImplementedError: also for marked scalings/offsets and noise parameters whose
             measurement groups do not nest (one noise parameter per scaling group; without
             the column such noise parameters stay outer, with a warning).
@@ -561,6 +577,12 @@ def load_petab(path, *, lint: bool = True, hierarchical: bool = True,
         >>> problem = models.load_petab("Boehm_JProteomeRes2014")   # ships with models
         >>> problem.parameter_ids, problem.log_likelihood(problem.nominal)
     """
+    if jnp.result_type(float) != jnp.float64:
+        raise ValueError(
+            "load_petab needs 64-bit floats: call gs.enable_x64() (import gradsolve as gs) "
+            "before loading. A PEtab objective of hundreds of measurements, with parameters "
+            "spanning decades and the default rtol=1e-8, is not resolved in float32 (whose "
+            "tolerance floor is 4.8e-7 and whose objective values carry about 7 digits)")
     problem, odes = read_problem(path, lint=lint)
     solve_options.setdefault("solver", "auto")
     return PetabProblem(problem, odes, hierarchical=hierarchical, **solve_options)

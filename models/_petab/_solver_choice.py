@@ -31,8 +31,13 @@ def probe_explicit(vector_field: Callable, y0, p, ts, t1: float, jumps, *, rtol:
     # Jacobian spectral radius rho at the start already needing more than the budget
     # over the horizon is stiff without a probe solve (whose kernel build costs
     # a large model a minute).
-    jac = jax.vmap(jax.jacfwd(vector_field, argnums=1), in_axes=(None, 0, 0))(0.0, y0, p)
-    rho = float(np.max(np.abs(np.linalg.eigvals(np.asarray(jac)))))
+    jac = np.asarray(jax.vmap(jax.jacfwd(vector_field, argnums=1), in_axes=(None, 0, 0))(
+        0.0, y0, p))
+    if not np.all(np.isfinite(jac)):
+        # e.g. an estimated parameter without a nominal value: no point to probe at
+        return None, ("gs.Rodas5P(): the stiffness probe needs a finite Jacobian at the "
+                      "nominal parameters, and it is not finite there")
+    rho = float(np.max(np.abs(np.linalg.eigvals(jac))))
     if not np.isfinite(rho) or rho * t1 / 3.5 > budget:
         return None, (f"gs.Rodas5P(): stiff (the Jacobian's spectral radius {rho:.3g} at "
                       f"t = 0 needs more than {budget} explicit steps over [0, {t1:g}])")

@@ -99,6 +99,7 @@ def read_parameters(problem: petab.Problem) -> Parameters:
     scales = tuple(scale[i] for i in est_pos)
     lo = np.asarray(df[petab.LOWER_BOUND], dtype=float)[est]
     hi = np.asarray(df[petab.UPPER_BOUND], dtype=float)[est]
+    _check_estimated(list(scales), [theta_ids[i] for i in est_pos], nominal_lin[est], lo, hi)
 
     def to_scale(v, s):
         return np.where(s == 1, np.log(v), np.where(s == 2, np.log10(v), v))
@@ -111,6 +112,28 @@ def read_parameters(problem: petab.Problem) -> Parameters:
         theta_const=np.where(est, 0.0, nominal_lin), est_pos=est_pos, est_scale=est_scale,
         ids=tuple(theta_ids[i] for i in est_pos), scales=scales, nominal=nominal,
         bounds=bounds, priors=read_priors(df, est_pos, scales))
+
+
+def _check_estimated(scales, ids, nominal, lo, hi) -> None:
+    """A ``ValueError`` naming the first estimated parameter whose table values have no
+    value on its scale: a negative nominal value or bound on a ``log`` or ``log10`` scale
+    (its logarithm is NaN; 0, the limit -inf, is a linear value of 0 and stays allowed, as
+    in the benchmark collection), a bound that is not a number, or ``lowerBound >
+    upperBound`` (all values linear, as the table gives them)."""
+    for pid, s, v, a, b in zip(ids, scales, nominal, lo, hi):
+        where = f"parameter '{pid}' (parameterScale {s})"
+        if np.isnan(a) or np.isnan(b):
+            raise ValueError(f"{where}: an estimated parameter needs numeric lowerBound and "
+                             f"upperBound, got {a} and {b}")
+        if a > b:
+            raise ValueError(f"{where}: lowerBound {a:g} is above upperBound {b:g}")
+        if s != "lin":
+            for name, w in (("nominalValue", v), ("lowerBound", a), ("upperBound", b)):
+                if w < 0:
+                    raise ValueError(
+                        f"{where}: {name} {w:g} is negative, so it has no {s} (the "
+                        "table gives values on the linear scale; a log-scaled parameter "
+                        "cannot be negative)")
 
 
 def as_vector(x, ids: tuple[str, ...], nominal):
