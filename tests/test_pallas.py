@@ -211,6 +211,43 @@ def test_record_accepts_the_same_steps_as_the_xla_record():
     np.testing.assert_allclose(np.asarray(mesh.dt_next), np.asarray(ref.dt_next), rtol=1e-6)
 
 
+def test_record_in_chunks_of_mesh_rows_equals_one_window():
+    """With a VMEM budget too small for a block's whole mesh, the record kernel writes its
+    node rows chunk by chunk (lanes that fill a chunk wait for the block's others there):
+    the same mesh, bit for bit, as one window, also under ``jax.vmap``."""
+    from gradsolve.drivers.pallas._field import pallas_field
+    from gradsolve.drivers.pallas._record import pallas_record, record_window
+
+    n, k, max_steps = 150, 11, 256
+    rng = np.random.default_rng(0)
+    p = jnp.asarray(np.array([1.5, 1.0, 3.0, 1.0]) * (1 + 0.4 * (rng.random((2, n, 4)) - 0.5)))
+    y0 = jnp.asarray(1 + 0.5 * rng.random((2, n, 2)))
+    ts = jnp.broadcast_to(jnp.linspace(0.0, 10.0, k), (n, k))
+    solver = gs.Tsit5()
+    field = pallas_field(lotka_volterra, solver, y0[0], p[0]).field
+    lane = 8 * 128 * 8  # float64 bytes of one (8, 128) block
+    # the fixed buffers (40 pipelined blocks, 14 of state) and 64 node rows, double-buffered
+    budget = lane * (2 * 40 + 14) + 2 * lane * 64
+    window = record_window(max_steps + 1, 2, 4, k, 8, budget=budget)
+    assert window.n_chunks == 5 and window.chunk == 56 and window.rows == 8
+    assert record_window(max_steps + 1, 2, 4, k, 8).n_chunks == 1
+
+    def run(y, q, budget=None):
+        return pallas_record(field, lotka_volterra, solver, gs.PIDController(), 0.0, 10.0, y,
+                             q, ts, 1e-6, 1e-8, None, max_steps, True, True,
+                             vmem_budget=budget)
+
+    one = [jax.jit(run)(y0[i], p[i]) for i in range(2)]
+    chunked = jax.jit(jax.vmap(lambda y, q: run(y, q, budget)))(y0, p)
+    assert int(np.max(np.asarray(chunked.n_steps))) > window.chunk  # lanes crossed chunks
+    assert len(set(np.asarray(chunked.n_steps).ravel().tolist())) > 3  # and waited there
+    for i in range(2):
+        for name in ("times", "n_steps", "n_rejected", "status", "save_index", "y_last",
+                     "dt_next"):
+            np.testing.assert_array_equal(np.asarray(getattr(chunked, name)[i]),
+                                          np.asarray(getattr(one[i], name)), err_msg=name)
+
+
 def test_solve_under_jit_with_spare_capacity_and_moved_times():
     """``gs.solve`` under ``jit``: the record kernel at full capacity (slots past each
     trajectory's steps unspecified), then the replay with moved, duplicated and pinned save
@@ -314,6 +351,14 @@ def test_kernels_lower_for_the_chip():
                              f32(1.0), y, q, times[:, :k], f32(1e-5), f32(1e-7), None, 64,
                              False, False, events).times
 
+    def chunked(y, q):  # mesh rows in chunks (a small VMEM budget), under jax.vmap
+        return jax.vmap(lambda y, q: pallas_record(
+            field, lotka_volterra, solver, gs.PIDController(), f32(0.0), f32(1.0), y, q,
+            times[:, :k], f32(1e-5), f32(1e-7), None, 512, False, False, None,
+            vmem_budget=2**20).times)(y, q)
+
+    text = jax.jit(chunked).trace(y0[None], p[None]).lower(lowering_platforms=("tpu",))
+    assert "tpu_custom_call" in text.as_text()
     for with_events in (False, True):
         grad_args = (y0, p, times[:, :k], ev.jump_times, ev.jump_sizes)
         for fn, args in ((grad, grad_args), (record, (y0, p, ev.jump_times, ev.jump_sizes))):
