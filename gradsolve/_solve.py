@@ -19,7 +19,7 @@ from .drivers.diffrax import solve_batched
 
 
 def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
-          atol: float = 1e-9, dt0=None, max_steps: int = _MAX_STEPS,
+          atol: float = 1e-9, dt0=None, max_steps: int | None = None,
           controller: PIDController | None = None, throw: bool | None = None,
           group_size: int | None = None, chunk_size: int = 8,
           driver: AbstractDriver | None = None, jumps=None, tstops=None,
@@ -46,6 +46,9 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
             adaptively, so ``dt0`` only seeds the first step; only a Diffrax solver without
             one (e.g. ``diffrax.Euler()``) takes constant steps of ``dt0``.
         max_steps: capacity of the recorded mesh (accepted steps; each save time is one).
+            Default ``None``: 4096, or fewer on an accelerator where the mesh of a large
+            ensemble would not fit, as in `gradsolve.record`; with
+            `gradsolve.drivers.Diffrax`, 4096.
         controller: `PIDController` (default: I-controller, as Diffrax).
         throw: failure policy, as in `gradsolve.record`.
         group_size, chunk_size: replay layout, as in `gradsolve.replay`.
@@ -96,7 +99,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
                     controller=controller, throw=throw, group_size=group_size,
                     chunk_size=chunk_size, driver=driver, jumps=plan.jumps, tstops=tstops)
         return DoseSchedule.finish(sol, plan)
-    f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol, max_steps,
+    f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol,
+                                       _MAX_STEPS if max_steps is None else max_steps,
                                        controller, where, dt0)
     events = batch_events(jumps, tstops, t0, t1, b.n, b.d, b.single, b.y0.dtype, where)
     fixed_steps = isinstance(solver, DiffraxSolver) and not solver.adaptive
@@ -113,7 +117,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
         )
     if on_diffrax:
         resolve(Diffrax(), "replay", f, solver, b.y0, b.params, where)  # refuses Vern7, ...
-        return solve_batched(f, t0, t1, b, solver, rtol, atol, dt0, max_steps, controller, throw,
+        return solve_batched(f, t0, t1, b, solver, rtol, atol, dt0,
+                             _MAX_STEPS if max_steps is None else max_steps, controller, throw,
                              where, events)
     mesh = record_prepared(f, solver, controller, t0, t1, b, rtol, atol, dt0, max_steps, throw,
                            where, driver, events)
