@@ -23,7 +23,7 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.stats import chi2
 
-from ._checks import check_float64
+from ._checks import float32_rtol
 from ._population_fit import PopulationFit, _objective, _objective_hessian, _problem
 
 __all__ = ["profile_intervals", "ProfileIntervals"]
@@ -138,8 +138,8 @@ def profile_intervals(
         >>> ci.lower["lQ"], ci.upper["lQ"]
     """
     t0 = time.perf_counter()
-    check_float64("inference.profile_intervals")
     _check_arguments(fit, level, tol, max_steps)
+    rtol = float32_rtol(fit.method, rtol, "inference.profile_intervals")
     pb = _problem(model, data, fit.method, {k: np.asarray(v) for k, v in fit.params.items()}, 0)
     targets = _targets(pb, names)
     obj = _objective(pb, rtol=rtol, atol=atol, solver=solver,
