@@ -26,6 +26,10 @@ Ratios are Diffrax's gradient time over each gradsolve gradient time. ``--check`
 compares the Pallas side with the lanes side on the same mesh (values, gradients w.r.t.
 ``y0``, parameters and save times) and the Pallas record with the XLA record.
 
+``--defaults`` times only ``jax.grad`` through ``gs.solve`` under ``jit`` at its defaults (the
+driver and mesh capacity it picks for ``--n``; first, second and best later call) with the
+device's peak allocation, and reports an error (memory) instead of raising it.
+
 ``--events`` runs the known-time-event workload instead (`events`): an oral dosing
 schedule (four boluses into a depot, one infusion into the central compartment, 20
 observations over 48 h, float32), recorded once by the XLA record; the replay gradient
@@ -195,6 +199,63 @@ def bench(model: str, n: int, sides: list[str], max_steps: int, repeats: int) ->
     return out
 
 
+def at_defaults(model: str, n: int, repeats: int) -> dict:
+    """``jax.grad`` through ``gs.solve`` under ``jit`` at its defaults (driver, ``max_steps``):
+    the route and mesh capacity it chose, its first call, its second call and the best of
+    ``repeats`` more, the memory XLA reserves for the call (arguments, outputs and
+    temporaries: the call's peak on the device, which ``peak_bytes`` does not see on a TPU)
+    and the device's peak allocation; an error (memory) is reported, not raised."""
+    f, t1, y0, p, ts = workload(model, n)
+
+    def solve(q):
+        return gs.solve(f, 0.0, t1, y0, q, ts=ts, rtol=RTOL, atol=ATOL)
+
+    out = {"model": model, "n": n, "backend": jax.default_backend(),
+           "device": str(jax.devices()[0].device_kind)}
+    try:
+        shape = jax.eval_shape(solve, p)
+        out["route"], out["capacity"] = shape.route, shape.mesh.times.shape[1] - 1
+        g = jax.jit(jax.grad(lambda q: jnp.sum(solve(q).ys ** 2)))
+        ma = g.lower(p).compile().memory_analysis()
+        if ma is not None:  # what XLA reserves for the call: the peak of the device's memory
+            out["xla_bytes"] = int(ma.argument_size_in_bytes + ma.output_size_in_bytes
+                                   + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
+            out["xla_temp_bytes"] = int(ma.temp_size_in_bytes)
+        times = []
+        for _ in range(2 + repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(g(p))
+            times.append(1e3 * (time.perf_counter() - t))
+        out.update(first_ms=times[0], second_ms=times[1], best_ms=min(times[1:]))
+        status = np.asarray(jax.jit(lambda q: solve(q).stats["status"])(p))
+        out["failed"] = int(np.sum(status != 0))
+    except Exception as e:  # noqa: BLE001 - RESOURCE_EXHAUSTED is the result to report
+        out["error"] = f"{type(e).__name__}: {str(e)[:600]}"
+    out["peak_bytes"] = peak_bytes()
+    return out
+
+
+def memory_at(model: str, n: int, caps: list[int]) -> list[dict]:
+    """What XLA reserves (arguments, outputs, temporaries) for ``jax.grad`` through
+    ``gs.solve`` under ``jit`` at each mesh capacity in ``caps``, compiled, not run."""
+    f, t1, y0, p, ts = workload(model, n)
+    rows = []
+    for cap in caps:
+        g = jax.jit(jax.grad(lambda q, c=cap: jnp.sum(gs.solve(
+            f, 0.0, t1, y0, q, ts=ts, rtol=RTOL, atol=ATOL, max_steps=c).ys ** 2)))
+        row = {"model": model, "n": n, "max_steps": cap, "d": int(y0.shape[1])}
+        try:
+            ma = g.lower(p).compile().memory_analysis()
+            row.update(xla_bytes=int(ma.argument_size_in_bytes + ma.output_size_in_bytes
+                                     + ma.temp_size_in_bytes - ma.alias_size_in_bytes),
+                       xla_temp_bytes=int(ma.temp_size_in_bytes))
+        except Exception as e:  # noqa: BLE001 - a capacity the device cannot hold
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
 def oral(t, y, p):
     """Depot and central compartment, first-order absorption and elimination."""
     return jnp.stack([-p[0] * y[0], p[0] * y[0] - p[1] * y[1]])
@@ -283,6 +344,11 @@ def main(argv=None):
                     help="Pallas(interpret=True): a dry run of this script off the chip")
     ap.add_argument("--events", action="store_true",
                     help="the known-time-event workload (doses) instead")
+    ap.add_argument("--defaults", action="store_true",
+                    help="only gs.solve's gradient at its defaults (run one size per process)")
+    ap.add_argument("--memory-caps", default="",
+                    help="only XLA's reserved memory of gs.solve's gradient at these "
+                         "capacities (comma-separated), compiled and not run")
     a = ap.parse_args(argv)
     global PALLAS
     if a.interpret:
@@ -305,6 +371,21 @@ def main(argv=None):
             if a.json:
                 with open(a.json, "w") as fh:
                     json.dump(results, fh, indent=1)
+        return results
+    if a.memory_caps:
+        results = [r for x in a.n.split(",") for r in memory_at(
+            a.model, int(x), [int(c) for c in a.memory_caps.split(",")])]
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(results, fh, indent=1)
+        return results
+    if a.defaults:
+        results = [at_defaults(a.model, int(x), a.repeats) for x in a.n.split(",")]
+        for r in results:
+            print(json.dumps(r), flush=True)
+        if a.json:
+            with open(a.json, "w") as fh:
+                json.dump(results, fh, indent=1)
         return results
     sides = [s for s in a.sides.split(",") if s]
     results = []

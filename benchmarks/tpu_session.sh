@@ -21,8 +21,11 @@
 # (default "setup check bench"; also "events", "sweep" (Pallas alone up to 1,048,576
 # trajectories, peak HBM per size), "lorenz", "cpu" (the host's cores), "tutorial"
 # (tutorial 11 run into a notebook with its output), "population" (the 200-subject
-# posterior, float32, $POP_N subjects, $POP_S seconds at most, $POP_ARGS more flags)); $NS the sizes of
-# the bench step.
+# posterior, float32, $POP_N subjects, $POP_S seconds at most, $POP_ARGS more flags),
+# "defaults" (gs.solve's gradient at its defaults, $DEF_N trajectories, default 1,048,576:
+# route, capacity, second call, peak HBM), "theophylline" (inference.sample of the
+# theophylline population, 4 chains vectorised on the chip, 50 + 50 draws)); $NS the sizes
+# of the bench step.
 set -u
 OUT=${OUT:-benchmarks/results/tpu}
 mkdir -p "$OUT"
@@ -32,6 +35,15 @@ export PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 STEPS=${STEPS:-"setup check bench"}
 NS=${NS:-32768}
 PY=${PY:-python3}
+
+# ArviZ's binary needs (pandas, xarray, matplotlib, h5py) from the machine's own package
+# index, for inference.sample's results; arviz, xarray-einstats, h5netcdf and platformdirs
+# come from build/tpu_wheels
+arviz_deps() {
+  PIP_CONFIG_FILE=/dev/null $PY -m pip install --isolated -q --only-binary=:all: \
+    --index-url file:///opt/pypi/simple --target /tmp/gradsolve_site pandas xarray \
+    matplotlib h5py 2>&1 | tail -3 | tee -a "$LOG"
+}
 
 setup() {
   mkdir -p "$DEPS"
@@ -72,13 +84,25 @@ for step in $STEPS; do
     # from the machine's own package index; arviz, xarray-einstats, h5netcdf and platformdirs
     # from build/tpu_wheels
     population)
-      PIP_CONFIG_FILE=/dev/null $PY -m pip install --isolated -q --only-binary=:all: \
-        --index-url file:///opt/pypi/simple --target /tmp/gradsolve_site pandas xarray \
-        matplotlib h5py 2>&1 | tail -3 | tee -a "$LOG"
+      arviz_deps
       PYTHONPATH="$PYTHONPATH:/tmp/gradsolve_site" PYTHONUNBUFFERED=1 timeout "${POP_S:-480}" \
         $PY benchmarks/bench_population.py --study "${POP_N:-200}" --sides gradsolve --float32 \
         ${POP_ARGS:-} 2>&1 | grep -v "^WARNING" | tee -a "$LOG"
       cp benchmarks/results/bench_population_study_*.json "$OUT/" 2>/dev/null ;;
+    # one process (its peak HBM is its own)
+    defaults) timeout 300 $PY benchmarks/bench_accelerator.py --defaults --n "${DEF_N:-1048576}" \
+                --repeats 3 --json "$OUT/defaults.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    theophylline)
+      arviz_deps
+      PYTHONPATH="$PYTHONPATH:/tmp/gradsolve_site" PYTHONUNBUFFERED=1 timeout "${THEO_S:-300}" \
+        $PY -c '
+import json, time, jax, inference, models
+t = time.perf_counter()
+r = inference.sample(models.theophylline(), models.load_dataset("theophylline"), num_chains=4,
+                     num_warmup=50, num_samples=50, progress=False)
+out = {"sample_s": time.perf_counter() - t, "peak_bytes": jax.devices()[0].memory_stats().get(
+    "peak_bytes_in_use"), "result": type(r).__name__}
+print(json.dumps(out)); print(r)' 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
     # tutorial 11 at full size, its printed output written into the notebook
     tutorial) timeout 500 $PY tools/run_notebook.py tutorials/11_on_a_tpu.ipynb \
                 "$OUT/11_on_a_tpu.ipynb" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;

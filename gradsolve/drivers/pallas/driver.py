@@ -27,7 +27,8 @@ class Pallas(AbstractDriver):
     adjoint use only primitives Mosaic lowers (``replay_reason`` names those it does not,
     e.g. ``expm1``, ``sinh``, ``lgamma``). Known-time events (``jumps=``, ``tstops=``, and
     so ``doses=``) run in the record, the replay and the adjoint, as in the lanes replay
-    (`gradsolve.drivers.pallas._events`). Not yet: ``jax.vmap`` of a record or replay.
+    (`gradsolve.drivers.pallas._events`). The record runs under ``jax.vmap`` (batching adds
+    a grid axis) at any capacity: a mesh too long for VMEM is written in chunks of rows.
     `gradsolve.drivers.Auto` takes it first on a TPU where it applies.
 
     Measured on a TPU v5e (Lotka–Volterra, Tsit5, float32, rtol 1e-5, 32,768 trajectories,
