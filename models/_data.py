@@ -3,6 +3,7 @@ On top of both data types (`Dataset`, `PopulationDataset`), so neither imports t
 
 from __future__ import annotations
 
+import difflib
 import importlib.resources
 
 import numpy as np
@@ -91,7 +92,10 @@ def load_dataset(name: str) -> Dataset:
         raise TypeError(f"dataset name must be a string, got {type(name).__name__}")
     available = list_datasets()
     if name not in available:
-        raise ValueError(f"unknown dataset {name!r}; available data sets: {', '.join(available)}")
+        near = difflib.get_close_matches(name, available, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ValueError(f"unknown dataset {name!r}; {hint}available data sets: "
+                         f"{', '.join(available)}")
     text = (_data_dir() / f"{name}.csv").read_text(encoding="utf-8")
     header = next(line for line in text.splitlines() if line.strip() and not line.startswith("#"))
     if header.split(",")[0].strip() == "ID":  # long format: one row per observation or dose

@@ -35,6 +35,28 @@ def _as_str_tuple(value: Any, m: int, argname: str) -> tuple[str, ...] | None:
     return value
 
 
+def check_column_names(observed_names: Sequence[str], data: Any, where: str) -> None:
+    """Refuse ``data`` whose column ``names`` put a model's observed quantity in another
+    column: ``("lynx", "hare")`` for a model observing ``("hare", "lynx")`` would fit each
+    series to the other's prediction, silently.
+
+    Compared only where they can be: data without ``names``, and names that share nothing
+    with ``observed_names`` (another vocabulary, default names), pass; a name of both must
+    be in the same column, or a ``ValueError`` names both orders. (Called once the shapes
+    agree: one name per observed quantity.)"""
+    names = getattr(data, "names", None)
+    if names is None:
+        return
+    names, observed_names = tuple(names), tuple(observed_names)
+    for j, (c, o) in enumerate(zip(names, observed_names)):
+        if c != o and c in observed_names:
+            raise ValueError(
+                f"{where}: the data's columns are {names} but the model observes "
+                f"{observed_names}, in that order: column {j} ({c!r}) would be fitted to "
+                f"the prediction of {o!r}. Put the data's columns in the model's order "
+                "(Dataset(ts, ys[:, order], names=...)).")
+
+
 class Dataset(eqx.Module):
     """Observations of the ``m`` measured states of one system at ``k`` times.
 
@@ -43,7 +65,10 @@ class Dataset(eqx.Module):
         ys: observations, shape ``(k, m)``; column ``j`` is the ``j``-th observed state
             of the model (``ODEModel.observed[j]``). NaN marks a missing observation: the
             likelihood (``ODEModel.observations``) and the fits skip it.
-        names: optional names of the ``m`` columns.
+        names: optional names of the ``m`` columns. A model whose `ODEModel.observed_names`
+            share a name with them refuses the data unless each shared name is in the same
+            column (``("lynx", "hare")`` for a model observing ``("hare", "lynx")`` is an
+            error, not a silent swap); names from another vocabulary are not compared.
         units: optional units, one string for all columns or one per column.
         source: optional free text: where the numbers come from.
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro.distributions as dist
 
-from ._dataset import Dataset
+from ._dataset import Dataset, check_column_names
 
 __all__ = ["ODEModel", "prior_median"]
 
@@ -535,7 +535,15 @@ class ODEModel(eqx.Module):
                 f"expected ({np.shape(ts)[0]}, {m}) "
                 f"for the observed quantities {self.observed_names}"
             )
+        self.check_data_names(data)
         return ts, jnp.asarray(ys)
+
+    def check_data_names(self, data: Any) -> None:
+        """Refuse a `Dataset` whose column ``names`` hold this model's observed quantities
+        (`observed_names`) in another order (a ``ValueError`` naming both orders): its
+        columns would be fitted to the wrong predictions. Data without names, or with names
+        that share none with the model's, is not checked."""
+        check_column_names(self.observed_names, data, self.name)
 
     def log_likelihood_from_prediction(
         self, params: Mapping[str, Any], y_pred: jax.Array, ys: jax.Array

@@ -9,6 +9,7 @@ conservation laws and the numbers printed in the data sources.
 from __future__ import annotations
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -744,6 +745,31 @@ def test_dataset_validation_errors():
     assert float(out) == 24.0
 
 
+def test_data_columns_in_another_order_than_the_model_observes_are_refused():
+    """Columns named ("lynx", "hare") for a model observing ("hare", "lynx") would fit each
+    series to the other's prediction: refused wherever the model meets the data (its
+    likelihood, inference's density, fit and program), naming both orders."""
+    import inference
+
+    m = models.lynx_hare()
+    d = models.load_dataset("lynx_hare")
+    swapped = models.Dataset(d.ts, d.ys[:, ::-1], names=("lynx", "hare"))
+    orders = "the data's columns are ('lynx', 'hare') but the model observes ('hare', 'lynx')"
+    for call in (lambda: m.log_likelihood(m.defaults, swapped),
+                 lambda: m.log_joint(m.defaults, swapped),
+                 lambda: inference.log_density(m, swapped, m.defaults),
+                 lambda: inference.fit(m, swapped, steps=1),
+                 lambda: inference.numpyro_model(m, swapped),
+                 lambda: inference.numpyro_model(m)(swapped)):
+        with pytest.raises(ValueError, match=re.escape(orders)):
+            call()
+    # The model's order passes; names from another vocabulary (or none) are not compared.
+    for names in (("hare", "lynx"), ("prey", "predator"), None):
+        m.check_data_names(models.Dataset(d.ts, d.ys, names=names))
+    # A name of the model in the wrong column is enough.
+    with pytest.raises(ValueError, match="column 0 \\('lynx'\\)"):
+        m.log_likelihood(m.defaults, models.Dataset(d.ts, d.ys, names=("lynx", "wolf")))
+
 def test_load_dataset_lynx_hare_values():
     assert "lynx_hare" in models.list_datasets()
     d = models.load_dataset("lynx_hare")
@@ -782,6 +808,8 @@ def test_load_dataset_influenza():
 def test_load_dataset_unknown_name():
     with pytest.raises(ValueError, match=r"unknown dataset 'lynx'.*lynx_hare"):
         models.load_dataset("lynx")
+    with pytest.raises(ValueError, match=r"unknown dataset 'lynx_hre'; did you mean 'lynx_hare'\?"):
+        models.load_dataset("lynx_hre")
 
 
 def test_numpyro_program_matches_log_joint():

@@ -22,7 +22,7 @@ import numpy as np
 import numpyro
 
 from ._ode import ode
-from ._problem import MAX_STEPS, TOLERANCES, Problem
+from ._problem import MAX_STEPS, TOLERANCES, Problem, check_data_names
 
 __all__ = ["log_density", "numpyro_model"]
 
@@ -109,11 +109,14 @@ def numpyro_model(
         >>> mcmc = numpyro.infer.MCMC(numpyro.infer.NUTS(inference.numpyro_model(m, data)),
         ...                           num_warmup=500, num_samples=500)
     """
+    if data is not None:
+        check_data_names(model, data)
     default_ts = None if data is None else np.asarray(data.ts, dtype=float)
     default_ys = None if data is None else jnp.asarray(data.ys)
 
     def program(ts=default_ts, ys=default_ys):
         if hasattr(ts, "ts") and hasattr(ts, "ys"):  # program(data), as sample and fit call it
+            check_data_names(model, ts)
             ts, ys = ts.ts, ts.ys
         if ts is None:
             raise ValueError("numpyro_model: pass `ts` (no data given)")

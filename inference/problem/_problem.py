@@ -298,4 +298,13 @@ def _checked_data(model, data) -> tuple[np.ndarray, Any]:
         raise ValueError(f"`data.ts` starts at {ts[0]}, before the model's t0 = {model.t0}")
     if not ts[-1] > model.t0:
         raise ValueError(f"`data.ts` must reach past the model's t0 = {model.t0}")
+    check_data_names(model, data)
     return ts, ys
+
+
+def check_data_names(model, data) -> None:
+    """A `models.ODEModel` refuses data whose named columns are in another order than
+    its observed quantities (other models are not asked)."""
+    check = getattr(model, "check_data_names", None)
+    if check is not None:
+        check(data)
