@@ -237,6 +237,8 @@ def test_record_in_chunks_of_mesh_rows_equals_one_window():
                              q, ts, 1e-6, 1e-8, None, max_steps, True, True,
                              vmem_budget=budget)
 
+    with pytest.raises(ValueError, match="20000 save times, 0 jumps and 0 tstops"):
+        record_window(max_steps + 1, 2, 4, 20000, 4)  # far past VMEM even at 8 node rows
     one = [jax.jit(run)(y0[i], p[i]) for i in range(2)]
     chunked = jax.jit(jax.vmap(lambda y, q: run(y, q, budget)))(y0, p)
     assert int(np.max(np.asarray(chunked.n_steps))) > window.chunk  # lanes crossed chunks
