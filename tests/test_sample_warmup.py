@@ -173,7 +173,8 @@ def test_progress_counts_each_draw_once_after_a_restart(monkeypatch):
     monkeypatch.setattr(_warmup, "dense_diverged", lambda run, s, info: False)
     monkeypatch.setattr(_warmup, "freeze_mesh", lambda run, s, info, z, where: (s, info))
     counted = []
-    run = _warmup.Run(None, 5, 5 + 30, 0, 1000, lambda s, i: None, counted.append, {})
+    run = _warmup.Run(None, 5, 5 + 30, 0, 1000, lambda s, i: None,
+                      lambda n, state=None: counted.append(n), {})
     s = SampleState(**dict.fromkeys(SampleState._fields))._replace(iteration=5,
                                                                   mesh_probes=0)
     info = SampleInfo(**dict.fromkeys(SampleInfo._fields))._replace(
