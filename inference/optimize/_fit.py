@@ -552,7 +552,8 @@ def fit(
                          objective=objective, max_iter=steps, progress=progress,
                          method=method, max_time=max_time, checkpoint=checkpoint,
                          checkpoint_every=checkpoint_every)
-    _refuse_options(options, f"a model of type {type(model).__name__}", ())
+    _refuse_options(options, f"`model` of type {type(model).__name__} (fitted by Optax; "
+                    f"{list(_GLOBAL_OPTIONS)} are a PEtab global search's)", ())
     for name, v, default in (("method", method, "auto"), ("max_time", max_time, None)):
         if v != default:
             raise ValueError(f"`{name}` applies to PEtab problems only (got {name}={v!r}); "

@@ -36,10 +36,11 @@ def _check_shape(site, name: str) -> None:
         how = ("they do not broadcast" if joint is None else
                f"they broadcast to {joint}, so the likelihood would count each "
                f"observation {int(np.prod(joint)) // max(int(np.prod(obs)), 1)} times")
+        hint = " (here obs[..., 0])" if obs == want + (1,) else ""
         raise ValueError(
             f"{name}: observed site {site['name']!r}: obs has shape {obs} but the "
             f"distribution's batch+event shape is {want} ({how}); reshape obs or the "
-            "distribution's parameters so that they agree (e.g. obs[:, 0] or pred[:, None])")
+            f"distribution's parameters so that they agree{hint}")
 
 
 def _check_missing(site, name: str) -> None:
