@@ -49,7 +49,8 @@ def _max_rel(a, b) -> float:
     out = 0.0
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
         x, y = np.asarray(x), np.asarray(y)
-        out = max(out, float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), 1e-300)))
+        rel = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), 1e-300))
+        out = max(out, rel if np.isfinite(rel) else np.inf)  # (max(0.0, nan) is 0.0)
     return out
 
 
@@ -259,8 +260,9 @@ def test_solve_under_jit_with_spare_capacity_and_moved_times():
 
     def run(driver):
         def loss(y, q, tt):
+            # 57-140 steps a trajectory: every one fits, with capacity to spare
             s = gs.solve(f, 0.0, 6.0, y, q, ts=tt, max_steps=256, solver=HeunEuler(),
-                         rtol=1e-4, atol=1e-6, driver=driver)
+                         rtol=1e-2, atol=1e-4, driver=driver)
             return jnp.sum(s.ys ** 2)
 
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(y0, p, ts)
