@@ -114,10 +114,17 @@ def test_scaling_offset_and_noise_are_found_and_hierarchical_false_keeps_them(te
     assert linear.inner_kinds == {"offset": "offset", "scale": "scaling", "sigma": "sigma"}
     assert linear.full_parameter_ids == ("A0", "k", "offset", "scale", "sigma")
     assert np.asarray(linear.bounds[0]).shape == (2,) and len(linear.scales) == 2
+    # obs_s's noise is the inner sigma, obs_raw's fixed (the table's rows, obs_raw's
+    # first, in the residuals' order): the LM leaves sigma's derivative out of the
+    # curvature (the reduced problem's Fisher information)
+    df = linear.petab_problem.measurement_df
+    np.testing.assert_array_equal(linear.residual_layout().profiled,
+                                  np.asarray(df["observableId"] == "obs_s"))
     # (d) the opt-out is the problem as it was: every estimated parameter outer
     old = _write(template, tmp_path, hierarchical=False)
     assert old.parameter_ids == ("A0", "k", "offset", "scale", "sigma")
     assert old.inner_parameter_ids == () and old.full is old
+    assert old.residual_layout().profiled is None
     assert linear.full.parameter_ids == old.parameter_ids
     np.testing.assert_allclose(linear.full.nominal, old.nominal)
 
@@ -173,6 +180,7 @@ def test_groups_that_do_not_nest_keep_their_noise_outer_or_raise_when_marked(tem
     with pytest.warns(UserWarning, match=r"\['offset', 'scale'\].*\['sigma', 'tau'\]"):
         p = _write(template, tmp_path / "auto", extra=extra, params=params)
     assert p.inner_parameter_ids == ("offset", "scale")
+    assert p.residual_layout().profiled is None  # the noise stayed outer: no row profiled
     with pytest.raises(NotImplementedError, match="'sigma', 'tau'"):
         _write(template, tmp_path / "marked", extra=extra, params=dict(
             params, parameterType=["", "", "offset", "scaling", "sigma", "sigma"]))

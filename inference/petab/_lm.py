@@ -24,9 +24,8 @@ projection). With a noise parameter profiled out, ``sum z^2`` over its measureme
 their number and ``F`` their ``n/2 log RSS``, and ``log sigma`` is no parameter: the
 Fisher information of the reduced problem is the Schur complement of the full one, whose
 ``x``-``sigma`` block vanishes, so it is ``J_h^T J_h`` alone (``J_h`` through the closed
-forms of scalings and offsets: variable projection's Gauss-Newton matrix), the matrix
-pyPESTO's hierarchical optimisation hands Fides; such rows (``profiled``) leave their
-``2 J_s^T J_s`` out. Kept in, it is no Fisher information of the reduced problem: it adds
+forms of scalings and offsets: variable projection's Gauss-Newton matrix); such rows
+(``profiled``) leave their ``2 J_s^T J_s`` out. Kept in, it is no Fisher information of the reduced problem: it adds
 ``2 n g g^T / RSS^2`` where the Hessian of ``n/2 log RSS`` subtracts it, and shortens
 every step along the gradient by up to a factor 3 far from an optimum.
 

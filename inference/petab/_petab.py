@@ -284,7 +284,10 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         problem: the PEtab problem.
         init: ``None``, or one or more starting points on the parameter scale (a dict by
             parameter id, a ``(D,)`` vector or ``(k, D)`` rows): the first starts; the rest
-            are Latin hypercube draws inside the bounds.
+            are Latin hypercube draws inside the bounds. A value outside its bounds (as
+            a log-scaled parameter given linear is), not finite, or under an id that is
+            not the problem's is a ``ValueError`` naming it (a dict may also hold the
+            inner parameters of a previous fit's ``params``: their closed forms set them).
         n_starts: number of starts; seed: seeds the Latin hypercube.
         objective: ``"map"`` (negative log-likelihood minus the log priors the parameter
             table gives: PEtab's and pyPESTO's objective) or ``"mle"``.
@@ -329,7 +332,7 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
             raise ValueError(f"`{name}` applies to method='global' only (the multistart "
                              f"{method!r} runs each start to convergence)")
     for name, v in (("n_starts", n_starts), ("max_iter", max_iter)):
-        if not isinstance(v, (int, np.integer)) or v < 1:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise ValueError(f"`{name}` must be an int >= 1, got {v!r}")
     x0 = _starts(problem, init, int(n_starts), seed)
     lap = np.asarray(problem.residual_layout().laplace)
