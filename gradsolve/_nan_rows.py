@@ -12,7 +12,9 @@ respect to every input of the failed row, and only where it is used:
 - forward mode: a failed row's outputs get a NaN tangent when any tangent of its inputs
   is non-zero.
 
-The rows of successful trajectories keep their values and derivatives unchanged.
+The rows of successful trajectories keep their values and derivatives unchanged. (The NaN
+of a failed row's first derivative is a constant: its second derivatives, a Hessian's
+block, are zero, not NaN; the value and gradient already say the row failed.)
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def replay(
 
     Returns:
         `Solution` with ``ys (n, k, d)``, ``y1``, ``error_ratio (n,)``, ``stats``.
-        Trajectories whose record failed give NaN.
+        Trajectories whose record failed give NaN, and so do their derivatives (where the
+        differentiated output uses them; the other trajectories' are unaffected).
 
     Differentiable in reverse and forward mode w.r.t. ``y0``, every leaf of ``params`` and
     ``ts``; works under ``jit`` and ``vmap``. ``Solution.route`` names the driver that ran.
