@@ -125,6 +125,13 @@ def test_scaling_offset_and_noise_are_found_and_hierarchical_false_keeps_them(te
     assert old.parameter_ids == ("A0", "k", "offset", "scale", "sigma")
     assert old.inner_parameter_ids == () and old.full is old
     assert old.residual_layout().profiled is None
+    # a start of every parameter is refused naming the inner ones; a dict of them is a
+    # start of the outer ones (the inner ones set in closed form)
+    with pytest.raises(ValueError, match=r"has 5 parameters, the problem 2 .*inner "
+                                         r"parameters \['offset', 'scale', 'sigma'\]"):
+        inference.fit(linear, init=np.asarray(old.nominal))
+    with pytest.raises(ValueError, match=r"keys \['kk'\] that are not parameters"):
+        inference.fit(linear, init={**dict(zip(old.parameter_ids, old.nominal)), "kk": 1.0})
     assert linear.full.parameter_ids == old.parameter_ids
     np.testing.assert_allclose(linear.full.nominal, old.nominal)
 

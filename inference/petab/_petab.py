@@ -99,8 +99,12 @@ def _given_starts(problem, init, lo, hi) -> np.ndarray:
     else:
         given = np.atleast_2d(np.asarray(init, float))
     if given.ndim != 2 or given.shape[1] != len(ids):
+        inner = ""
+        if given.shape[-1] == len(problem.full_parameter_ids) != len(ids):
+            inner = (f"; the inner parameters {list(problem.inner_parameter_ids)} are set "
+                     "in closed form: give the outer ones, or a dict by id")
         raise ValueError(f"`init` has {given.shape[-1]} parameters, the problem "
-                         f"{len(ids)} ({ids})")
+                         f"{len(ids)} ({ids}){inner}")
     bad = np.argwhere(~np.isfinite(given))
     if len(bad):
         row, j = bad[0]
