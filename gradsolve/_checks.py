@@ -90,6 +90,13 @@ def check_layout(group_size, chunk_size, where: str) -> None:
         raise ValueError(f"{where}: `chunk_size` must be a positive int, got {chunk_size!r}.")
 
 
+def check_throw(throw, where: str) -> None:
+    """``throw`` is ``None``, ``True`` or ``False`` (a string such as ``"no"`` is truthy, so
+    it would silently mean ``True``)."""
+    if not (throw is None or isinstance(throw, (bool, np.bool_))):
+        raise ValueError(f"{where}: `throw` must be None, True or False, got {throw!r}.")
+
+
 def check_interval(t0, t1, where: str) -> None:
     _check_real("t0", t0, where)
     _check_real("t1", t1, where)

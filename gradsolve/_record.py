@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import (
-    batch, check_dt0, check_interval, check_save_count, check_tolerance_precision,
+    batch, check_dt0, check_interval, check_save_count, check_throw, check_tolerance_precision,
     check_tolerances, check_vector_field, is_concrete, split_static,
 )
 from ._controller import PIDController, check_controller
@@ -217,6 +217,7 @@ def record(
         >>> sol = gs.replay(f, mesh, y0, params)
     """
     where = "gs.record"
+    check_throw(throw, where)
     if doses is not None:
         f, y0, jumps = as_schedule(doses, where).apply(f, y0, t1=t1, jumps=jumps)
     f, solver, controller, b = prepare(f, t0, t1, y0, params, ts, solver, rtol, atol,

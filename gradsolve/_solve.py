@@ -5,7 +5,7 @@ from __future__ import annotations
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._checks import is_concrete
+from ._checks import check_layout, check_throw, is_concrete
 from ._controller import PIDController
 from ._doses import DoseSchedule, as_schedule
 from ._events import batch_events
@@ -90,6 +90,8 @@ def solve(f, t0, t1, y0, params, *, ts=None, solver=None, rtol: float = 1e-6,
         >>> sol.ys.shape  # (n, 21, d)
     """
     where = "gs.solve"
+    check_layout(group_size, chunk_size, where)  # before the record, not after it
+    check_throw(throw, where)
     if doses is not None or ts_after is not None:
         sched = DoseSchedule([]) if doses is None else as_schedule(doses, where)
         plan = sched.plan(f, t0, t1, y0, params, ts=ts, jumps=jumps, ts_after=ts_after,

@@ -43,6 +43,7 @@ Y0 = jnp.array([1.0, 1.0])
         (dict(t1=1j), "`t1` must be a real number"),
         (dict(rtol="1e-6"), "`rtol` must be a real number"),
         (dict(dt0="0.1"), "`dt0` must be a real number"),
+        (dict(throw="no"), "`throw` must be None, True or False"),
     ],
 )
 @pytest.mark.parametrize("fn", ["record", "solve"])
@@ -69,6 +70,19 @@ def test_replay_rejects_mismatched_inputs():
                            (dict(chunk_size=2.0), "gs.replay: `chunk_size`")):
         with pytest.raises(ValueError, match=needle):
             gs.replay(lotka_volterra, mesh, jnp.ones((3, 2)), jnp.tile(P, (3, 1)), **layout)
+
+
+def test_solve_refuses_a_bad_layout_before_it_records(monkeypatch):
+    import gradsolve._solve as solve_module
+
+    def no_record(*args, **kwargs):
+        raise AssertionError("recorded before the layout was checked")
+
+    monkeypatch.setattr(solve_module, "record_prepared", no_record)
+    for layout, needle in ((dict(group_size=0), "gs.solve: `group_size`"),
+                           (dict(chunk_size=2.0), "gs.solve: `chunk_size`")):
+        with pytest.raises(ValueError, match=needle):
+            gs.solve(lotka_volterra, 0.0, 1.0, Y0, P, **layout)
 
 
 def _blowup(t, y, p):
