@@ -309,6 +309,26 @@ def test_missing_observations_the_distribution_cannot_take_are_refused():
         ProgramProblem(masked, data, rtol=1e-6, atol=1e-8, max_steps=64)
 
 
+def test_an_observation_outside_its_distributions_support_is_refused():
+    """A DV of 0 under LogNormal noise: the log-likelihood is -inf at every parameter value,
+    so every start of a fit and every draw of a sampler fails. Refused at the trace, naming
+    the site and the entry; masked out, the same value is accepted."""
+    data = DECAY_Y.copy()
+    data[3] = 0.0
+    plain = _decay_program(lambda pred, s, y: numpyro.sample(
+        "y", dist.LogNormal(jnp.log(pred), s), obs=y))
+    masked = _decay_program(lambda pred, s, y: numpyro.sample(
+        "y", dist.LogNormal(jnp.log(pred), s).mask(y > 0), obs=y))
+    with gs.use_compiled_kernel(False):
+        for run in (lambda: inference.fit(plain, data, progress=False),
+                    lambda: inference.sample(plain, data, num_warmup=2, num_samples=2,
+                                             progress=False)):
+            with pytest.raises(ValueError, match=r"observed site 'y': obs\[3\] = 0 lies "
+                               r"outside the support of its distribution \(LogNormal\)"):
+                run()
+        ProgramProblem(masked, data, rtol=1e-6, atol=1e-8, max_steps=64)
+
+
 def test_a_prior_with_reversed_bounds_is_refused_naming_its_site():
     """``Uniform(2, 1)``: every value lies outside its support, so every start's log density
     was -inf and the fit ended, after ten rounds of re-drawing, blaming the data."""

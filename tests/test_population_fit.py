@@ -271,6 +271,10 @@ def test_an_observation_outside_the_noise_support_is_named_before_any_solve():
     for method in ("laplace", "foce-i"):
         with pytest.raises(ValueError, match=r"subject 2, row 13 \(TIME 2, DV 0\)"):
             inference.fit_population(model, data, method=method)
+    # the posterior refuses it too, at the program's trace (subject 2, observation 2)
+    with pytest.raises(ValueError, match=r"obs\[2, 2\] = 0 lies outside the support of its "
+                       r"distribution \(LogNormal\)"):
+        inference.sample(model, data, num_warmup=2, num_samples=2, progress=False)
 
 
 def test_a_start_without_a_finite_likelihood_is_named():
