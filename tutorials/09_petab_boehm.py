@@ -25,7 +25,8 @@
 #
 # 1. load it with `models.load_petab` and check the log-likelihood against AMICI's number;
 # 2. fit it from many starts with `inference.fit` (Levenberg–Marquardt, every start one
-#    member of one ensemble, the noise levels in closed form) and look at the waterfall;
+#    member of one ensemble, the noise levels in closed form) and look at the waterfall,
+#    then more starts where they miss the optimum;
 # 3. plot the best fit against the data;
 # 4. profile likelihoods of the parameters with `inference.profile`: the field's
 #    confidence intervals and identifiability check;
@@ -107,19 +108,19 @@ res = inference.fit(problem, n_starts=n_starts, seed=0, steps=60 if QUICK else 1
 print(res)
 print("final objectives:", np.round(res.losses, 3))
 print(f"objective at nominal: {-llh_nominal:.4f}")
-ax = res.plot_waterfall()
-ax.axhline(-llh_nominal - res.loss + 1, color="k", ls=":", label="nominal")
-ax.legend(frameon=False)
-ax.figure.savefig(OUT / "09_waterfall.png", dpi=80)
+print(f"{int(np.sum(res.losses < -llh_nominal + 0.01))} of {len(res.losses)} starts reached "
+      f"the objective at nominal (within 0.01)")
+ax = res.plot_waterfall(reference=-llh_nominal, reference_label="objective at nominal")
+ax.figure.savefig(OUT / "09_waterfall.png", dpi=80, bbox_inches="tight")
 plt.show()
 
 # %% [markdown]
 # `res.params` is a dict by parameter id on the parameter scale; the problem accepts it
 # directly, and the fit's objective is exactly `-log_likelihood` there (there are no
-# priors in this problem's table), with or without hierarchical optimisation. The same
-# multistart with every parameter outer (`problem.full`) reaches the same optimum: on
-# Boehm, whose only inner parameters are noise levels, about as often per minute
-# (`benchmarks/bench_petab_hierarchical.py`).
+# priors in this problem's table), with or without hierarchical optimisation. Below, the
+# same multistart with every parameter outer (`problem.full`, the noise levels moved by the
+# optimiser too), from the same seed: the printout says how many starts of each reached the
+# objective at nominal.
 
 # %%
 print({k: round(float(v), 3) for k, v in res.params.items()})
@@ -127,8 +128,34 @@ print(-float(problem.log_likelihood(res.params)), -float(problem.full.log_likeli
       res.loss)
 res_full = inference.fit(problem.full, n_starts=n_starts, seed=0, steps=60 if QUICK else 1000)
 for name, r in (("hierarchical", res), ("every parameter outer", res_full)):
-    print(f"{name:>22}: best {r.loss:.4f}, {int(np.sum(r.losses < r.loss + 0.1))} of "
-          f"{len(r.losses)} starts within 0.1 of it, {r.wall_time:.1f} s")
+    print(f"{name:>22}: best {r.loss:.4f}, {int(np.sum(r.losses < -llh_nominal + 0.01))} of "
+          f"{len(r.losses)} starts at the objective at nominal ({-llh_nominal:.4f}), "
+          f"{r.wall_time:.1f} s")
+
+# %% [markdown]
+# ### When the multistart misses the optimum
+#
+# The waterfall shows whether any start reached the objective at the collection's nominal
+# parameters, the best known optimum of this problem. On Boehm most starts stop at local
+# optima: 147.544 (with `k_exp_homo` on its upper bound) is the most common, a true local
+# minimum where an independent optimiser (SciPy's L-BFGS-B) from the same starts stops too.
+# Measured on 2026-12-07 with 20 starts, 1-2 of 20 reach 138.222 (seeds 0-2) with
+# hierarchical optimisation and 1-4 of 20 with every parameter outer; pyPESTO with Fides and
+# AMICI reached it in 2 of 50 starts on the same machine. So the 24 starts above may miss it.
+#
+# What reaches it is more starts, which the ensemble makes cheap: 100 starts from seed 0
+# took 109 s on a 2-core machine, and 2 of them reached 138.222. (The global search,
+# `method="global"`, is the other way; on Boehm its 20-second runs reached the optimum for
+# one of three seeds, so it is no shortcut here.)
+
+# %%
+if QUICK or res.loss < -llh_nominal + 0.01:
+    best = res
+else:
+    best = inference.fit(problem, n_starts=100, seed=0, steps=1000)
+    print(f"100 starts: best {best.loss:.4f}, "
+          f"{int(np.sum(best.losses < -llh_nominal + 0.01))} of 100 at the objective at "
+          f"nominal, {best.wall_time:.1f} s")
 
 # %% [markdown]
 # ## 3. The best fit against the data
@@ -140,7 +167,7 @@ for name, r in (("hierarchical", res), ("every parameter outer", res_full)):
 # measurements, which `simulate` does not use) on the same model, and simulate that.
 
 # %%
-sim = problem.simulate(res.params)
+sim = problem.simulate(best.params)
 data = problem.petab_problem.measurement_df
 t_dense = np.linspace(0.0, data["time"].max(), 200)
 first = data.groupby("observableId").head(1)     # each observable's ids and noise parameters
@@ -150,8 +177,12 @@ dense_petab.measurement_df = pd.DataFrame(
 # (every parameter outer: the placeholders must not be fitted by the closed forms)
 dense = models.PetabProblem(dense_petab, problem.odes, solver=problem.solver,
                             hierarchical=False)
-curve = dense.simulate(res.params)
-fig, axes = plt.subplots(1, 3, figsize=(11, 3.2), sharex=True)
+curve = dense.simulate(best.params)
+# the observables are relative measurements, in percent (Boehm et al. 2014)
+YLABEL = {"pSTAT5A_rel": "phosphorylated STAT5A (% of STAT5A)",
+          "pSTAT5B_rel": "phosphorylated STAT5B (% of STAT5B)",
+          "rSTAT5A_rel": "STAT5A (% of total STAT5)"}
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharex=True)
 for ax, (obs, rows) in zip(axes, data.groupby("observableId")):
     c = curve[curve["observableId"] == obs]
     ax.plot(rows["time"], rows["measurement"], "o", ms=4, label="data")
@@ -160,9 +191,10 @@ for ax, (obs, rows) in zip(axes, data.groupby("observableId")):
                     alpha=0.2, label="± sigma")
     ax.set_title(obs)
     ax.set_xlabel("time (min)")
+    ax.set_ylabel(YLABEL[obs])
 axes[0].legend(frameon=False)
 plt.tight_layout()
-fig.savefig(OUT / "09_best_fit.png", dpi=80)
+fig.savefig(OUT / "09_best_fit.png", dpi=80, bbox_inches="tight")
 plt.show()
 
 # %% [markdown]
@@ -174,10 +206,14 @@ plt.show()
 # profile both ways from the fit's optimum, all walks one ensemble, each point
 # re-optimised by the same Levenberg–Marquardt (the inner noise levels in closed form).
 # A side that reaches its bound below the threshold is open (`-inf`/`inf`): the data do
-# not bound the parameter there (not practically identifiable).
+# not bound the parameter there (not practically identifiable). Given a point that is not
+# the optimum (a multistart that missed it), a profile finds lower objectives on its way;
+# `inference.profile` then re-optimises from the lowest point it found and profiles from
+# there, with a warning that gives both objectives (`prof.n_restarts`, `prof.fit_objective`).
+# The likelihood ratio is `exp(-(objective - optimum))`, 1 at the estimate.
 
 # %%
-prof = inference.profile(problem, res, parameters=problem.parameter_ids[:2] if QUICK else None)
+prof = inference.profile(problem, best, parameters=problem.parameter_ids[:2] if QUICK else None)
 print(prof)
 axes = prof.plot()
 np.ravel(axes)[0].figure.savefig(OUT / "09_profiles.png", dpi=80, bbox_inches="tight")
@@ -202,7 +238,7 @@ plt.show()
 # %%
 idata = inference.sample(problem, num_warmup=10 if QUICK else 100,
                          num_samples=10 if QUICK else 100, num_chains=1,
-                         max_tree_depth=4 if QUICK else 5, init=res.params, seed=0)
+                         max_tree_depth=4 if QUICK else 5, init=best.params, seed=0)
 print(az.summary(idata, kind="stats"))
 print("divergences:", int(idata.sample_stats.diverging.sum()),
       " leapfrog steps per draw:", np.asarray(idata.sample_stats.n_steps).ravel())
