@@ -393,24 +393,6 @@ def _checked_petab_args(method, steps, n_starts, options: dict) -> tuple[int, st
     return int(steps), local
 
 
-def _fit_global(petab, **kw) -> FitResult:
-    """The global search (`inference.petab._global.fit_global`, its own options passed on),
-    with a hierarchical problem's inner parameters at their optimum given each refined
-    point in ``params`` and ``all_params`` (as the multistart reports them)."""
-    import dataclasses
-
-    from ..petab._global import fit_global
-    from ..petab._petab import _full_params
-
-    res = fit_global(petab, **kw)
-    if not petab.inner_parameter_ids:
-        return res
-    x = np.stack([np.asarray(res.all_params[p], float) for p in petab.parameter_ids], axis=1)
-    every = _full_params(petab, x)
-    return dataclasses.replace(res, all_params=every,
-                               params={p: v[res.best_index] for p, v in every.items()})
-
-
 def _checked_fit_args(objective, steps, n_starts, checkpoint_every, record_tol_factor,
                       max_redraws, optimizer, jacobian):
     """``ValueError`` naming the first bad argument of `fit`; the optimizer (default Adam)."""
@@ -543,15 +525,10 @@ def fit(
         steps, local = _checked_petab_args(method, steps, n_starts, options)
         problem = problem_of(model, data, solver=solver, rtol=rtol, atol=atol,
                              max_steps=max_steps)
-        if method == "global":
-            return _fit_global(problem.petab, init=init, n_starts=n_starts, seed=seed,
-                               objective=objective, max_generations=steps,
-                               max_time=max_time, local=local, checkpoint=checkpoint,
-                               checkpoint_every=checkpoint_every, progress=progress)
         return fit_petab(problem.petab, init=init, n_starts=n_starts, seed=seed,
                          objective=objective, max_iter=steps, progress=progress,
                          method=method, max_time=max_time, checkpoint=checkpoint,
-                         checkpoint_every=checkpoint_every)
+                         checkpoint_every=checkpoint_every, local=local)
     _refuse_options(options, f"`model` of type {type(model).__name__} (fitted by Optax; "
                     f"{list(_GLOBAL_OPTIONS)} are a PEtab global search's)", ())
     for name, v, default in (("method", method, "auto"), ("max_time", max_time, None)):

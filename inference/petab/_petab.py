@@ -281,7 +281,7 @@ def _lbfgs_reason(res) -> str:
 def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
               objective: str = "map", max_iter: int = 1000, method: str = "auto",
               progress: bool | None = None, max_time: float | None = None,
-              checkpoint=None, checkpoint_every: int = 100) -> FitResult:
+              checkpoint=None, checkpoint_every: int = 100, local: str = "auto") -> FitResult:
     """Multistart fit of a `models.PetabProblem` (what `inference.fit` runs for one).
 
     Args:
@@ -301,7 +301,8 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
             generation one ensemble, LM polishes; ``n_starts`` the best distinct points
             it refines at the end, ``max_iter`` its generations).
         progress: a progress bar (default: only on a terminal).
-        max_time, checkpoint, checkpoint_every: ``method="global"`` only (`fit_global`'s).
+        max_time, checkpoint, checkpoint_every, local: ``method="global"`` only
+            (`fit_global`'s; ``local`` its polisher).
 
     Returns:
         `FitResult` with the starts sorted by final objective (the waterfall, best first).
@@ -323,7 +324,7 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         res = fit_global(problem, init=init, n_starts=n_starts, seed=seed,
                          objective=objective, max_generations=max_iter, max_time=max_time,
                          checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-                         progress=progress)
+                         progress=progress, local=local)
         if not problem.inner_parameter_ids:
             return res
         x = np.stack([np.asarray(res.all_params[p], float) for p in problem.parameter_ids],
@@ -331,7 +332,8 @@ def fit_petab(problem, *, init=None, n_starts: int = 20, seed: int = 0,
         every = _full_params(problem, x)
         return dataclasses.replace(res, all_params=every, params={
             p: v[res.best_index] for p, v in every.items()})
-    for name, v in (("max_time", max_time), ("checkpoint", checkpoint)):
+    for name, v in (("max_time", max_time), ("checkpoint", checkpoint),
+                    ("local", None if local == "auto" else local)):
         if v is not None:
             raise ValueError(f"`{name}` applies to method='global' only (the multistart "
                              f"{method!r} runs each start to convergence)")
