@@ -91,19 +91,23 @@ class _Lines:
             with self._lock:
                 now = time.monotonic()
                 if now - self.last_t >= self.heartbeat and not self._stop.is_set():
-                    self._emit(now)
+                    self._emit(now, waiting=True)
 
-    def _where(self) -> str:
+    def _where(self, waiting: bool = False) -> str:
+        """Where the count stands, by phase. A count at a phase's end is that phase done
+        (``warmup 500/500``), except while waiting for the next advance, which belongs to
+        the next phase (``sampling 0/1000``)."""
         n = max(self.n, 0)
         start = 0
         for i, (name, length) in enumerate(self.phases):
-            if n <= start + length or i == len(self.phases) - 1:
+            inside = n < start + length if waiting else n <= start + length
+            if inside or i == len(self.phases) - 1:
                 return f"{name} {min(n - start, length)}/{length}"
             start += length
         return f"{n}/{self.total}"
 
-    def _emit(self, now: float) -> None:
-        parts = [self._where(), f"{now - self.t0:.0f} s"]
+    def _emit(self, now: float, waiting: bool = False) -> None:
+        parts = [self._where(waiting), f"{now - self.t0:.0f} s"]
         parts += [f"{k.replace('_', ' ')} {v}" for k, v in self.postfix.items()]
         try:
             print(f"{self.desc}: {', '.join(parts)}", file=sys.stderr, flush=True)

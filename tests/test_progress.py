@@ -48,6 +48,18 @@ def test_heartbeat_while_nothing_advances(capfd):
     assert 1 <= len(lines) <= 10 and lines[0].startswith("long: 0/10, "), lines
 
 
+def test_a_heartbeat_after_a_phase_ends_names_the_next_phase(capfd):
+    # warmup done, the first sampling chunk still running: "sampling 0/20", not a warmup
+    # that looks stuck at its end
+    bar = _progress._Lines(total=30, done=0, desc="ph", phases=(("warmup", 10), ("sampling", 20)),
+                           interval=0.0, every=10, heartbeat=0.2)
+    bar.update(10)
+    time.sleep(1.0)
+    bar.close()
+    lines = [ln.split(", ")[0] for ln in _lines(capfd.readouterr().err, "ph: ")]
+    assert lines[0] == "ph: warmup 10/10" and "ph: sampling 0/20" in lines[1:], lines
+
+
 def test_progress_true_is_a_bar_and_false_nothing():
     from tqdm.auto import tqdm
 
