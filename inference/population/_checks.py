@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
+from ..problem._observed import outside_support
 from ..problem._policy import tightened
 
 __all__ = ["float32_rtol", "check_observations", "refuse_start"]
@@ -56,36 +57,20 @@ def _where_in_table(data, i: int, k: int) -> str:
     return f"subject {s.id!r}{row} (TIME {float(s.ts[k]):g}, DV {float(s.ys[k]):g})"
 
 
-def _elementwise(constraint):
-    """The per-entry constraint under NumPyro's ``independent`` wrappers."""
-    while hasattr(constraint, "base_constraint"):
-        constraint = constraint.base_constraint
-    return constraint
-
-
 def check_observations(noise, data, ys, seen, cens, where: str) -> None:
     """``ValueError`` naming the first observation outside the support of the model's
     noise distribution ``noise`` (batch shape ``(S, K)``; e.g. a DV <= 0 under LogNormal
     noise, whose log-likelihood is -inf at every parameter value), counting the others.
     Measurements and left-censored limits (``cens`` 1: the noise's CDF there) are checked;
     right-censored limits (``cens`` -1) may lie anywhere."""
-    checked = seen & (cens != -1)
-    values = jnp.asarray(np.where(checked, ys, np.nan))
-    constraint = _elementwise(noise.support)
-    try:
-        inside = np.asarray(constraint(values))
-    except Exception:  # a support that cannot be checked entry by entry: the start shows
-        return
-    if inside.shape != ys.shape:
-        return
-    bad = checked & ~inside
-    if not bad.any():
+    bad = outside_support(noise, ys, seen & (cens != -1))
+    if bad is None or not bad.any():  # (a support not checkable entry by entry: the start shows)
         return
     i, k = (int(a[0]) for a in np.nonzero(bad))
     more = int(bad.sum()) - 1
     raise ValueError(
         f"{where}: {_where_in_table(data, i, k)} lies outside the support of the noise "
-        f"model ({type(noise).__name__}: {constraint}), where its likelihood is zero at every "
+        f"model ({type(noise).__name__}: {noise.support}), where its likelihood is zero at every "
         "parameter value" + (f"; {more} more observation(s) too" if more else "") +
         ". Mark such rows missing (MDV=1), or censored at their limit of quantification "
         "(CENS=1, DV the limit) where they lie below one, or choose a noise model that "

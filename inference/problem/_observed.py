@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import numpyro.distributions as dist
 
-__all__ = ["check_observed_sites"]
+__all__ = ["check_observed_sites", "outside_support"]
 
 
 def _is_factor(site) -> bool:
@@ -77,6 +77,19 @@ def _elementwise(constraint):
     return constraint
 
 
+def outside_support(fn, values, checked):
+    """Booleans of ``values``' shape: the ``checked`` entries that lie outside the support
+    of distribution ``fn``, entry by entry (under its ``independent`` wrappers); ``None``
+    where that support cannot be checked entry by entry."""
+    try:
+        with warnings.catch_warnings():  # NumPyro's warning of values outside the support
+            warnings.simplefilter("ignore")
+            inside = np.asarray(_elementwise(fn.support)(np.where(checked, values, np.nan)))
+    except Exception:  # noqa: BLE001 - a support that cannot be checked entry by entry
+        return None
+    return checked & ~inside if inside.shape == np.shape(values) else None
+
+
 def _check_support(site, name: str) -> None:
     """``ValueError`` naming the first observation outside the support of its site's
     distribution (a DV <= 0 under LogNormal noise, a negative count under Poisson): its
@@ -94,16 +107,8 @@ def _check_support(site, name: str) -> None:
             keep = keep & np.broadcast_to(mask, keep.shape)
         except ValueError:  # a mask that does not line up with obs: leave it to the trace
             return
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            inside = np.asarray(_elementwise(fn.support)(np.where(keep, value, np.nan)))
-    except Exception:  # noqa: BLE001 - a support that cannot be checked entry by entry
-        return
-    if inside.shape != value.shape:
-        return
-    bad = keep & ~inside
-    if bad.any():
+    bad = outside_support(fn, value, keep)
+    if bad is not None and bad.any():
         first = tuple(int(i) for i in np.argwhere(bad)[0])
         base = fn  # the noise model under masks, batch wrappers and models' gap filler
         while True:
