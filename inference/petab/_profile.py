@@ -632,10 +632,8 @@ def profile(problem, result: FitResult, *, confidence: float = 0.95, parameters=
 def _objective_at(problem, x, objective: str) -> float:
     """The profiled objective at ``x (D,)`` from a fresh solve (as the fit's losses are):
     the negative log-likelihood, minus the table's priors for ``"map"``."""
-    f = -float(problem.log_likelihood(x))
-    if objective == "map" and bool(np.any(problem.priors.given)):
-        f -= float(problem.log_prior(x, jacobian=False, given_only=True))
-    return f
+    penalty = _objective_parts(problem, objective)[2]  # the fit's own prior term
+    return -float(problem.log_likelihood(x)) + (0.0 if penalty is None else float(penalty(x)))
 
 
 def _trace(run, which, x_opt, f_opt, floor, lo, hi, threshold, max_steps, tol, steps,
