@@ -1,23 +1,71 @@
-"""`AbstractProblem`: what fitters and samplers ask of a posterior, and nothing more.
+"""`AbstractProblem`: what fitters, samplers and profiles ask of a problem, and nothing more.
 
-Two problems implement it: `inference.problem._problem.Problem` (an `ODEModel` and its data: one
-ODE, one mesh) and `inference.problem._program.ProgramProblem` (any NumPyro program with
-`inference.ode` sites: a mesh per site). The chains, the mesh policies, checkpoints and
-the MAP start talk to this interface only, and the sampler's defaults that depend on the
-kind of problem are its attributes (a class's, or an instance's where the problem's structure
-decides them), so no caller asks which class it holds.
+Four problems implement it: `inference.problem._problem.Problem` (an `ODEModel` and its data:
+one ODE, one mesh), `inference.problem._program.ProgramProblem` (any NumPyro program with
+`inference.ode` sites: a mesh per site), the PEtab problem
+(`inference.petab._problem.PetabFitProblem`: the parameter table's scales inside its
+bounds, hierarchical inner parameters solved inside) and the population problem
+(`inference.population._problem.PopulationProblem`: `fit_population`'s outer vector and its
+FOCE-I/Laplace objective). The chains, the mesh policies, checkpoints, the MAP start, the
+optimisers and the profiles talk to this interface only, and the sampler's defaults that
+depend on the kind of problem are its attributes (a class's, or an instance's where the
+problem's structure decides them), so no caller asks which class it holds.
+
+What a method reads, over the flat coordinates ``u (D,)`` (or ``(n, D)``) it moves in:
+`names`, `scales`, `bounds` (where it may move), `sample_starts` (multistart), `objective`
+and `value_and_grad` (what a fit minimises), `least_squares` / `residuals` /
+`residual_terms` (where a Levenberg–Marquardt applies), and `record` / `error_ratio` (the
+mesh to record and replay).
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class ResidualTerms(NamedTuple):
+    """A problem's objective in the form a batched Levenberg–Marquardt reads it:
+
+        objective(u) = sum_i [normal: z_i^2 / 2 + s_i ;  laplace: |z_i| + s_i]
+                       + penalty(u) + constant,
+
+    ``z`` the weighted residuals, ``s`` the log noise scales (zeros for plain least
+    squares; they may depend on ``u`` where a noise parameter is estimated, which makes the
+    objective no sum of squares: the LM then takes the Fisher information as curvature).
+
+    Attributes:
+        record: ``record(u (D,), tol_factor) -> mesh`` at one point (a pytree of arrays).
+        terms: ``terms(u (D,), mesh) -> (z (m,), s (m,), error (k,))`` by a replay of
+            ``mesh``, forward-mode differentiable in ``u``; ``error`` the replay's error
+            estimate per solve in units of the requested tolerances.
+        laplace: ``(m,)`` bool where the noise is Laplace, or ``None`` (all normal).
+        profiled: ``(m,)`` bool where ``s`` is a noise parameter optimised in closed form
+            at each ``u`` (its curvature is left out), or ``None``.
+        penalty: ``penalty(u (D,)) -> ()`` (a separable negative log prior) or ``None``.
+        constant: what the sum above omits, so that it equals `AbstractProblem.objective`.
+        cost: ``cost(meshes) -> (n,)``, what evaluating each kept mesh costs (rows of
+            similar cost are evaluated together), or ``None``.
+    """
+
+    record: Callable
+    terms: Callable
+    laplace: Any = None
+    profiled: Any = None
+    penalty: Callable | None = None
+    constant: float = 0.0
+    cost: Callable | None = None
 
 
 class AbstractProblem(abc.ABC):
-    """A posterior over flat unconstrained parameters ``u (D,)`` or ``(n, D)``.
+    """A problem over flat coordinates ``u (D,)`` or ``(n, D)``: unconstrained for an ODE
+    model or a program, the parameter table's scales inside its bounds for PEtab, the outer
+    vector of `fit_population` for a population model.
 
     Attributes:
         space: the `inference.problem._space.ParamSpace` mapping ``u`` to the model's constrained
@@ -38,6 +86,9 @@ class AbstractProblem(abc.ABC):
             started there: a random-effects hierarchy's mode lies far from its draws).
         count_failures_by_default: whether solver failures are counted at every
             evaluation under ``rerecord="always"`` (a host callback per evaluation).
+        least_squares: whether `residuals` gives the objective as ``0.5 sum r^2 + const``
+            (priors as extra rows where Gaussian); false where a noise parameter is
+            estimated or a prior is not Gaussian (`residual_terms` may still apply).
 
     Example:
         A problem of one's own is a subclass giving the six methods and four defaults;
@@ -61,6 +112,7 @@ class AbstractProblem(abc.ABC):
     dense_mass_by_default: bool
     default_init: str = "map"
     count_failures_by_default: bool
+    least_squares: bool = False
     map_fit_options = {"n_starts": 16, "steps": 300}
     """`inference.fit`'s ``n_starts`` and ``steps`` for the sampler's MAP start."""
 
@@ -70,6 +122,83 @@ class AbstractProblem(abc.ABC):
         start at or around."""
         return self.space.to_unconstrained(params)
 
+    # ------------------------------------------------------------ what methods read
+    def names(self) -> tuple[str, ...]:
+        """One name per coordinate of ``u``: a parameter's (``"alpha"``) or an element's
+        (``"theta[2]"``), as results and error messages show them."""
+        return tuple(self.space.labels())
+
+    def scales(self) -> tuple[str, ...]:
+        """How each coordinate maps to its parameter: ``"lin"`` (the value itself),
+        ``"log"``, ``"log10"``, or ``"unconstrained"`` (another bijection of the
+        parameter's support, e.g. a logit). Profiles and intervals are on these scales."""
+        out = []
+        for e in self.space.entries:
+            out.extend([_scale_of(e.transform)] * e.size)
+        return tuple(out)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(lower (D,), upper (D,))`` float arrays: where the coordinates may move,
+        ``-inf`` / ``inf`` where nothing bounds them (unconstrained coordinates)."""
+        d = int(self.space.dim)
+        return np.full(d, -np.inf), np.full(d, np.inf)
+
+    def sample_starts(self, key: jax.Array, n: int) -> np.ndarray:
+        """``(n, D)`` starting points of a multistart fit, from ``key`` (a
+        ``jax.random.PRNGKey``): draws from the priors, mapped to ``u``; Latin hypercube
+        samples of the bounds where the problem's priors are only bounds (PEtab)."""
+        raise NotImplementedError(f"{type(self).__name__} draws no starts: give them")
+
+    def objective(self, u: jax.Array, mesh=None, *, prior: bool = True):
+        """``(value, aux)``: what a fit minimises at ``u (D,)`` (value ``()``) or
+        ``(n, D)`` (``(n,)``): minus the log likelihood, plus minus the log prior with
+        ``prior`` (no log-Jacobian of the coordinates: a MAP fit finds the constrained
+        mode), replaying ``mesh`` or, with ``None``, solving adaptively; ``inf`` where a
+        solve fails. ``aux`` is `log_density`'s."""
+        lp, aux = self.log_density(u, mesh, prior=prior, jacobian=False)
+        return -lp, aux
+
+    def value_and_grad(self, u, *, prior: bool = True) -> tuple[float, np.ndarray]:
+        """`objective` at one point ``u (D,)`` (an adaptive solve) and its gradient
+        ``(D,)``, as host numbers: what a host optimiser (SciPy) iterates on. Compiled once
+        per problem and ``prior``; a non-finite value comes back as ``inf``."""
+        cache = self.__dict__.setdefault("_value_and_grad_jit", {})
+        fn = cache.get(bool(prior))
+        if fn is None:
+            fn = cache[bool(prior)] = jax.jit(jax.value_and_grad(
+                lambda v: self.objective(v, None, prior=prior)[0]))
+        v, g = fn(jnp.asarray(u, float))
+        v, g = float(v), np.asarray(g, float)
+        if not (np.isfinite(v) and np.all(np.isfinite(g))):
+            return np.inf, np.zeros_like(g)
+        return v, g
+
+    def residuals(self, u: jax.Array, mesh=None, *, prior: bool = True):
+        """``(r, aux)`` where `least_squares`: ``r (M,)`` at ``u (D,)`` or ``(n, M)`` at
+        ``(n, D)``, with ``objective = 0.5 * sum(r**2) + const`` (Gaussian priors as extra
+        rows with ``prior``), replaying ``mesh`` or, with ``None``, solving."""
+        raise NotImplementedError(f"{type(self).__name__} has no least-squares residuals "
+                                  "(least_squares is false)")
+
+    def residual_terms(self, *, prior: bool = True) -> ResidualTerms | None:
+        """The objective as a batched Levenberg–Marquardt reads it (`ResidualTerms`:
+        weighted residuals, log noise scales, a penalty, on kept meshes), or ``None`` where
+        the objective is not of that form (a non-Gaussian likelihood, a population's
+        integrated likelihood). With `least_squares` it is built from `residuals`."""
+        if not self.least_squares:
+            return None
+
+        def terms(u, mesh):
+            r, aux = self.residuals(u, mesh, prior=prior)
+            return r, jnp.zeros_like(r), jnp.atleast_1d(aux.error_ratio)
+
+        u0 = np.asarray(self.sample_starts(jax.random.PRNGKey(0), 1)[0], float)
+        const = self.objective(u0, None, prior=prior)[0]
+        r0 = self.residuals(u0, None, prior=prior)[0]
+        return ResidualTerms(record=self.record, terms=terms,
+                             constant=float(const) - 0.5 * float(jnp.sum(r0**2)))
+
+    # ------------------------------------------------------------ meshes and sampling
     @abc.abstractmethod
     def fingerprint(self) -> dict:
         """What a checkpoint must share with this problem to be resumed by it."""
@@ -99,3 +228,15 @@ class AbstractProblem(abc.ABC):
     @abc.abstractmethod
     def observed_data(self) -> tuple[dict, dict, dict]:
         """``(values, dims, coords)`` of the observations, for ``arviz``."""
+
+
+def _scale_of(transform) -> str:
+    """``"lin"``, ``"log"`` or ``"unconstrained"``: how a `ParamSpace` coordinate maps to
+    its parameter (NumPyro's bijection for the prior's support)."""
+    from numpyro.distributions import transforms as T
+
+    if isinstance(transform, T.IdentityTransform):
+        return "lin"
+    if isinstance(transform, T.ExpTransform):
+        return "log"
+    return "unconstrained"

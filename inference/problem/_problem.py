@@ -159,6 +159,13 @@ class Problem(AbstractProblem):
         self.space = ParamSpace(model.priors)
         self._constrained = jax.jit(self.space.from_unconstrained)  # one program per shape
 
+    def sample_starts(self, key: jax.Array, n: int) -> np.ndarray:
+        """``(n, D)`` draws from the model's priors, mapped to ``u`` (`inference.fit`'s
+        starts where no ``init`` is given)."""
+        from ._starts import prior_draws
+
+        return prior_draws(self.model, self.space, key, int(n))
+
     def fingerprint(self) -> dict:
         """What a checkpoint must share with this problem to be resumed by it: the model's
         name and dimension, the data (a digest of ``ts`` and ``ys``), the solver, the

@@ -426,6 +426,13 @@ class ProgramProblem(AbstractProblem):
             self.dense_mass_by_default = Problem.dense_mass_by_default
             self.default_init = Problem.default_init
 
+    def sample_starts(self, key: jax.Array, n: int) -> np.ndarray:
+        """``(n, D)`` draws of the program's latent sites from their priors, mapped to
+        ``u`` (`inference.fit`'s starts where no ``init`` is given)."""
+        from ._starts import prior_draws
+
+        return prior_draws(self.model, self.space, key, int(n))
+
     def per_trajectory(self) -> list[str]:
         """The latent sites whose value's leading axis has the size of an ode site's
         ensemble (two trajectories or more), in a plate or not: one value per trajectory,
