@@ -1,7 +1,7 @@
 """fit_least_squares before and after its fold onto the batched Levenberg–Marquardt.
 
 "before": a copy of the Optimistix implementation `inference.fit_least_squares` had until
-it was folded onto `inference.petab._lm.LMKernel` (kept here only, as the reference side):
+it was folded onto `inference.optimize._lm.LMKernel` (kept here only, as the reference side):
 one start at a time, one Optimistix LM solve per fixed mesh, re-recorded at each solution
 until the solution has settled on its own mesh.
 "after": `inference.fit_least_squares` (all starts at once in the batched LM, per-start

@@ -24,7 +24,7 @@
   program's problems implement it, each with its own sampler defaults).
 - A `models.PetabProblem` carries its data, bounds and priors: ``fit(problem,
   n_starts=...)`` is a multistart fit (Latin hypercube starts, all starts one ensemble,
-  a batched bounded Levenberg–Marquardt in ``petab/_lm.py``) and ``sample(problem)`` NumPyro
+  a batched bounded Levenberg–Marquardt in ``optimize/_lm.py``) and ``sample(problem)`` NumPyro
   NUTS on its log-likelihood and priors (``petab/_petab.py``).
 
 Default ODE tolerances of every function here: ``rtol = 1e-6``, ``atol = 1e-8``

@@ -23,7 +23,7 @@ import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
 from conftest import one_reaction_sbml, write_petab  # noqa: E402
-from inference.petab._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
+from inference.optimize._lm import CONVERGED, REASONS, RUNNING, STALLED, LMKernel, MeshTerms  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
 REFERENCE = json.loads((DATA / "amici_reference.json").read_text())["llh"]

@@ -1,5 +1,5 @@
 """`fit_least_squares`: least squares by the package's one Levenberg–Marquardt, the
-batched LM of the PEtab multistart (`inference.petab._lm.LMKernel`).
+batched LM of the PEtab multistart (`inference.optimize._lm.LMKernel`).
 
 Every start advances in the same compiled step: one ensemble evaluation of the residuals
 and their forward-mode Jacobians (replays of each start's kept mesh), each start accepting
@@ -38,7 +38,7 @@ import numpyro.distributions as dist
 import gradsolve as gs
 
 from .._result import FAILED, FitResult
-from ..petab._lm import CONVERGED, FAILED_START, REASONS, RUNNING, LMKernel, MeshTerms
+from ._lm import CONVERGED, FAILED_START, REASONS, RUNNING, LMKernel, MeshTerms
 from ..problem._policy import MeshPolicy
 from ..problem._problem import MAX_STEPS, TOLERANCES, Problem
 from ..problem._space import checked_init
@@ -161,7 +161,7 @@ def fit_least_squares(
     ``(m,)`` is set to the residuals' RMS (per observed state).
 
     The optimiser is the batched Levenberg–Marquardt of the PEtab multistart
-    (`inference.petab._lm.LMKernel`, unbounded in the unconstrained coordinates): all
+    (`inference.optimize._lm.LMKernel`, unbounded in the unconstrained coordinates): all
     starts advance together, each iteration one ensemble evaluation of the residuals and
     their forward-mode Jacobians (``jax.jacfwd`` through ``gs.replay``) on each start's
     kept mesh. A start's mesh is re-recorded when its point moved more than ``drift_tol``
@@ -197,7 +197,7 @@ def fit_least_squares(
         ``n_steps`` LM iterations; ``converged`` whether each start's last pass met LM's
         convergence test (``ftol``, ``gtol`` or a vanished step) on a mesh recorded within
         ``0.1 * drift_tol`` of its final point, ``exit_reasons`` why it stopped
-        (`inference.petab._lm.REASONS`; ``"not_finite"``: failed); ``max_error_ratio``
+        (`inference.optimize._lm.REASONS`; ``"not_finite"``: failed); ``max_error_ratio``
         each start's replay error ratio at its final point on the mesh its last pass ran
         on (requested units; ``inf`` where that record failed).
 

@@ -9,7 +9,7 @@ with ode sites: `inference.petab._problem`.)
 `fit_petab`: starts by Latin hypercube sampling inside the bounds on the parameter scale;
 all starts advance together, each evaluation one ensemble of every start and every
 condition (the solves under ``jax.vmap`` fold into one ensemble). Where every noise model is
-normal, Levenberg–Marquardt on the noise-weighted residuals (`inference.petab._lm`; Fisher
+normal, Levenberg–Marquardt on the noise-weighted residuals (`inference.optimize._lm`; Fisher
 scoring when noise parameters are estimated), each start's solves replaying a kept mesh
 (recorded at half the tolerances, re-recorded when the start moved or the replay's error
 estimate exceeds the tolerances; the reported objectives are fresh solves'). The LM runs
@@ -38,7 +38,7 @@ import numpy as np
 
 import gradsolve as gs
 
-from ._lm import CONVERGED, FAILED_START, LM_POLICY, REASONS, LMKernel, MeshTerms
+from ..optimize._lm import CONVERGED, FAILED_START, LM_POLICY, REASONS, LMKernel, MeshTerms
 from .._progress import progress_bar
 from .._result import FAILED, FitResult
 from ._problem import finite_bounds

@@ -14,7 +14,7 @@ How it runs:
 
 - Every profiled parameter is walked in both directions from the optimum, and all those
   walks are ONE ensemble: each round proposes every walk's next value, and one batched
-  bounded Levenberg–Marquardt run (`inference.petab._lm.LMKernel`, on kept meshes as
+  bounded Levenberg–Marquardt run (`inference.optimize._lm.LMKernel`, on kept meshes as
   `inference.fit` uses it, `LM_POLICY`) re-optimises the other coordinates of every walk at
   once, each warm-started from its walk's last point, moved along the path (first order).
 - The profiled coordinate is held by the residual function, not by the bounds: a row of
@@ -59,7 +59,7 @@ import gradsolve as gs
 
 from .._progress import progress_bar
 from .._result import FitResult
-from ._lm import CONVERGED, FAILED_START, LM_POLICY, LMKernel, MeshTerms
+from ..optimize._lm import CONVERGED, FAILED_START, LM_POLICY, LMKernel, MeshTerms
 from ._petab import _objective_parts
 from ._problem import is_petab
 

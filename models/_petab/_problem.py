@@ -53,7 +53,7 @@ class Residuals(NamedTuple):
         profiled: ``(m,)`` True where ``log_sigma`` is an inner noise parameter at its
             closed-form optimum (hierarchical optimisation), ``None`` where there is
             none; static. The Fisher information of the outer parameters leaves such
-            rows' ``d log_sigma / dx`` out (module `inference.petab._lm`).
+            rows' ``d log_sigma / dx`` out (module `inference.optimize._lm`).
     """
 
     z: jax.Array
