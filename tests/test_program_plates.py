@@ -57,16 +57,24 @@ def test_a_population_programs_subjects():
 def test_sampler_defaults_follow_the_programs_structure():
     """A program with latent sites in a plate keeps the population defaults (re-record at
     every proposal, target 0.9, 0.97 with a dense metric); one whose parameters are shared by every trajectory
-    (an ODE model written as a program, an ensemble of conditions) gets an ODE model's."""
+    (an ODE model written as a program, an ensemble of conditions) gets an ODE model's.
+    The defaults are NUTS's, chosen by the problem's `hierarchical`."""
     from inference.problem._problem import Problem
+    from inference.sampling._samplers import NUTS
+
+    def nuts(problem, dense_mass=None):
+        o = NUTS().settle(problem, dict(num_chains=None, init=None, rerecord=None,
+                                        dense_mass=dense_mass, target_accept=None,
+                                        num_warmup=500))
+        return o["rerecord"], o["target_accept"], o["init"]
 
     ts = jnp.linspace(0.5, 4.0, 5)
     obs = jnp.exp(-jnp.outer(jnp.array([0.5, 0.8, 1.1]), ts))
     hier = problem_for(program, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
     assert hier.hierarchical
-    assert (hier.default_rerecord, hier.dense_mass_by_default) == ("always", True)
-    assert (hier.default_target_accept, hier.dense_target_accept) == (0.9, 0.97)
-    assert hier.default_init == "advi"
+    assert nuts(hier, False) == ("always", 0.9, "advi")
+    assert nuts(hier, True) == ("always", 0.97, "advi")
+    assert nuts(hier) == nuts(hier, True)      # 1 parameter: dense by default
 
     def shared(data):
         ts, obs = data
@@ -88,18 +96,16 @@ def test_sampler_defaults_follow_the_programs_structure():
 
     exp = problem_for(expanded, (ts, obs), rtol=1e-6, atol=1e-8, max_steps=None)
     assert exp.hierarchical and exp.per_trajectory() == ["eta"]
-    assert (exp.default_rerecord, exp.default_init) == (hier.default_rerecord, "advi")
-    assert (flat.default_rerecord, flat.default_target_accept, flat.dense_target_accept,
-            flat.dense_mass_by_default, flat.default_init) == (
-                Problem.default_rerecord, Problem.default_target_accept,
-                Problem.dense_target_accept, Problem.dense_mass_by_default, "map")
+    assert nuts(exp)[::2] == ("always", "advi")
+    ode = Problem(models.lynx_hare(), models.load_dataset("lynx_hare"))
+    assert nuts(flat, True) == nuts(flat, False) == nuts(ode) == ("warmup", 0.8, "map")
     lynx = problem_for(inference.numpyro_model(models.lynx_hare()),
                        models.load_dataset("lynx_hare"), rtol=1e-6, atol=1e-8,
                        max_steps=None)
-    assert not lynx.hierarchical and lynx.default_rerecord == "warmup"
+    assert not lynx.hierarchical and nuts(lynx)[0] == "warmup"
     theo = problem_for(models.theophylline(), models.load_dataset("theophylline"),
                        rtol=1e-6, atol=1e-8, max_steps=None)
-    assert theo.hierarchical and theo.default_rerecord == "always"
+    assert theo.hierarchical and nuts(theo)[0] == "always"
 
 
 

@@ -7,9 +7,10 @@ one ODE, one mesh), `inference.problem._program.ProgramProblem` (any NumPyro pro
 bounds, hierarchical inner parameters solved inside) and the population problem
 (`inference.population._problem.PopulationProblem`: `fit_population`'s outer vector and its
 FOCE-I/Laplace objective). The chains, the mesh policies, checkpoints, the MAP start, the
-optimisers and the profiles talk to this interface only, and the sampler's defaults that
-depend on the kind of problem are its attributes (a class's, or an instance's where the
-problem's structure decides them), so no caller asks which class it holds.
+optimisers and the profiles talk to this interface only. A sampler's defaults are the
+sampler's (`inference.sampling.NUTS`, ...); where they depend on the posterior's
+structure they ask it one question, `hierarchical`, so no caller asks which class it
+holds.
 
 What a method reads, over the flat coordinates ``u (D,)`` (or ``(n, D)``) it moves in:
 `names`, `scales`, `bounds` (where it may move), `sample_starts` (multistart), `objective`
@@ -71,19 +72,10 @@ class AbstractProblem(abc.ABC):
         space: the `inference.problem._space.ParamSpace` mapping ``u`` to the model's constrained
             parameters (``space.dim == D``).
         source: what the user passed (a model or a program), which a MAP start fits.
-        default_rerecord: the sampler's mesh policy when the user gives none: ``"warmup"``
-            (re-record while warming up, sample on a frozen mesh checked by its error
-            ratio) suits one small ODE; ``"always"`` (record at every proposal) suits
-            programs whose sites' step counts vary widely across the posterior.
-        default_target_accept: NUTS's target acceptance rate when the user gives none.
-        dense_target_accept: the target instead where the metric is dense, or ``None``
-            (the same): a random-effects hierarchy's dense metric takes longer steps
-            along its correlations into the curvature of its funnel.
-        dense_mass_by_default: whether a dense mass matrix is adapted by default where
-            the dimension is small.
-        default_init: where the chains start when the user does not say: ``"map"`` (the
-            MAP point, jittered) or ``"advi"`` (draws from a mean-field variational fit
-            started there: a random-effects hierarchy's mode lies far from its draws).
+        hierarchical: whether the posterior is a random-effects hierarchy (latent sites
+            in a plate, e.g. one value per subject): its step counts vary widely across
+            the posterior and its funnel wants smaller steps, so samplers choose their
+            defaults by it.
         count_failures_by_default: whether solver failures are counted at every
             evaluation under ``rerecord="always"`` (a host callback per evaluation).
         least_squares: whether `residuals` gives the objective as ``0.5 sum r^2 + const``
@@ -91,12 +83,11 @@ class AbstractProblem(abc.ABC):
             estimated or a prior is not Gaussian (`residual_terms` may still apply).
 
     Example:
-        A problem of one's own is a subclass giving the six methods and four defaults;
+        A problem of one's own is a subclass giving the six methods and one default;
         the sampler's chains then evaluate it as they do the built-in ones:
 
         >>> class Shifted(inference.AbstractProblem):
-        ...     default_rerecord, default_target_accept = "warmup", 0.8
-        ...     dense_mass_by_default = count_failures_by_default = True
+        ...     count_failures_by_default = True
         ...     def __init__(self, inner):
         ...         self.inner, self.space, self.source = inner, inner.space, inner.source
         ...     def log_density(self, u, mesh=None, **kw):
@@ -106,11 +97,7 @@ class AbstractProblem(abc.ABC):
 
     space: Any
     source: Any
-    default_rerecord: str
-    default_target_accept: float
-    dense_target_accept: float | None = None
-    dense_mass_by_default: bool
-    default_init: str = "map"
+    hierarchical: bool = False
     count_failures_by_default: bool
     least_squares: bool = False
     map_fit_options = {"n_starts": 16, "steps": 300}

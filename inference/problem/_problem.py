@@ -133,9 +133,6 @@ class Problem(AbstractProblem):
         rtol, atol: ODE tolerances; max_steps: step capacity of records and solves.
     """
 
-    default_rerecord = "warmup"
-    default_target_accept = 0.8
-    dense_mass_by_default = True
     count_failures_by_default = True
 
     def __init__(self, model, data, *, solver=None, rtol: float = TOLERANCES.rtol,

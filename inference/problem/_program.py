@@ -367,18 +367,7 @@ class ProgramProblem(AbstractProblem):
             own (``rtol = 1e-6``, ``atol = 1e-8``, 16,384 steps, ``gs.Tsit5()``).
     """
 
-    # The class defaults are a population program's (latent sites in a plate, e.g. random
-    # effects in a subjects plate): a subject's step count varies widely across the
-    # posterior (a frozen mesh would not hold), and the funnel-shaped hierarchy wants
-    # smaller steps, smaller still with a dense metric, and its joint mode lies far from
-    # its draws, so the chains start at draws of a variational fit (`sample`'s docstring
-    # and `inference.sampling._advi` have the measurements). A program with no latent site in a plate gets an ODE model's defaults
-    # in `__init__` (see `hierarchical`).
-    default_rerecord = "always"
-    default_target_accept = 0.9
-    dense_target_accept = 0.97
-    dense_mass_by_default = True
-    default_init = "advi"
+    # a sampler's defaults follow `hierarchical` (`inference.sampling.NUTS` says why)
     count_failures_by_default = False
 
     def __init__(self, program, data, *, name: str | None = None, solver=None,
@@ -414,17 +403,6 @@ class ProgramProblem(AbstractProblem):
         # effect, and its funnel wants the same defaults
         self.hierarchical = (any(self.plates.get(name) for name in self.space.names)
                              or bool(self.per_trajectory()))
-        if not self.hierarchical:
-            # one set of parameters for every trajectory (lynx-hare as a program, a PEtab
-            # problem's conditions): the step counts move little across the posterior, so
-            # a frozen mesh checked by its error ratio holds, and a dense metric is cheap;
-            # the same program sampled with these settings instead of a population's ran
-            # 4x faster to the same ESS (lynx-hare, 2 chains x (500 + 1,000))
-            self.default_rerecord = Problem.default_rerecord
-            self.default_target_accept = Problem.default_target_accept
-            self.dense_target_accept = Problem.dense_target_accept
-            self.dense_mass_by_default = Problem.dense_mass_by_default
-            self.default_init = Problem.default_init
 
     def sample_starts(self, key: jax.Array, n: int) -> np.ndarray:
         """``(n, D)`` draws of the program's latent sites from their priors, mapped to

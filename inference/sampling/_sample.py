@@ -133,6 +133,7 @@ import gradsolve as gs
 
 from .. import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState, chain_devices
+from ._samplers import Sampler, sampler_of
 from ._idata import inference_data
 from ..problem._policy import MeshPolicy
 from ..petab._problem import problem_of
@@ -214,13 +215,11 @@ def _check_fit_kwargs(fit_kwargs) -> None:
 
 def _checked_sample_args(o: dict) -> None:
     """``ValueError`` naming the first bad argument of `sample` (its arguments ``o``)."""
-    kernel, num_warmup, target_accept, init_jitter, init, max_steps = (
-        o[k] for k in ("kernel", "num_warmup", "target_accept", "init_jitter", "init",
-                       "max_steps"))
-    if kernel not in ("nuts", "hmc"):
-        raise ValueError(f"`kernel` must be 'nuts' or 'hmc', got {kernel!r}")
+    num_warmup, target_accept, init_jitter, init, max_steps = (
+        o[k] for k in ("num_warmup", "target_accept", "init_jitter", "init", "max_steps"))
+    o["sampler"] = sampler_of(o["sampler"], o["kernel"])
     for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", o["num_samples"], 1),
-                        ("num_chains", o["num_chains"], 1),
+                        ("num_chains", 1 if o["num_chains"] is None else o["num_chains"], 1),
                         ("checkpoint_every", o["checkpoint_every"], 1),
                         ("max_tree_depth", o["max_tree_depth"], 1),
                         ("max_retunes", o["max_retunes"], 0),
@@ -255,25 +254,18 @@ def _checked_sample_args(o: dict) -> None:
 
 def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
     """The problem, the mesh policy and the options ``o`` of `sample` with their
-    problem-dependent defaults (``None``) settled and ``count`` (whether failed potential
-    evaluations are counted) added."""
+    problem-dependent defaults (``None``) settled by the sampler (`Sampler.settle`) and
+    ``count`` (whether failed potential evaluations are counted) added."""
     # an ODEModel records at the default capacity (max_steps is its in-potential solve's);
     # a program's ode sites solve at max_steps themselves
     problem = problem_of(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
                          max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
-    o = dict(o)
-    if o["init"] is None:
-        o["init"] = problem.default_init
-    if o["rerecord"] is None:
-        o["rerecord"] = problem.default_rerecord
-    if o["dense_mass"] is None:
-        o["dense_mass"] = (problem.dense_mass_by_default
-                           and problem.space.dim <= max(10, int(o["num_warmup"]) // 10))
-    o["dense_mass"] = bool(o["dense_mass"])
-    if o["target_accept"] is None:
-        dense_target = problem.dense_target_accept if o["dense_mass"] else None
-        o["target_accept"] = dense_target or problem.default_target_accept
-    o["devices"] = chain_devices(o["chain_method"], int(o["num_chains"]))
+    sampler: Sampler = o["sampler"]
+    o = sampler.settle(problem, o)
+    o["kernel"] = sampler.name
+    # lockstep chains are one ensemble: split over devices they would wait for each other
+    o["devices"] = (chain_devices(o["chain_method"], int(o["num_chains"]))
+                    if sampler.name in ("nuts", "hmc") else 1)
     policy = MeshPolicy.checked("sample", o["rerecord"],
                                 record_tol_factor=float(o["frozen_tol_factor"]))
     # the counter's callback runs at every evaluation under vectorised chains (the
@@ -288,7 +280,7 @@ def _fingerprint(problem, policy, o: dict) -> dict:
     init = o["init"]
     return _checkpoint.fingerprint(
         problem, policy, num_chains=o["num_chains"], num_warmup=o["num_warmup"],
-        kernel=o["kernel"], num_samples=o["num_samples"], seed=o["seed"],
+        **o["sampler"].fingerprint(o), num_samples=o["num_samples"], seed=o["seed"],
         target_accept=o["target_accept"], dense_mass=o["dense_mass"],
         max_tree_depth=o["max_tree_depth"], init_jitter=o["init_jitter"],
         max_steps_solve=o["max_steps"], max_retunes=int(o["max_retunes"]),
@@ -325,12 +317,7 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
     else:
         state, info = saved
         state = state._replace(chains=_checkpoint.to_device(state.chains))
-    base = ChainKernel(problem, policy, num_chains=int(o["num_chains"]),
-                       devices=o["devices"],
-                       num_warmup=o["num_warmup"], algo=o["kernel"].upper(),
-                       target_accept=o["target_accept"], dense_mass=o["dense_mass"],
-                       max_tree_depth=o["max_tree_depth"], count_failures=o["count"],
-                       solve_max_steps=state.solve_max_steps)
+    base = o["sampler"].kernel(problem, policy, o, state.solve_max_steps)
     if saved is None:
         chains = base.init(u0, k_mcmc, state, metric=metric)
         return base, {}, state._replace(chains=chains), info
@@ -343,8 +330,9 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
 
 
 def sample(
-    model, data=None, *, num_warmup: int = 500, num_samples: int = 1000, num_chains: int = 2,
-    kernel: str = "nuts", rerecord: str | None = None, seed: int = 0, init: Any = None,
+    model, data=None, *, num_warmup: int = 500, num_samples: int = 1000,
+    num_chains: int | None = None, kernel: str | None = None, sampler: Any = None,
+    rerecord: str | None = None, seed: int = 0, init: Any = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
     progress: bool | None = None, target_accept: float | None = None,
     rtol: float | None = None, atol: float | None = None, solver=None,
@@ -353,7 +341,8 @@ def sample(
     fit_kwargs: Mapping[str, Any] | None = None, count_failures: bool | None = None,
     max_retunes: int = 3, chain_method: str = "auto",
 ):
-    """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS (or HMC).
+    """Sample the posterior of ``model`` given ``data`` with NumPyro NUTS, or another
+    sampler (``sampler=``: HMC, BlackJAX's ChEES-HMC with its chains in lockstep).
 
     A `models.PetabProblem` (``data=None``: it carries its data) is sampled as the NumPyro
     program of its posterior (one site per estimated parameter
@@ -364,7 +353,8 @@ def sample(
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
             `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
-        num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``.
+        num_warmup, num_samples, num_chains: as NumPyro's ``MCMC`` (``num_chains=None``:
+            the sampler's default, 2 for NUTS and HMC, 16 for ChEES).
         chain_method: ``"vectorized"`` (all chains in one ``jax.vmap`` on one device),
             ``"parallel"`` (the chains split over the local devices, each device
             vectorising its share; on a CPU, one device per core: call
@@ -374,7 +364,15 @@ def sample(
             The draws are the same either way; apart, each device waits only for its
             own chains' trees and runs on a core of its own (theophylline, 4 chains on 2
             CPU devices: sampling 1.7x faster).
-        kernel: ``"nuts"`` or ``"hmc"``.
+        sampler: ``None`` (NUTS), a name (``"nuts"``, ``"hmc"``, ``"chees"``) or a sampler
+            object of `inference.sampling` (``NUTS(...)``, ``HMC(...)``, ``ChEES(...)``):
+            its kernel and adaptation, and its defaults for the settings below left at
+            ``None``. Every sampler runs in the same loop (meshes recorded for all
+            chains at once, re-recorded in warmup, frozen and checked while sampling,
+            checkpoints). NUTS stays the default: on this project's CPU measurements
+            (``benchmarks/bench_samplers.py``) it gave more ESS per second than ChEES on
+            lynx-hare and eight schools.
+        kernel: ``"nuts"`` or ``"hmc"`` (the older spelling of ``sampler``).
         rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
             for an `ODEModel` or a program with no latent site in a plate, ``"always"``
             for a population model or a program with such sites (random effects, e.g. in
@@ -454,7 +452,7 @@ def sample(
     base, retuned, state, info = _first_state(problem, policy, data, o, fingerprint)
     total = int(num_warmup) + int(num_samples)
     bar = progress_bar(progress, total=total, done=state.iteration,
-                       desc=f"sample {problem.model.name} ({num_chains} chains)",
+                       desc=f"sample {problem.model.name} ({o['num_chains']} chains)",
                        phases=(("warmup", int(num_warmup)), ("sampling", int(num_samples))))
     run = Run(base, int(num_warmup), total, int(max_retunes), checkpoint_every,
               _saver(checkpoint, fingerprint), _advancer(bar), retuned)
@@ -463,11 +461,12 @@ def sample(
     finally:
         bar.close()
     return inference_data(run.base, state, info, dict(
-        kernel=kernel, rtol=problem.rtol, atol=problem.atol, num_warmup=int(num_warmup),
+        kernel=o["kernel"], rtol=problem.rtol, atol=problem.atol, num_warmup=int(num_warmup),
         target_accept_requested=float(o["target_accept"]), max_retunes=int(max_retunes),
         mass_matrix="dense" if run.kernel(state).settings["dense_mass"] else "diagonal",
         mass_matrix_requested="dense" if o["dense_mass"] else "diagonal",
-        num_samples=int(num_samples), num_chains=int(num_chains), count_failures=o["count"],
+        num_samples=int(num_samples), num_chains=int(o["num_chains"]),
+        count_failures=o["count"],
         chain_method="parallel" if o["devices"] > 1 else "vectorized",
         chain_devices=int(o["devices"]),
         wall_time_s=time.perf_counter() - t_start))
