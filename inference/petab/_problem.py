@@ -10,7 +10,12 @@ the same `MeshPolicy`, with checkpoints, progress, retuning and the same ArviZ o
 Its residuals (`replay_residuals`, `record_at`) are what `inference.fit`'s least-squares
 multistart reads.
 
-Why a program and not a problem class of its own: the sampler's machinery (per-chain
+`PetabFitProblem` is the same problem over the coordinates fits and profiles move in: the
+estimated parameters on the table's scales (``lin``, ``log``, ``log10``) inside its bounds,
+hierarchical inner parameters solved in closed form inside every evaluation; its
+`residual_terms` are what the batched Levenberg–Marquardt reads.
+
+Why a program and not a problem class of its own for sampling: the sampler's machinery (per-chain
 meshes, their merging at the end of warmup, replays under ``vmap``) already exists for
 programs with several ode sites; a PEtab problem is one such program whose sites are an
 ensemble of its conditions. Moving it onto that path replaced a plain-NumPyro sampler
@@ -27,11 +32,12 @@ import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
 from .._checkpoint import digest
+from ..problem._abstract import AbstractProblem, ResidualTerms
 from ..problem._ode import ode
 from ..problem._program import ProgramProblem, problem_for
 
-__all__ = ["is_petab", "petab_program", "PetabProgramProblem", "problem_of",
-           "finite_bounds"]
+__all__ = ["is_petab", "petab_program", "PetabProgramProblem", "PetabFitProblem",
+           "problem_of", "finite_bounds"]
 
 
 def is_petab(model) -> bool:
@@ -148,6 +154,12 @@ class PetabProgramProblem(ProgramProblem):
         # route for a problem with residuals) converges in tens of iterations
         self.map_fit_options = dict(n_starts=10, steps=1000)
 
+    @property
+    def fit_problem(self) -> "PetabFitProblem":
+        """The problem `inference.fit` moves in: the outer parameters on the table's
+        scales inside its bounds (`PetabFitProblem`), not the sampler's coordinates."""
+        return PetabFitProblem(self.petab)
+
     def fingerprint(self) -> dict:
         """The program's fingerprint and a digest of the measurement table."""
         df = self.petab.petab_problem.measurement_df
@@ -173,6 +185,221 @@ class PetabProgramProblem(ProgramProblem):
 
     def observed_data(self) -> tuple[dict, dict, dict]:
         """The measurements, for ``arviz`` (one value per row of the measurement table)."""
+        df = self.petab.petab_problem.measurement_df
+        return ({"measurement": np.asarray(df["measurement"], float)},
+                {"measurement": ["measurement_row"]}, {})
+
+
+class _Replay:
+    """What `PetabFitProblem.log_density` returns beside the value: the replay's (or the
+    fresh solve's) error ratio per condition."""
+
+    def __init__(self, error_ratio):
+        self.error_ratio = error_ratio
+
+
+class PetabFitProblem(AbstractProblem):
+    """A `models.PetabProblem` over the coordinates its fits and profiles move in:
+    ``x (D,)`` or ``(n, D)``, the estimated parameters (hierarchical optimisation's outer
+    ones) on the table's scales, inside its bounds.
+
+    The objective is PEtab's negative log-likelihood (inner parameters at their closed-form
+    optimum), plus minus the table's given priors with ``prior`` (the ``"map"`` fit's); its
+    `residual_terms` are the noise-weighted residuals and log noise scales the batched
+    Levenberg–Marquardt reads. Sampling runs on `PetabProgramProblem` instead (every
+    parameter a site, none profiled out).
+
+    Args:
+        problem: the `models.PetabProblem`; solver, rtol, atol, max_steps: settings that
+            replace the problem's own where given.
+    """
+
+
+    def __init__(self, problem, *, solver=None, rtol: float | None = None,
+                 atol: float | None = None, max_steps: int | None = None):
+        self.petab = self.source = problem.with_settings(
+            solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
+        self.space = None  # the coordinates are the parameters themselves (`start_point`)
+        self.dim = len(problem.parameter_ids)
+        layout = problem.residual_layout()
+        self._layout = layout
+        self._given = bool(np.any(problem.priors.given))
+
+    def names(self) -> tuple[str, ...]:
+        """The estimated (outer) parameter ids, in the table's order."""
+        return tuple(self.petab.parameter_ids)
+
+    def scales(self) -> tuple[str, ...]:
+        """``"lin"``, ``"log"`` or ``"log10"``: each parameter's ``parameterScale``."""
+        return tuple(self.petab.scales)
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The table's ``(lowerBound, upperBound)`` on the parameter scales."""
+        lo, hi = self.petab.bounds
+        return np.asarray(lo, float).copy(), np.asarray(hi, float).copy()
+
+    def sample_starts(self, key, n: int) -> np.ndarray:
+        """``(n, D)`` Latin hypercube samples of the bounds (pyPESTO's starts), seeded from
+        ``key``."""
+        from ._petab import latin_hypercube
+
+        seed = int(np.asarray(jax.random.randint(key, (), 0, 2**31 - 1)))
+        lo, hi = finite_bounds(self.petab)
+        return latin_hypercube(lo, hi, int(n), np.random.default_rng(seed))
+
+    def start_point(self, params) -> np.ndarray:
+        """``x (D,)`` (or ``(n, D)``) of a dict by parameter id on the parameter scales."""
+        return np.stack([np.asarray(params[p], float) for p in self.names()], axis=-1)
+
+    kind = "PEtab problem"
+    """How `inference.fit`'s messages name this problem."""
+
+    @property
+    def default_method(self) -> str:
+        """`inference.fit`'s ``method="auto"``: the batched Levenberg–Marquardt where every
+        noise model is normal, else L-BFGS-B."""
+        from ._petab import default_method
+
+        return default_method(self.petab)
+
+    def fit_starts(self, init, n_starts: int, seed: int) -> np.ndarray:
+        """`inference.fit`'s starts ``(n, D)``: Latin hypercube draws in the bounds seeded
+        by ``seed``, after the ``init`` rows (a dict by id, a vector or rows on the
+        parameter scales), checked against the table with errors naming the parameter."""
+        from ._petab import table_starts
+
+        lo, hi = finite_bounds(self.petab)
+        return table_starts(self.petab, init, n_starts, seed, lo, hi)
+
+    def fit_params(self, x) -> dict:
+        """Each start's parameters by id at ``x (n, D)``, hierarchical optimisation's inner
+        parameters at their closed-form optimum there."""
+        from ._petab import table_params
+
+        return table_params(self.petab, np.asarray(x, float))
+
+    def fit_point(self, result) -> np.ndarray:
+        """``x (D,)`` of a PEtab fit's ``params``, checked to be a fit of this problem
+        (its parameter ids, in order; finite; inside the bounds): ValueError naming
+        what differs."""
+        ids = self.names()
+        inner = tuple(self.petab.inner_parameter_ids)
+        theirs = tuple(result.parameter_ids) if getattr(result, "parameter_ids", None) \
+            is not None else tuple(result.params)
+        if theirs != ids:
+            extra = [p for p in theirs if p not in ids]
+            missing = [p for p in ids if p not in theirs]
+            how = ("; it was fitted without hierarchical optimisation: profile it on "
+                   "problem.full" if inner and set(theirs) == set(self.petab.full_parameter_ids)
+                   else "")
+            raise ValueError("inference.profile: `result` is a fit of another problem: "
+                             + (f"it estimates {extra}, which this problem does not"
+                                if extra else "") + ("; " if extra and missing else "")
+                             + (f"it lacks {missing}" if missing else "")
+                             + ("" if extra or missing else
+                                f"its parameters are in another order {list(theirs)}")
+                             + f" (the problem's: {list(ids)}){how}")
+        x = np.array([float(np.asarray(result.params[p])) for p in ids])
+        bad = [p for p, v in zip(ids, x) if not np.isfinite(v)]
+        if bad:
+            raise ValueError(f"inference.profile: `result`'s params {bad} are not finite "
+                             "(a failed fit)")
+        lo, hi = self.bounds()
+        outside = [p for p, a, b, v in zip(ids, lo, hi, x) if not (a <= v <= b)]
+        if outside:
+            raise ValueError(f"inference.profile: `result` is a fit of another problem: "
+                             f"{outside} lie outside the problem's bounds")
+        return x
+
+    def refuse_parameters(self, names) -> None:
+        """ValueError where ``names`` holds inner parameters of hierarchical optimisation
+        (solved in closed form at every point: profiled out, not profiled), saying how to
+        profile them."""
+        hier = [p for p in names if p in self.petab.inner_parameter_ids]
+        if hier:
+            kinds = ", ".join(f"'{p}' ({self.petab.inner_kinds[p]})" for p in hier)
+            raise ValueError(
+                f"inference.profile: `parameters`: {kinds} "
+                f"{'is an inner parameter' if len(hier) == 1 else 'are inner parameters'} "
+                "of hierarchical optimisation: computed in closed form at every point (so "
+                "profiled out, not profiled). To profile it, load the problem without "
+                "hierarchical optimisation, models.load_petab(..., hierarchical=False) "
+                "(or problem.full), and fit and profile that")
+
+    def _penalty(self, x):
+        return -self.petab.log_prior(x, jacobian=False, given_only=True)
+
+    def _one(self, x, mesh, prior):
+        lap = jnp.asarray(self._layout.laplace)
+        if mesh is None:
+            z, s, err = self.petab._residuals_on(x, None)
+        else:
+            z, s, err = self.petab.replay_residuals(x, mesh)
+        f = jnp.sum(jnp.where(lap, jnp.abs(z), 0.5 * z**2) + s) - self._layout.constant
+        if prior and self._given:
+            f = f + self._penalty(x)
+        return jnp.where(jnp.isnan(f), jnp.inf, f), err
+
+    def objective(self, u, mesh=None, *, prior: bool = True):
+        """``(value, aux)``: PEtab's negative log-likelihood at ``x (D,)`` or ``(n, D)``
+        (minus the table's given priors with ``prior``), by a fresh solve or a replay of
+        ``mesh`` (`record`'s); ``inf`` where a solve fails; ``aux.error_ratio`` per
+        condition."""
+        x = jnp.asarray(u, float)
+        if x.ndim == 1:
+            f, err = self._one(x, mesh, prior)
+        elif mesh is None:
+            f, err = jax.vmap(lambda xi: self._one(xi, None, prior))(x)
+        else:
+            f, err = jax.vmap(lambda xi, m: self._one(xi, m, prior))(x, mesh)
+        return f, _Replay(err)
+
+    def log_density(self, u, mesh=None, *, prior: bool = True, jacobian: bool = True,
+                    max_steps: int | None = None):
+        """Minus `objective` (the coordinates are the parameters: no Jacobian term)."""
+        f, aux = self.objective(u, mesh, prior=prior)
+        return -f, aux
+
+    def residual_terms(self, *, prior: bool = True) -> ResidualTerms:
+        """PEtab's noise-weighted residuals ``z`` and log noise scales, replayed on kept
+        meshes; the table's given priors as the penalty with ``prior``; conditions of
+        similar mesh length evaluated together where there are several."""
+        petab = self.petab
+        cost = None
+        if len(petab.condition_ids) > 1:
+            def cost(mesh):
+                return np.max(np.asarray(mesh.n_steps), axis=-1)
+        return ResidualTerms(
+            record=petab.record, terms=petab.replay_residuals,
+            laplace=np.asarray(self._layout.laplace), profiled=self._layout.profiled,
+            penalty=self._penalty if prior and self._given else None,
+            constant=-float(self._layout.constant), cost=cost)
+
+    def fingerprint(self) -> dict:
+        """The model id, the settings and a digest of the measurement table."""
+        p = self.petab
+        df = p.petab_problem.measurement_df
+        return dict(model=p.odes.model_id, parameters=self.names(), solver=repr(p.solver),
+                    rtol=p.rtol, atol=p.atol, max_steps=p.max_steps,
+                    measurements=digest(df.to_csv(index=False).encode()))
+
+    def record(self, u, tol_factor: float = 1.0):
+        """Every condition's mesh at ``x (D,)`` (``(n, D)``: one per row)."""
+        x = jnp.asarray(u, float)
+        if x.ndim == 1:
+            return self.petab.record(x, tol_factor)
+        return jax.vmap(lambda xi: self.petab.record(xi, tol_factor))(x)
+
+    def ragged_replay(self, u, mesh) -> bool:
+        """False: the conditions replay under ``vmap`` (every slot runs)."""
+        return False
+
+    def error_ratio(self, u, mesh):
+        """The replay's error ratio per condition at ``x (D,)``."""
+        return self.petab.replay_residuals(jnp.asarray(u, float), mesh)[2]
+
+    def observed_data(self) -> tuple[dict, dict, dict]:
+        """The measurements, one value per row of the measurement table."""
         df = self.petab.petab_problem.measurement_df
         return ({"measurement": np.asarray(df["measurement"], float)},
                 {"measurement": ["measurement_row"]}, {})

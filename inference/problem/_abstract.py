@@ -222,6 +222,8 @@ def _scale_of(transform) -> str:
     its parameter (NumPyro's bijection for the prior's support)."""
     from numpyro.distributions import transforms as T
 
+    while isinstance(transform, T.IndependentTransform):
+        transform = transform.base_transform
     if isinstance(transform, T.IdentityTransform):
         return "lin"
     if isinstance(transform, T.ExpTransform):
