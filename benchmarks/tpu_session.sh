@@ -103,6 +103,24 @@ r = inference.sample(models.theophylline(), models.load_dataset("theophylline"),
 out = {"sample_s": time.perf_counter() - t, "peak_bytes": jax.devices()[0].memory_stats().get(
     "peak_bytes_in_use"), "result": type(r).__name__}
 print(json.dumps(out)); print(r)' 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # where a sampler's time goes (phases against the gradient floor), lynx-hare, $SS_ARGS
+    samplestep)
+      arviz_deps
+      PYTHONPATH="$PYTHONPATH:/tmp/gradsolve_site" PYTHONUNBUFFERED=1 timeout "${SS_S:-400}" \
+        $PY benchmarks/bench_sample_step.py ${SS_ARGS:---chains 2,64} \
+        --json "$OUT/sample_step${SS_TAG:-}.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # inference.fit on lynx-hare, first and second call in one process, $FIT_NS starts
+    fitstep)
+      PYTHONUNBUFFERED=1 timeout "${FIT_S:-300}" $PY -c '
+import os, sys, time, jax
+if os.environ.get("FIT_X64", "1") == "1": jax.config.update("jax_enable_x64", True)
+import inference, models
+m, d = models.lynx_hare(), models.load_dataset("lynx_hare")
+for n in [int(x) for x in os.environ.get("FIT_NS", "16 1024").split()]:
+    for call in (1, 2):
+        t = time.perf_counter(); r = inference.fit(m, d, n_starts=n, seed=call, progress=False)
+        print(f"fit n_starts={n} call={call} {time.perf_counter() - t:.2f} s best={float(min(r.losses)):.6g} evals={r.n_grad_evals}", flush=True)
+' 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
     # tutorial 11 at full size, its printed output written into the notebook
     tutorial) timeout 500 $PY tools/run_notebook.py tutorials/11_on_a_tpu.ipynb \
                 "$OUT/11_on_a_tpu.ipynb" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
