@@ -225,6 +225,12 @@ class PetabFitProblem(AbstractProblem):
         self._layout = layout
         self._given = bool(np.any(problem.priors.given))
 
+    def with_tolerance_factor(self, factor: float) -> "PetabFitProblem":
+        """The same problem with its solves at ``factor`` times its tolerances (the global
+        search ranks its points by such looser solves: a ranking needs no eight digits)."""
+        p = self.petab
+        return PetabFitProblem(p, rtol=p.rtol * factor, atol=p.atol * factor)
+
     def names(self) -> tuple[str, ...]:
         """The estimated (outer) parameter ids, in the table's order."""
         return tuple(self.petab.parameter_ids)

@@ -1,0 +1,172 @@
+"""The global search as an optimiser of any problem (`inference.optimize._global`).
+
+Independent references: closed forms. Rastrigin's function (a local minimum near every
+integer offset from its minimiser, the global one 0 at a known point) through the problem
+interface, bounded and unbounded; the stagnation rule on a run whose best creeps by a
+known relative amount per generation; a limit of time measured by the wall clock.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from inference.optimize._global import CMAKernel, GlobalSearch
+from inference.optimize._scipy import LBFGSB
+from inference.problem._abstract import AbstractProblem
+
+D = 4
+X_STAR = np.array([0.7, -1.3, 0.4, 1.9])
+
+
+class ClosedForm(AbstractProblem):
+    """A problem whose objective is a closed form of ``u (D,)`` or ``(n, D)`` (no ODE):
+    ``f(u) = offset + rastrigin(u - X_STAR) (+ ripple)``, inside ``[-5.12, 5.12]^D`` or
+    unbounded (starts then N(0, 2^2))."""
+
+    default_rerecord, default_target_accept = "warmup", 0.8
+    dense_mass_by_default = count_failures_by_default = False
+
+    def __init__(self, bounded: bool = True, offset: float = 0.0, ripple: float = 0.0):
+        self.bounded, self.offset, self.ripple = bounded, offset, ripple
+        self.space = self.source = None
+        self.n_evals = 0
+
+    def names(self):
+        return tuple(f"x[{i}]" for i in range(D))
+
+    def bounds(self):
+        b = 5.12 if self.bounded else np.inf
+        return np.full(D, -b), np.full(D, b)
+
+    def sample_starts(self, key, n):
+        if self.bounded:
+            return np.asarray(jax.random.uniform(key, (n, D), minval=-5.12, maxval=5.12))
+        return np.asarray(2.0 * jax.random.normal(key, (n, D)))
+
+    def objective(self, u, mesh=None, *, prior=True):
+        z = jnp.asarray(u) - X_STAR
+        f = 10.0 * D + jnp.sum(z**2 - 10.0 * jnp.cos(2.0 * jnp.pi * z), axis=-1)
+        # a deterministic ripple: a noisy-looking objective whose values never settle
+        f = f + self.ripple * jnp.sum(jnp.sin(1e6 * jnp.asarray(u) * jnp.arange(1, D + 1)),
+                                      axis=-1)
+        return self.offset + f, None
+
+    def log_density(self, u, mesh=None, **kw):
+        return -self.objective(u)[0], None
+
+    def fingerprint(self):
+        return dict(kind="closed form", bounded=self.bounded, offset=self.offset,
+                    ripple=self.ripple)
+
+    def record(self, u, tol_factor=1.0):
+        return None
+
+    def ragged_replay(self, u, mesh):
+        return False
+
+    def error_ratio(self, u, mesh):
+        return jnp.zeros(())
+
+    def observed_data(self):
+        return {}, {}, {}
+
+
+def _rastrigin_minima_near(x):
+    """The local minima of Rastrigin's function lie near the integer offsets from X_STAR:
+    the one a point ``x (D,)`` rounds to."""
+    return X_STAR + np.round(np.asarray(x) - X_STAR)
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_global_search_finds_rastrigins_minimum_through_the_interface(bounded):
+    problem = ClosedForm(bounded=bounded)
+    x0 = problem.sample_starts(jax.random.PRNGKey(3), 2)
+    # a local fit from the same starts stops in a local minimum
+    local = LBFGSB().minimize(problem, x0)
+    assert np.all(local.value > 0.9)
+    res = GlobalSearch(seed=3, max_iter=400, local=LBFGSB()).minimize(problem, x0)
+    best = int(np.argmin(res.value))
+    assert res.value[best] < 1e-10
+    np.testing.assert_allclose(res.x[best], X_STAR, atol=1e-6)
+    # one row per start given, the kept points they were refined from, the runs
+    assert res.x.shape == (2, D) and res.extra["starts"].shape == (2, D)
+    assert res.extra["generations"] == 400 and res.extra["restarts"] >= 1
+    pops = [r["popsize"] for r in res.extra["runs"]]
+    assert pops == [min(8 * 2**i, 8 * 64) for i in range(len(pops))]
+    if bounded:
+        lo, hi = problem.bounds()
+        assert np.all((res.extra["starts"] >= lo) & (res.extra["starts"] <= hi))
+
+
+def test_global_search_returns_by_its_time_limit():
+    """With ``max_time`` the generations are unlimited and the call, refinement included,
+    returns by the limit (a small slack: one generation or local iteration past it)."""
+    problem = ClosedForm(ripple=1.0)  # never converges: only the time stops it
+    x0 = problem.sample_starts(jax.random.PRNGKey(0), 3)
+    GlobalSearch(seed=0, max_iter=5, local=LBFGSB(20)).minimize(problem, x0)  # compiled
+    t0 = time.monotonic()
+    res = GlobalSearch(seed=0, max_time=3.0, local=LBFGSB()).minimize(problem, x0)
+    wall = time.monotonic() - t0
+    assert wall <= 3.0 + 2.0
+    assert res.extra["generations"] > 100 and res.extra["search_s"] <= 3.0
+    # a deadline given to minimize limits it the same way
+    t0 = time.monotonic()
+    GlobalSearch(seed=0, local=LBFGSB()).minimize(problem, x0, deadline=t0 + 2.0)
+    assert time.monotonic() - t0 <= 2.0 + 2.0
+
+
+def test_stagnation_rule_ends_a_creeping_run_and_spares_a_descending_one():
+    """A run whose best improves by a relative 1e-5 per window ends by stagnation after
+    ``1 + 2 (120 + 30 D / lambda)`` generations; one improving by 1e-3 per window does not
+    (the population's values spread over 0.01, so TolFun never applies)."""
+    kernel = CMAKernel(D, np.zeros(D), np.ones(D))
+    window = kernel.constants(kernel.popsize0)["stagnation"]
+    assert window == 2 * (120 + int(np.ceil(30 * D / kernel.popsize0)))
+    rng = np.random.default_rng(0)
+    for per_window, ends in ((1e-5, True), (1e-3, False)):
+        s = kernel.start(np.full(D, 0.5), kernel.popsize0)
+        for g in range(window + 40):
+            u = kernel.ask(s, rng)
+            f = 1000.0 * (1.0 - per_window * g / window) + rng.uniform(0, 0.01, len(u))
+            s = kernel.tell(s, u, f)
+            if s.why is not None:
+                break
+        if ends:
+            assert s.why == "stagnation" and s.generation == window + 1
+        else:
+            assert s.why is None and s.generation == window + 40
+
+
+def test_stagnation_restarts_are_counted_in_the_result():
+    """An objective of jitter alone (a ripple of amplitude 100 with a period of 6e-6, far
+    below any step, on an offset of 1e8) keeps every run from converging; its best falls
+    by at most the ripple's range (800), below 1e-4 of its value: each run ends by the
+    stagnation rule once its window is full (or, by chance, on TolX), and a larger one
+    starts."""
+    problem = ClosedForm(offset=1e8, ripple=100.0)
+    x0 = problem.sample_starts(jax.random.PRNGKey(1), 1)
+    res = GlobalSearch(seed=1, max_iter=1200, local=LBFGSB(5)).minimize(problem, x0)
+    runs = res.extra["runs"]
+    whys = [r["why"] for r in runs]
+    assert res.extra["stagnation_restarts"] == whys.count("stagnation") >= 3
+    assert res.extra["restarts"] == len(runs) and whys[0] == "stagnation"
+    assert all(r["generations"] == 1 + 2 * (120 + int(np.ceil(30 * D / r["popsize"])))
+               for r in runs if r["why"] == "stagnation")
+
+
+def test_global_search_refuses_what_it_cannot_do():
+    problem = ClosedForm()
+    x0 = problem.sample_starts(jax.random.PRNGKey(0), 1)
+    with pytest.raises(ValueError, match="`max_time`"):
+        GlobalSearch(max_time=0)
+    with pytest.raises(ValueError, match="`max_iter`"):
+        GlobalSearch(max_iter=0)
+    with pytest.raises(ValueError, match="`local`"):
+        GlobalSearch(local="lm")
+    with pytest.raises(ValueError, match="`mask`"):
+        GlobalSearch(max_iter=2).minimize(problem, x0, mask=np.array([True] + [False] * 3))
+    with pytest.raises(ValueError, match=r"`x0`'s coordinate 'x\[1\]'"):
+        GlobalSearch(max_iter=2).minimize(problem, np.array([[0.0, 9.0, 0.0, 0.0]]))
