@@ -1,0 +1,171 @@
+"""Samplers as objects (`inference.sampling`): NUTS and HMC under their old names, and
+BlackJAX's ChEES-HMC, whose chains step in lockstep on one ensemble mesh.
+
+Independent references: Carpenter's published Stan posterior for lynx–hare (the normal
+suite); NUTS on the same model, run beside it (the slow tier: eight schools non-centred,
+lynx–hare, the theophylline population): means within 4 Monte Carlo standard errors,
+standard deviations within 10 %, R-hat <= 1.01.
+"""
+
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import inference
+import models
+from conftest import REF_MEAN, REF_SD, killed_then_resumed
+from inference.problem._problem import Problem
+from inference.sampling import HMC, NUTS, ChEES
+from inference.sampling._samplers import sampler_of
+from inference.sampling._warmup import windows
+
+
+def test_kernel_strings_and_names_map_to_the_sampler_objects(lynx):
+    assert sampler_of(None, None) == NUTS()
+    assert sampler_of(None, "nuts") == NUTS() and sampler_of(None, "hmc") == HMC()
+    assert sampler_of("chees", None) == ChEES()
+    custom = ChEES(num_chains=4)
+    assert sampler_of(custom, None) is custom
+    m, data = lynx
+    # refused before any fit or trace
+    with pytest.raises(ValueError, match="either `sampler` or `kernel`"):
+        inference.sample(m, data, kernel="nuts", sampler=ChEES())
+    with pytest.raises(ValueError, match="`sampler` must be one of"):
+        inference.sample(m, data, sampler="mala")
+    with pytest.raises(ValueError, match="`kernel` must be 'nuts' or 'hmc'"):
+        inference.sample(m, data, kernel="chees")
+
+
+def test_kernel_string_runs_what_the_object_runs(lynx):
+    """``kernel="hmc"`` is ``sampler=HMC()``: the same draws, the same attributes."""
+    m, data = lynx
+    kw = dict(num_warmup=20, num_samples=20, seed=3, progress=False, init=dict(m.defaults))
+    a = inference.sample(m, data, kernel="hmc", **kw)
+    b = inference.sample(m, data, sampler=HMC(), **kw)
+    np.testing.assert_array_equal(a.posterior["theta"].values, b.posterior["theta"].values)
+    assert a.posterior.attrs["kernel"] == b.posterior.attrs["kernel"] == "hmc"
+    assert a.posterior["theta"].shape == (2, 20, 4)          # NUTS's and HMC's 2 chains
+
+
+@pytest.fixture(scope="module")
+def chees_lynx(lynx):
+    """ChEES on lynx–hare, 8 chains x (150 + 150), with every `Problem.record` call's
+    points noted."""
+    m, data = lynx
+    calls = []
+    record = Problem.record
+
+    def noted(self, u, *a, **k):
+        calls.append(np.shape(u))
+        return record(self, u, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Problem, "record", noted)
+        idata = inference.sample(m, data, sampler=ChEES(num_chains=8), num_warmup=150,
+                                 num_samples=150, seed=0, progress=False,
+                                 init=dict(m.defaults))
+    return idata, calls
+
+
+def test_chees_chains_share_one_mesh_and_step_in_lockstep(chees_lynx):
+    idata, calls = chees_lynx
+    C, D = 8, 8
+    # one record for all C chains at the start and at every re-record between warmup
+    # windows; then the frozen sampling mesh, recorded once at the chains' mean (and,
+    # where it does not hold, merged with one record of every point it missed)
+    per_chain = [s for s in calls if s == (C, D)]
+    assert len(per_chain) == len(windows(150)), calls
+    assert all(s == (D,) or s[0] >= C for s in calls), calls   # never chain by chain
+    a = idata.posterior.attrs
+    assert a["kernel"] == "chees" and a["mesh_policy"] == "warmup"
+    assert a["n_records"] >= len(per_chain)
+    # lockstep: every chain took the same number of leapfrog steps at every draw, so
+    # each step was one replay of the whole ensemble
+    n = idata.sample_stats["n_steps"].values
+    assert n.shape == (C, 150) and np.all(n == n[:1])
+    assert np.all(idata.sample_stats["error_ratio"].values <= 1.0)
+
+
+def test_chees_lynx_hare_matches_stans_posterior(chees_lynx):
+    idata, _ = chees_lynx
+    post = idata.posterior
+    for k in REF_MEAN:
+        v = post[k].values.reshape(-1, post[k].shape[-1])
+        z = (v.mean(axis=0) - REF_MEAN[k]) / REF_SD[k]
+        assert np.all(np.abs(z) < 3), (k, z)
+        sd = v.std(axis=0)
+        assert np.all((sd > 0.7 * REF_SD[k]) & (sd < 1.4 * REF_SD[k])), (k, sd)
+    assert int(idata.sample_stats["diverging"].sum()) == 0
+
+
+def test_chees_checkpoint_resume(lynx, tmp_path, monkeypatch):
+    """A ChEES run killed right after a checkpoint resumes to the same draws."""
+    m, data = lynx
+    kw = dict(sampler=ChEES(num_chains=4), num_warmup=40, num_samples=200, seed=1,
+              progress=False, init=dict(m.defaults), checkpoint_every=100)
+    clean = inference.sample(m, data, checkpoint=tmp_path / "clean.pkl", **kw)
+    resumed = killed_then_resumed(
+        monkeypatch, lambda p: inference.sample(m, data, checkpoint=p, **kw),
+        tmp_path / "killed.pkl", lambda state: state.iteration == 140)   # 40 warmup + 100 draws
+    np.testing.assert_allclose(resumed.posterior["theta"].values,
+                               clean.posterior["theta"].values, rtol=1e-10)
+    with pytest.raises(ValueError, match="different run"):
+        inference.sample(m, data, checkpoint=tmp_path / "killed.pkl",
+                         **dict(kw, sampler=ChEES(num_chains=4, learning_rate=0.05)))
+
+
+# ------------------------------------------------------------------------------ slow
+
+Y = np.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SIGMA = np.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+HALF = float(np.log(2.0))
+
+
+def _decay(t, y, p):
+    return -y
+
+
+def eight_schools(data):
+    """Non-centred eight schools (Rubin 1981), the school effects through an ODE site
+    (``y' = -y`` over ``log 2`` halves them; the likelihood doubles them back)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("schools", 8):
+        eta = numpyro.sample("eta", dist.Normal(0.0, 1.0))
+    theta = mu + tau * eta
+    sol = inference.ode("decay", _decay, 0.0, HALF, theta[:, None], {}, ts=np.array([HALF]))
+    with numpyro.plate("observations", 8):
+        numpyro.sample("obs", dist.Normal(2.0 * sol.ys[:, 0, 0], SIGMA), obs=Y)
+
+
+def _agree(a, b):
+    """ChEES's posterior ``a`` against NUTS's ``b``: every scalar's mean within 4 Monte
+    Carlo standard errors of the difference, its sd within 10 %, both R-hats <= 1.01."""
+    import arviz as az
+
+    sa, sb = az.summary(a, round_to="none"), az.summary(b, round_to="none")
+    assert sa.r_hat.max() <= 1.01 and sb.r_hat.max() <= 1.01, (sa.r_hat.max(), sb.r_hat.max())
+    se = np.hypot(sa.mcse_mean, sb.mcse_mean)
+    z = (sa["mean"] - sb["mean"]) / se
+    assert np.all(np.abs(z) < 4), z[np.abs(z) >= 4]
+    ratio = sa["sd"] / sb["sd"]
+    assert np.all(np.abs(ratio - 1) < 0.10), ratio[np.abs(ratio - 1) >= 0.10]
+
+
+CASES = {
+    "eight_schools": lambda: (eight_schools, None, 4),
+    "lynx_hare": lambda: (models.lynx_hare(), models.load_dataset("lynx_hare"), 4),
+    "theophylline": lambda: (models.theophylline(), models.load_dataset("theophylline"), 4),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_chees_posterior_matches_nuts(case):
+    m, data, nuts_chains = CASES[case]()
+    kw = dict(num_warmup=500, num_samples=1000, seed=0, progress=False)
+    chees = inference.sample(m, data, sampler=ChEES(num_chains=16), **kw)
+    nuts = inference.sample(m, data, num_chains=nuts_chains, **kw)
+    assert int(chees.sample_stats["diverging"].sum()) == 0
+    _agree(chees, nuts)
