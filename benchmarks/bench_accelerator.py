@@ -38,8 +38,19 @@ how far apart they are), the dosed record under ``jit`` on both, and the save-ti
 (``ts=``) of the Lotka–Volterra workload with `gradsolve._savetimes.moved_out_of_order`,
 the on-device check of moved save times, timed alone.
 
+``--model robertson`` runs the stiff workload instead (`stiff`): Robertson (3 states,
+rates spread +-10 %), `gradsolve.Rodas5P` (``--solver Rosenbrock23``), float32, rtol 1e-4 /
+atol 1e-8, 20 log-spaced save times on [1e-2, 100], loss ``sum(log(ys ** 2 + 1e-30))``:
+``jax.grad`` through ``gs.solve`` under ``jit`` (capacity ``--max-steps``) on the sides
+``auto`` (the default driver; its route printed), ``batched`` (the XLA loops) and
+``pallas`` (the fused kernels), and the replay gradient, replay and record on one mesh
+recorded by the XLA record. ``--check`` compares the sides' gradients and records first.
+``--rows R`` sets the Pallas kernels' sublanes per block (record and replay).
+
 Run: ``python benchmarks/bench_accelerator.py --n 32768 [--model lotka_volterra]
-[--sides diffrax,lanes,pallas,kernel,batched] [--max-steps 1024] [--repeats 5] [--check] [--events]``.
+[--sides diffrax,lanes,pallas,kernel,batched] [--max-steps 1024] [--repeats 5] [--check] [--events]``;
+the stiff workload: ``python benchmarks/bench_accelerator.py --model robertson
+--n 1024,16384 [--sides auto,batched,pallas] [--check]``.
 """
 
 from __future__ import annotations
@@ -331,6 +342,70 @@ def events(n: int, max_steps: int, repeats: int) -> dict:
     return out
 
 
+STIFF_RTOL, STIFF_ATOL = 1e-4, 1e-8
+
+
+def stiff_workload(n: int, seed: int = 0):
+    """Robertson: ``(f, t1, y0 (n, 3), params (n, 3), ts (20,))`` in float32."""
+    f, t1, y0, p, ts, _ = make("robertson", n, seed)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    return f, float(t1), f32(y0), f32(p), f32(ts)
+
+
+def stiff(n: int, sides: list[str], solver_name: str, max_steps: int, repeats: int,
+          checking: bool) -> dict:
+    """The stiff rows (module docstring): per side the ``gs.solve`` gradient under ``jit``
+    (and its route), the replay gradient, the replay and the record on one mesh."""
+    f, t1, y0, p, ts = stiff_workload(n)
+    solver = getattr(gs, solver_name)()
+    kw = dict(ts=ts, rtol=STIFF_RTOL, atol=STIFF_ATOL, solver=solver, max_steps=max_steps)
+    mesh_driver = PALLAS if sides == ["pallas"] else gs.drivers.Batched()
+    mesh = gs.record(f, 0.0, t1, y0, p, driver=mesh_driver, **kw)
+    drivers = {"auto": None, "batched": gs.drivers.Batched(), "pallas": PALLAS}
+    calls, solve_grads, records, routes = {}, {}, {}, {}
+
+    def loss(ys):
+        return jnp.sum(jnp.log(ys ** 2 + 1e-30))
+
+    for side in sides:
+        driver = drivers[side]
+        routes[side] = jax.eval_shape(
+            lambda q, d=driver: gs.solve(f, 0.0, t1, y0, q, driver=d, **kw), p).route
+        sg = jax.jit(jax.grad(lambda q, d=driver: loss(gs.solve(f, 0.0, t1, y0, q, driver=d,
+                                                                 **kw).ys)))
+        rg = jax.jit(jax.grad(lambda q, d=driver: loss(gs.replay(f, mesh, y0, q, driver=d).ys)))
+        rf = jax.jit(lambda q, d=driver: gs.replay(f, mesh, y0, q, driver=d).ys)
+        rc = jax.jit(lambda q, d=driver: gs.record(f, 0.0, t1, y0, q, driver=d, **kw))
+        solve_grads[side], records[side] = sg, rc
+        calls.update({f"{side} solve grad": (lambda g=sg: g(p)),
+                      f"{side} replay grad": (lambda g=rg: g(p)),
+                      f"{side} replay fwd": (lambda g=rf: g(p)),
+                      f"{side} record": (lambda g=rc: g(p).times)})
+    out = {"model": "robertson", "solver": solver_name, "n": n,
+           "backend": jax.default_backend(), "device": str(jax.devices()[0].device_kind),
+           "cpu_cores": os.cpu_count(), "max_steps": max_steps, "routes": routes,
+           "mean_steps": float(np.mean(mesh.n_steps)), "max_steps_taken": int(np.max(mesh.n_steps)),
+           "mean_rejected": float(np.mean(mesh.n_rejected)),
+           "failed": int(np.sum(np.asarray(mesh.status) != 0))}
+    if checking:
+        ref = "batched" if "batched" in sides else sides[0]
+        g_ref, rec_ref = solve_grads[ref](p), records[ref](p)
+        out["check"] = {}
+        for side in sides:
+            if side == ref:
+                continue
+            rec = records[side](p)
+            out["check"][side] = {
+                "solve_grad_rel": rel(solve_grads[side](p), g_ref),
+                "record_same_n_steps": float(np.mean(np.asarray(rec.n_steps)
+                                                     == np.asarray(rec_ref.n_steps))),
+                "record_status_ok": float(np.mean(np.asarray(rec.status) == 0))}
+        print("check", json.dumps(out["check"]), flush=True)
+    out["ms"] = best(calls, repeats)
+    out["peak_bytes"] = peak_bytes()
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="32768", help="ensemble sizes, comma-separated")
@@ -346,6 +421,10 @@ def main(argv=None):
                     help="the known-time-event workload (doses) instead")
     ap.add_argument("--defaults", action="store_true",
                     help="only gs.solve's gradient at its defaults (run one size per process)")
+    ap.add_argument("--solver", default="Rodas5P",
+                    help="the stiff workload's solver (--model robertson): Rodas5P, Rosenbrock23")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="the Pallas kernels' sublanes per block (record and replay)")
     ap.add_argument("--memory-caps", default="",
                     help="only XLA's reserved memory of gs.solve's gradient at these "
                          "capacities (comma-separated), compiled and not run")
@@ -353,7 +432,31 @@ def main(argv=None):
     global PALLAS
     if a.interpret:
         PALLAS = gs.drivers.Pallas(interpret=True)
+    if a.rows is not None:
+        from gradsolve.drivers.pallas import _record, _replay
+        _record.ROWS = _replay.ROWS = a.rows
     print("jax", jax.__version__, "diffrax", diffrax.__version__, jax.devices(), flush=True)
+    if a.model == "robertson" and not (a.defaults or a.memory_caps):
+        sides = [s for s in a.sides.split(",") if s in ("auto", "batched", "pallas")]
+        if a.sides == ap.get_default("sides"):
+            sides = ["auto", "batched", "pallas"]
+        results = []
+        for n in (int(x) for x in a.n.split(",")):
+            r = stiff(n, sides, a.solver, a.max_steps, a.repeats, a.check)
+            results.append(r)
+            peak = "" if r["peak_bytes"] is None else f", peak {r['peak_bytes'] / 2**30:.2f} GiB"
+            print(f"\nrobertson {r['solver']} n={n} ({r['device']}, {r['cpu_cores']} host "
+                  f"cores, mean steps {r['mean_steps']:.1f} (+{r['mean_rejected']:.1f} "
+                  f"rejected), max {r['max_steps_taken']}, failed {r['failed']}, capacity "
+                  f"{a.max_steps}{peak})")
+            print("  routes:", ", ".join(f"{k} -> {v}" for k, v in r["routes"].items()))
+            for k, v in r["ms"].items():
+                print(f"  {k:<22}{v:>10.3f} ms")
+            sys.stdout.flush()
+            if a.json:
+                with open(a.json, "w") as fh:
+                    json.dump(results, fh, indent=1)
+        return results
     if a.events:
         results = []
         for n in (int(x) for x in a.n.split(",")):

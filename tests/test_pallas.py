@@ -277,7 +277,13 @@ def test_reasons_say_where_it_does_not_apply(monkeypatch):
     y0, p = jnp.ones((3, 2)), jnp.ones((3, 4))
     assert PALLAS.replay_reason(lotka_volterra, gs.Tsit5(), y0, p) is None
     assert PALLAS.record_reason(lotka_volterra, gs.Dopri5(), y0, p) is None
-    assert "explicit" in PALLAS.replay_reason(lotka_volterra, gs.Rodas5P(), y0, p)
+    # an implicit Diffrax method is not one the kernels run (Rosenbrock methods are:
+    # tests/test_pallas_rosenbrock.py)
+    import diffrax
+    from gradsolve._solver.diffrax_adapter import as_solver
+
+    kvaerno = as_solver(diffrax.Kvaerno5(), "solver")
+    assert "explicit" in PALLAS.replay_reason(lotka_volterra, kvaerno, y0, p)
     for reason in (PALLAS.replay_reason, PALLAS.record_reason):  # events run too
         assert reason(lotka_volterra, gs.Tsit5(), y0, p, events=True) is None
     # a primitive Mosaic does not lower is named
@@ -305,12 +311,16 @@ def test_auto_picks_pallas_only_on_a_tpu_where_it_applies(monkeypatch):
     for kind in ("record", "replay"):
         chosen = gs.drivers.Auto().choose(kind, lotka_volterra, gs.Tsit5(), y32, p32)
         assert isinstance(chosen, gs.drivers.Pallas) and not chosen.interpret
-        # float64, a stiff solver: the next driver in the order; events: Pallas still
+        # float64, a stiff solver in float64: the next driver in the order; a stiff one in
+        # float32: Pallas (tests/test_pallas_rosenbrock.py); events: Pallas still
         assert not isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Tsit5(),
                                                   y32.astype(jnp.float64),
                                                   p32.astype(jnp.float64)), gs.drivers.Pallas)
-        assert not isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Rodas5P(), y32, p32),
-                              gs.drivers.Pallas)
+        assert not isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Rodas5P(),
+                                                  y32.astype(jnp.float64),
+                                                  p32.astype(jnp.float64)), gs.drivers.Pallas)
+        assert isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Rodas5P(), y32, p32),
+                          gs.drivers.Pallas)
         assert isinstance(_auto.Auto().choose(kind, lotka_volterra, gs.Tsit5(), y32, p32,
                                               events=True), gs.drivers.Pallas)
     assert gs.drivers.by_route("gradsolve-pallas") is gs.drivers.Pallas

@@ -24,7 +24,9 @@ from ..._caches import cache
 from ..._flat import cache_key, flat_field, flatten_spec
 from ..._jaxpr import Unsupported
 from ..._solver.base import AbstractExplicitRK
+from ..._solver.rosenbrock import AbstractRosenbrock, jacobians
 from ..lanes import LaneArray, _LaneScalarizer
+from ._rosenbrock import BlockRosenbrock, rosenbrock_reason
 
 
 def _is_array(x) -> bool:
@@ -52,19 +54,36 @@ def _objects(entries) -> np.ndarray:
 class BlockField:
     """``f(t, y, params)`` (one trajectory) over blocks: ``field(t, y: LaneArray (d),
     p: LaneArray (P)) -> LaneArray (d)``, every entry (and ``t``) of one block shape, ``p``
-    the flattened per-trajectory parameters (`gradsolve._flat.flat_params`)."""
+    the flattened per-trajectory parameters (`gradsolve._flat.flat_params`). For a
+    Rosenbrock solver ``jac_closed`` is the jaxpr of its value, Jacobian and time
+    derivative (`jacobians`)."""
 
-    def __init__(self, closed, d: int, p_size: int, dtype):
+    def __init__(self, closed, d: int, p_size: int, dtype, jac_closed=None):
         self.closed, self.d, self.p_size, self.dtype = closed, d, p_size, dtype
+        self.jac_closed = jac_closed
+
+    def _run(self, closed, t, y: LaneArray, p: LaneArray) -> list[np.ndarray]:
+        shape = jnp.shape(t)
+        outs = _BlockScalarizer(shape).run(closed, [_objects([t]).reshape(()), _objects(y.rows),
+                                                    _objects(p.rows[:self.p_size])])
+        blocks = []
+        for out in outs:
+            out = np.asarray(out, dtype=object)
+            entries = [o if _is_array(o) else jnp.full(shape, o, self.dtype)
+                       for o in out.reshape(-1)]
+            blocks.append(_objects(entries).reshape(out.shape))
+        return blocks
 
     def __call__(self, t, y: LaneArray, p: LaneArray) -> LaneArray:
-        shape = jnp.shape(t)
-        sc = _BlockScalarizer(shape)
-        (out,) = sc.run(self.closed, [_objects([t]).reshape(()), _objects(y.rows),
-                                      _objects(p.rows[:self.p_size])])
-        rows = [o if _is_array(o) else jnp.full(shape, o, self.dtype)
-                for o in np.asarray(out, dtype=object).reshape(-1)]
-        return LaneArray(rows)
+        (out,) = self._run(self.closed, t, y, p)
+        return LaneArray(out.reshape(-1))
+
+    def jacobians(self, t, y: LaneArray, p: LaneArray):
+        """``(f(t, y), J, f_t)`` over blocks, as `gradsolve._solver.rosenbrock.jacobians`
+        computes them: ``J`` a list of ``d`` rows of ``d`` blocks."""
+        f0, jac, f_t = self._run(self.jac_closed, t, y, p)
+        return (LaneArray(f0.reshape(-1)), [list(row) for row in jac],
+                LaneArray(f_t.reshape(-1)))
 
 
 class Field(NamedTuple):
@@ -109,20 +128,33 @@ def _subjaxprs(eqn):
 _fields = cache("pallas fields")
 
 
+def kernel_solver(solver):
+    """What the kernels call as ``solver``: an explicit Runge–Kutta solver itself, a
+    Rosenbrock method's step on blocks (`BlockRosenbrock`)."""
+    return BlockRosenbrock(solver) if isinstance(solver, AbstractRosenbrock) else solver
+
+
 def pallas_field(f, solver, y0, params) -> Field:
     """The block form of ``f`` for batched ``y0 (n, d)``, ``params``, or why the Pallas
-    kernels cannot run it: not an explicit Runge–Kutta solver with an error estimate,
-    non-float inputs, a field the translator does not handle, or a primitive in one step or
-    its adjoint that Mosaic does not lower. Works on abstract values."""
-    if not isinstance(solver, AbstractExplicitRK) or not np.any(np.asarray(solver.b_error) != 0):
+    kernels cannot run it: not an explicit Runge–Kutta solver with an error estimate or a
+    Rosenbrock method on at most `_rosenbrock.MAX_STATES` states, non-float inputs, a field
+    the translator does not handle, or a primitive in one step or its adjoint that Mosaic
+    does not lower. Works on abstract values."""
+    rosenbrock = isinstance(solver, AbstractRosenbrock)
+    if not rosenbrock and (not isinstance(solver, AbstractExplicitRK)
+                           or not np.any(np.asarray(solver.b_error) != 0)):
         return Field(None, "the Pallas kernels run explicit Runge–Kutta solvers with an "
-                           "error estimate (gs.Tsit5, gs.Dopri5, gs.Vern7), not "
-                           f"{type(solver).__name__} (implicit and Rosenbrock solvers solve "
-                           "linear systems, which the kernels do not).")
+                           "error estimate (gs.Tsit5, gs.Dopri5, gs.Vern7) and Rosenbrock "
+                           f"methods (gs.Rodas5P, gs.Rosenbrock23), not "
+                           f"{type(solver).__name__}.")
     dtype = jnp.result_type(y0)
     if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
         return Field(None, f"the Pallas kernels run float32 (or, interpreted, float64) "
                            f"states, not {dtype}.")
+    if rosenbrock:
+        reason = rosenbrock_reason(solver, jnp.shape(y0)[1])
+        if reason is not None:
+            return Field(None, reason)
     _, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
         return Field(None, "every params leaf must be floating point for the Pallas kernels.")
@@ -136,10 +168,13 @@ def pallas_field(f, solver, y0, params) -> Field:
         return f_rows(t, y, pflat).astype(dtype)
 
     try:
-        closed = jax.make_jaxpr(f_flat)(jnp.zeros((), dtype), jnp.zeros((d,), dtype),
-                                        jnp.zeros((p_size,), dtype))
-        field = BlockField(closed, d, p_size, dtype)
-        found = Field(field, _lowering_reason(field, solver, d, p_size, dtype))
+        probe = (jnp.zeros((), dtype), jnp.zeros((d,), dtype), jnp.zeros((p_size,), dtype))
+        closed = jax.make_jaxpr(f_flat)(*probe)
+        jac_closed = None
+        if rosenbrock:
+            jac_closed = jax.make_jaxpr(lambda t, y, q: jacobians(f_flat, t, y, q))(*probe)
+        field = BlockField(closed, d, p_size, dtype, jac_closed)
+        found = Field(field, _lowering_reason(field, kernel_solver(solver), d, p_size, dtype))
         if found.reason is not None:
             found = Field(None, found.reason)
     except Unsupported as e:

@@ -65,7 +65,7 @@ from ..._events import empty_events
 from ..._flat import flat_params, flatten_spec
 from ..._mesh import Mesh, Status
 from ..lanes import LaneArray
-from ._field import BlockField
+from ._field import BlockField, kernel_solver
 from ._layout import blocks_for, from_lanes, loop, to_lanes
 from ._replay import error_norm, read, where, write
 
@@ -434,8 +434,8 @@ def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, 
                  to_lanes(stops, blocks, fill=jnp.inf)]
     scratch = [pltpu.VMEM((3 + 2 * d, rows, 128), dtype), pltpu.VMEM((_STATE_INTS, rows, 128), i32)]
     call = pl.pallas_call(
-        _record_kernel(field, solver, controller, d, P, k_in if k else 0, max_steps,
-                       4 * max_steps + 64, window, counts),
+        _record_kernel(field, kernel_solver(solver), controller, d, P, k_in if k else 0,
+                       max_steps, 4 * max_steps + 64, window, counts),
         out_shape=out_shape,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=0, grid=(blocks.n_blocks, window.n_chunks), in_specs=in_specs,

@@ -63,7 +63,7 @@ from ..._savetimes import save_groups
 from .._adjoint import adjoint_replay
 from ..base import ReplayLayout, ReplayNodes, ReplayOutput
 from ..lanes import LaneArray, recomputed_step
-from ._field import BlockField
+from ._field import BlockField, kernel_solver
 from ._events import KernelEvents, event_nodes, lane_events
 from ._layout import Blocks, blocks_for, from_lanes, loop, pad_rows, to_lanes
 
@@ -514,6 +514,7 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
     every mode (`gradsolve.drivers._adjoint.adjoint_replay`)."""
     n, d = y0.shape
     k, s1 = nodes.save_index.shape[1], nodes.times.shape[1]
+    step = kernel_solver(solver)  # what the kernels step with (a Rosenbrock step on blocks)
     ev0 = nodes.events
     counts = None if ev0 is None else (ev0.jump_index.shape[1], ev0.reset_index.shape[1])
 
@@ -538,7 +539,7 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
         s, t_l, neff_l, p_l, save_l, ev_l = prepare(times, n_eff, pf, save, tm, subst, ev)
         bl = s.blocks
         last, span = _prefetch(neff_l, save_l, s)
-        ys, y1, err, states = forward(field, solver, s, interpret, last, span, t_l, neff_l,
+        ys, y1, err, states = forward(field, step, s, interpret, last, span, t_l, neff_l,
                                       to_lanes(y, bl), p_l, save_l, to_lanes(tol, bl), ev_l)
         ys = from_lanes(ys, bl)                                          # (n, k, d)
         per_block = (last + 1) * s.chunk
@@ -552,7 +553,7 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
         t_l, states_l = states
         last, span = _prefetch(neff_l, save_l, s)
         ctys_l = to_lanes(ct_ys, bl, fill=0)
-        outs = backward(field, solver, s, interpret, with_times, last, span, t_l, neff_l, p_l,
+        outs = backward(field, step, s, interpret, with_times, last, span, t_l, neff_l, p_l,
                         save_l, states_l, ctys_l, to_lanes(ct_y1, bl, fill=0), ev_l)
         ct_y0, ct_p, u, p0 = outs[:4]
         ct_y0 = from_lanes(ct_y0, bl)

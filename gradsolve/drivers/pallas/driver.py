@@ -22,10 +22,15 @@ class Pallas(AbstractDriver):
     the XLA record accepts (`gradsolve.drivers.pallas._record` says how closely).
 
     Applies to explicit Runge–Kutta solvers with an error estimate (`gradsolve.Tsit5`,
-    `gradsolve.Dopri5`, `gradsolve.Vern7`, your own `gradsolve.AbstractExplicitRK`) in
-    float32 on a TPU, where the vector field translates entry by entry and one step and its
-    adjoint use only primitives Mosaic lowers (``replay_reason`` names those it does not,
-    e.g. ``expm1``, ``sinh``, ``lgamma``). Known-time events (``jumps=``, ``tstops=``, and
+    `gradsolve.Dopri5`, `gradsolve.Vern7`, your own `gradsolve.AbstractExplicitRK`) and to
+    Rosenbrock methods (`gradsolve.Rodas5P`, `gradsolve.Rosenbrock23`, a
+    `gradsolve.AbstractRosenbrock` that sets coefficients) on at most 8 states (the
+    Jacobian by forward mode and an LU with partial pivoting unrolled over the states on
+    the vector unit: `gradsolve.drivers.pallas._rosenbrock`), in float32 on a TPU, where
+    the vector field translates entry by entry and one step and its adjoint use only
+    primitives Mosaic lowers (``replay_reason`` names those it does not, e.g. ``expm1``,
+    ``sinh``, ``lgamma``, and says where a stiff system has too many states: the batched
+    XLA driver runs it). Known-time events (``jumps=``, ``tstops=``, and
     so ``doses=``) run in the record, the replay and the adjoint, as in the lanes replay
     (`gradsolve.drivers.pallas._events`). The record runs under ``jax.vmap`` (batching adds
     a grid axis) at any capacity: a mesh too long for VMEM is written in chunks of rows.
@@ -44,8 +49,8 @@ class Pallas(AbstractDriver):
         >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Pallas())   # on a TPU
         >>> sol.route
         'gradsolve-pallas'
-        >>> gs.drivers.Pallas(interpret=True).replay_reason(f, gs.Rodas5P(), y0, p)
-        'the Pallas kernels run explicit Runge–Kutta solvers ...'
+        >>> gs.drivers.Pallas(interpret=True).replay_reason(f, gs.Rodas5P(), y0_9, p)
+        "the Pallas kernels factorise a Rosenbrock step's matrix ... this system has 9."
     """
 
     interpret: bool = eqx.field(static=True, default=False)
