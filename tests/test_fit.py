@@ -470,7 +470,7 @@ def test_fit_refuses_keywords_it_does_not_take(lynx):
     m, data = lynx
     with pytest.raises(ValueError, match=r"unknown keyword argument\(s\) \['max_generations'\] "
                        r"for `model` of type ODEModel \(fitted by Optax; \['max_generations', "
-                       r"'local'\] are a PEtab global search's\); fit takes \['init', "
+                       r"'local'\] are the global search's, method='global'\); fit takes \['init', "
                        r"'optimizer', 'steps'"):
         inference.fit(m, data, max_generations=3)
     with pytest.raises(ValueError, match="`steps` must be an int >= 0, got True"):

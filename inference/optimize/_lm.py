@@ -52,6 +52,7 @@ requested tolerances there (then that evaluation is redone on the new mesh: ``re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -59,10 +60,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._progress import progress_bar
 from ..problem._policy import MeshPolicy
+from ._optimizer import AbstractOptimizer, OptimizeResult, checked_bounds, checked_mask
 
-__all__ = ["LMState", "LMKernel", "MeshTerms", "RUNNING", "CONVERGED", "FAILED_START",
-           "STALLED", "REASONS", "LM_POLICY"]
+__all__ = ["LevenbergMarquardt", "LMState", "LMKernel", "MeshTerms", "RUNNING", "CONVERGED",
+           "FAILED_START", "STALLED", "REASONS", "LM_POLICY"]
 
 LM_POLICY = MeshPolicy(rerecord="auto", drift_tol=0.5, error_ratio_max=1.0,
                        record_tol_factor=0.5, redo_factor=1.0, drift_measure="absolute")
@@ -329,8 +332,9 @@ class LMKernel:
         return out._replace(mesh=s.mesh)
 
     def run(self, x, max_iter: int, callback: Callable | None = None) -> tuple[LMState, list]:
-        """Iterate from ``x (n, D)`` until no start is running or ``max_iter`` iterations;
-        returns the final state (starts still running have reason ``"max_iter"``) and the
+        """Iterate from ``x (n, D)`` until no start is running, ``max_iter`` iterations, or
+        ``callback(state)`` (after each iteration) returns ``True``; returns the final state
+        (starts still running have reason ``"max_iter"``) and the
         objective ``(n,)`` after each iteration.
 
         Finished starts leave the ensemble: the step runs on the smallest batch of size
@@ -367,8 +371,8 @@ class LMKernel:
                     size, running = group, running[order]
             s = self._in_groups(self.step, s, running, size, scatter=True)
             history.append(np.asarray(s.f))
-            if callback is not None:
-                callback(s)
+            if callback is not None and callback(s) is True:
+                break
         s = s._replace(reason=jnp.where(s.code == RUNNING, _MAX_ITER, s.reason))
         return s, history
 
@@ -398,3 +402,143 @@ class LMKernel:
             return s
         return out[0] if len(out) == 1 else jax.tree_util.tree_map(
             lambda *a: jnp.concatenate(a), *out)
+
+
+class LevenbergMarquardt(AbstractOptimizer):
+    """The batched bounded Levenberg–Marquardt (`LMKernel`) as an optimiser of any problem
+    whose objective has residuals (`inference.AbstractProblem.residual_terms`): every
+    start one row of one ensemble, each evaluation a replay of the start's kept mesh.
+
+    The run has two passes: first with the solves at ``loose_tol_factor`` times the
+    problem's tolerances, to a decrease below ``loose_ftol (1 + |F|)`` (far from an optimum
+    a path needs descent directions, not eight digits; a stiff solve at 100x looser
+    tolerances takes about a third of the steps), then from there at the problem's
+    tolerances to ``ftol`` / ``gtol`` (Fides' default stop, pyPESTO's optimiser on these
+    problems). ``loose_tol_factor=1`` runs the second pass alone. The values reported are
+    fresh solves' at each final point.
+
+    Args:
+        max_iter: iterations per start and pass.
+        ftol, gtol: the stop (`LMKernel`'s): an accepted step lowering the objective by at
+            most ``ftol (1 + |F|)``, or a projected gradient at most ``gtol``.
+        loose_tol_factor, loose_ftol: the first pass's tolerance factor and stop.
+        policy: when a start's mesh is re-recorded (`LM_POLICY`).
+
+    Example:
+        >>> opt = inference.optimize.LevenbergMarquardt(max_iter=200)
+        >>> inference.fit(models.load_petab("Boehm_JProteomeRes2014"), optimizer=opt,
+        ...               n_starts=20)
+    """
+
+    name = "lm"
+
+    def __init__(self, max_iter: int = 1000, *, ftol: float = 1e-8, gtol: float = 1e-6,
+                 loose_tol_factor: float = 100.0, loose_ftol: float = 1e-6,
+                 policy: MeshPolicy = LM_POLICY):
+        for arg, v in (("max_iter", max_iter),):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"`{arg}` must be an int >= 1, got {v!r}")
+        for arg, v in (("ftol", ftol), ("gtol", gtol), ("loose_ftol", loose_ftol)):
+            if not (isinstance(v, (int, float, np.number)) and v >= 0):
+                raise ValueError(f"`{arg}` must be a number >= 0, got {v!r}")
+        if not (isinstance(loose_tol_factor, (int, float, np.number)) and loose_tol_factor >= 1):
+            raise ValueError(f"`loose_tol_factor` must be a number >= 1, got "
+                             f"{loose_tol_factor!r}")
+        self.max_iter, self.ftol, self.gtol = int(max_iter), float(ftol), float(gtol)
+        self.loose_tol_factor, self.loose_ftol = float(loose_tol_factor), float(loose_ftol)
+        self.policy = policy
+
+    def check(self, problem) -> None:
+        """``ValueError`` where ``problem`` has no residual form (`residual_terms` is
+        ``None``: a non-Gaussian likelihood, a population's integrated likelihood)."""
+        if problem.residual_terms() is None:
+            raise ValueError(
+                f"the Levenberg-Marquardt optimiser needs residuals, and this "
+                f"{type(problem).__name__}'s objective has none (its likelihood is not "
+                "normal or Laplace noise on the observations); use method='lbfgs' or an "
+                "Optax optimizer")
+
+    def _pass(self, rt, lo, hi, x0, mask, bar, tol_factor, ftol, deadline):
+        """One batched LM run from ``x0`` with the solves at ``tol_factor`` times the
+        problem's tolerances: (final state, objective history, kernel, stopped early)."""
+        policy = self.policy
+        record_factor = tol_factor * policy.record_tol_factor
+        held = None if mask is None else jnp.asarray(mask)
+
+        def frozen(x):
+            # a held coordinate has no derivative: the LM neither steps nor curves in it
+            return x if held is None else jnp.where(held, jax.lax.stop_gradient(x), x)
+
+        def terms_on(x, mesh):
+            z, s, err = rt.terms(frozen(x), mesh)
+            return z, s, policy.error_ratio(err)
+
+        penalty = None
+        if rt.penalty is not None:
+            def penalty(x):
+                return rt.penalty(frozen(x))
+
+        mesh_terms = MeshTerms(lambda x: rt.record(x, record_factor), terms_on, rt.cost)
+        kernel = LMKernel(None, rt.laplace, penalty, lower=lo, upper=hi,
+                          mesh_terms=mesh_terms, ftol=ftol, gtol=self.gtol, policy=policy,
+                          profiled=rt.profiled)
+        late = [False]
+
+        def after(s):
+            bar.update(1)
+            if deadline is not None and time.monotonic() > deadline:
+                late[0] = True
+                return True
+            return False
+
+        s, history = kernel.run(x0, self.max_iter, callback=after)
+        return s, history, kernel, late[0]
+
+    def minimize(self, problem, x0, *, mask=None, deadline=None, progress=None,
+                 prior: bool = True) -> OptimizeResult:
+        """`AbstractOptimizer.minimize` by the batched LM (module docstring)."""
+        self.check(problem)
+        mask = checked_mask(problem, mask)
+        lo, hi = checked_bounds(problem)
+        rt = problem.residual_terms(prior=prior)
+        x = np.asarray(x0, float)
+        bar = progress_bar(progress, total=self.max_iter, done=0,
+                           desc=f"fit {_label(problem)} (LM)")
+        passes = []
+        try:
+            if self.loose_tol_factor > 1.0:
+                passes.append(self._pass(rt, lo, hi, x, mask, bar, self.loose_tol_factor,
+                                         self.loose_ftol, deadline))
+                x = np.asarray(passes[-1][0].x)
+            if not (passes and passes[-1][3]):
+                passes.append(self._pass(rt, lo, hi, x, mask, bar, 1.0, self.ftol,
+                                         deadline))
+        finally:
+            bar.close()
+        s, late = passes[-1][0], passes[-1][3]
+        failed = (np.asarray(passes[0][0].code) == FAILED_START) | (
+            np.asarray(s.code) == FAILED_START)
+        # the reported values are fresh solves' (the iterations' came from replays of kept
+        # meshes, equal to within the tolerances)
+        xs = np.asarray(s.x)
+        value = np.asarray(jax.jit(lambda u: problem.objective(u, None, prior=prior)[0])(
+            jnp.asarray(xs)), float)
+        value = np.where(failed | ~np.isfinite(value), np.inf, value)
+        reasons = np.asarray(REASONS, dtype=object)[np.asarray(s.reason)]
+        if late:
+            reasons = np.where(np.asarray(s.reason) == _MAX_ITER, "deadline", reasons)
+        reasons = np.where(failed, "not_finite", reasons).astype(str)
+        history = np.concatenate([np.stack(h) for _, h, _, _ in passes]) + rt.constant
+        return OptimizeResult(
+            x=xs, value=value, converged=(np.asarray(s.code) == CONVERGED) & ~failed,
+            n_iter=sum(np.asarray(p[0].iters) for p in passes), reason=reasons,
+            history=history, n_records=sum(p[2].n_records for p in passes),
+            n_records_per_start=sum(np.asarray(p[0].records) for p in passes).astype(np.int64),
+            n_evals=sum(p[2].n_evals for p in passes),
+            max_error_ratio=np.zeros(len(xs)))
+
+
+def _label(problem) -> str:
+    """A problem's name for progress lines."""
+    names = getattr(problem, "source", None)
+    return getattr(names, "name", None) or type(problem).__name__

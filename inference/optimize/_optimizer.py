@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["AbstractOptimizer", "OptimizeResult", "checked_x0", "checked_mask"]
+__all__ = ["AbstractOptimizer", "OptimizeResult", "checked_x0", "checked_mask", "checked_bounds"]
 
 
 class OptimizeResult(NamedTuple):
@@ -161,3 +161,15 @@ def checked_mask(problem, mask) -> np.ndarray | None:
     if mask.all():
         raise ValueError("`mask` holds every coordinate fixed: nothing to optimise")
     return mask if mask.any() else None
+
+
+def checked_bounds(problem) -> tuple[np.ndarray, np.ndarray]:
+    """The problem's ``(lower (D,), upper (D,))``, refused with a ``ValueError`` naming the
+    first coordinate whose lower bound is not below its upper one."""
+    lo, hi = (np.asarray(b, float) for b in problem.bounds())
+    bad = np.flatnonzero(~(lo < hi))
+    if len(bad):
+        j = int(bad[0])
+        raise ValueError(f"the bounds of '{tuple(problem.names())[j]}' are [{lo[j]:g}, "
+                         f"{hi[j]:g}]: the lower must lie below the upper")
+    return lo, hi

@@ -39,6 +39,7 @@ from numpyro.distributions.transforms import biject_to
 import gradsolve as gs
 
 from .._progress import progress_bar
+from ..optimize._scipy import BFGS
 from ._checks import check_observations, float32_rtol, refuse_start
 from ._foce_sensitivity import Context, sensitivity_functions, sensitivity_refusal
 from ._sites import _effect_logprob, _effect_site, _sites
@@ -420,7 +421,6 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
     start = fun(pb.u0)
     if not start[0] < 1e300:  # no conditional modes at the start: say where, not BFGS
         refuse_start(pb, "inference.fit_population")
-    from scipy.optimize import minimize
     bar = progress_bar(progress, total=int(max_iterations), done=0, every=1,
                        desc=f"fit_population {model.name} ({method})")
 
@@ -429,9 +429,8 @@ def _fit(model, data, *, method, init, rtol, atol, solver, max_iterations, inner
         bar.update(1)
 
     try:
-        res = minimize(_first_known(fun, pb.u0, start), pb.u0, jac=True, method="BFGS",
-                       callback=iteration,
-                       options=dict(maxiter=int(max_iterations), gtol=GTOL))
+        res = BFGS(int(max_iterations), gtol=GTOL).run(_first_known(fun, pb.u0, start),
+                                                       pb.u0, callback=iteration)
     finally:
         bar.close()
     u_hat, converged, message = res.x, bool(res.success), str(res.message)

@@ -1,0 +1,464 @@
+"""`Optax`: Optax's gradient methods as an `AbstractOptimizer`, many starts at once,
+reusing recorded meshes (`FitKernel`; what `inference.fit` runs on an ODE model or a
+program unless told otherwise).
+
+How it works:
+
+1. The ``n_starts`` starting points form ONE ensemble: a single ``gs.record`` call records
+   a mesh for all of them.
+2. Each step (`FitKernel.step`) evaluates the loss and its gradient by replaying the
+   meshes (``gs.replay``; one jitted function, compiled once per mesh capacity, which is
+   rounded up to a power of two so it rarely changes) and applies the Optax update in the
+   same compiled call. The optimisation variable is the flat unconstrained vector of
+   `inference.ParamSpace`, so positive parameters stay positive.
+3. Each step also measures, per start, the parameter drift since its mesh was recorded and
+   the replay's ``error_ratio``; `MeshPolicy` says which starts to re-record before the
+   next step and which steps to redo at once on a fresh mesh (``rerecord="always"``:
+   every start every step, the plain adaptive-solve gradient). Only those starts are
+   re-recorded, as a sub-ensemble padded to one of a few fixed sizes (``n, n/4, n/16,
+   ...``, so few record programs are compiled); the padding slots re-record, for free, the
+   starts closest to triggering.
+4. Starts whose first record fails (or whose first loss is not finite) are re-drawn from
+   the prior; a start whose re-record fails later is frozen at its last good parameters and
+   reported with ``loss = inf`` (``FitResult.status == 1``).
+5. At the end every start is re-recorded at its final parameters and its loss evaluated on
+   that fresh mesh: ``FitResult.losses`` are losses of the adaptive solution.
+
+Between re-records the optimiser minimises the fixed-mesh discretisation of the loss,
+whose gradient is exact for it; the policy keeps that discretisation within the solver's
+tolerance of the adaptive one.
+
+The whole run is a `FitState` (a NamedTuple) advanced by a pure `FitKernel.step`, the way
+BlackJAX's kernels are built; a checkpoint is that state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Bool, Float, Int
+
+import gradsolve as gs
+
+from .. import _checkpoint
+from .._progress import progress_bar
+from .._result import FAILED, FitResult
+from ..problem._abstract import AbstractProblem
+from ..problem._policy import MeshPolicy
+from ._optimizer import AbstractOptimizer, OptimizeResult, checked_mask
+
+__all__ = ["Optax", "FitState", "FitKernel"]
+
+
+class FitState(NamedTuple):
+    """Everything a fit carries from one step to the next (host values; ``n`` starts,
+    ``D`` unconstrained coordinates). A checkpoint is this state.
+
+    Attributes:
+        u: ``(n, D)`` current parameters (unconstrained).
+        u_rec: ``(n, D)`` the parameters each start's mesh was recorded at.
+        opt_state: the Optax state.
+        mesh: the ensemble's mesh (JAX arrays).
+        mesh_host: the same mesh on the host (NumPy): re-records are merged into it, so a
+            re-record copies only the new rows to the device, not the whole mesh back.
+        alive: ``(n,)`` False for starts frozen after a failed record.
+        pending: ``(n,)`` starts to re-record before the next step (the policy's verdict
+            on the last step).
+        urgency: ``(n,)`` how close each start was to a re-record at the last step.
+        step: optimisation steps done.
+        history: one ``(n,)`` row of losses per step done.
+        max_error_ratio: ``(n,)`` largest ``error_ratio`` met per start.
+        n_records, n_records_per_start, n_grad_evals, n_redrawn: counters (`FitResult`).
+        elapsed: seconds spent before the current call (resumed runs add up).
+
+    Example:
+        >>> inference.fit(model, data, steps=50, checkpoint="fit.pkl")
+        >>> with open("fit.pkl", "rb") as fh:
+        ...     state = pickle.load(fh).state         # a FitState
+        >>> state.step, state.u.shape, len(state.history)   # 50, (1, D), 50
+    """
+
+    u: Float[np.ndarray, "n D"]
+    u_rec: Float[np.ndarray, "n D"]
+    opt_state: Any
+    mesh: gs.Mesh
+    mesh_host: gs.Mesh
+    alive: Bool[np.ndarray, " n"]
+    pending: Bool[np.ndarray, " n"]
+    urgency: Float[np.ndarray, " n"]
+    step: int
+    history: tuple
+    max_error_ratio: Float[np.ndarray, " n"]
+    n_records: int
+    n_records_per_start: Int[np.ndarray, " n"]
+    n_grad_evals: int
+    n_redrawn: int
+    elapsed: float
+
+
+class _Eval(NamedTuple):
+    """One compiled evaluation: the updated parameters and optimiser state, and per start
+    ``(n,)`` the loss, the error ratio (requested units) and the drift."""
+
+    u: jax.Array
+    opt_state: Any
+    loss: np.ndarray
+    error_ratio: np.ndarray
+    drift: np.ndarray
+
+
+def _buckets(n: int, smallest: int = 4) -> list[int]:
+    """Sub-ensemble sizes for partial re-records: n, n/4, n/16, ... (>= smallest)."""
+    out, m = [n], n // 4
+    while m >= smallest:
+        out.append(m)
+        m //= 4
+    return sorted(out)
+
+
+class FitKernel:
+    """`init`, `step` and `finish` of a fit of ``problem`` under ``policy``.
+
+    Args:
+        problem: the model, data and solve options (an `AbstractProblem`).
+        policy: when to re-record (`MeshPolicy`).
+        optimizer: an Optax transformation of the flat unconstrained ``u (n, D)``.
+        objective: ``"map"`` or ``"mle"``; jacobian: add ``log |dx/du|`` to the MAP.
+        mask: ``(D,)`` bool, coordinates held at their start's value, or ``None``.
+    """
+
+    def __init__(self, problem: AbstractProblem, policy: MeshPolicy, optimizer, objective: str,
+                 jacobian: bool, mask: np.ndarray | None = None):
+        self.problem, self.policy, self.objective = problem, policy, objective
+        space = problem.space
+        prior = objective == "map"
+
+        def evaluate(u, opt_state, mesh, u_rec, alive):
+            def total(u):
+                lp, sol = problem.log_density(u, mesh, prior=prior, jacobian=prior and jacobian)
+                loss = jnp.where(jnp.isfinite(lp), -lp, jnp.inf)
+                return jnp.sum(jnp.where(jnp.isfinite(loss), loss, 0.0)), (loss, sol.error_ratio)
+
+            (_, (loss, err)), g = jax.value_and_grad(total, has_aux=True)(u)
+            g = jnp.where((alive & jnp.isfinite(loss))[:, None] & jnp.isfinite(g), g, 0.0)
+            if mask is not None:  # held coordinates: no gradient, so no update
+                g = jnp.where(jnp.asarray(mask), 0.0, g)
+            updates, new_state = optimizer.update(g, opt_state, u)
+            u_new = jnp.where(alive[:, None], optax.apply_updates(u, updates), u)
+            drift = policy.drift(space.flat_constrained(u), space.flat_constrained(u_rec))
+            return u_new, new_state, loss, policy.error_ratio(err), drift
+
+        self._evaluate = jax.jit(evaluate)
+        self.ragged = False  # set by `init` from the driver the replay runs on
+        self.constrained = jax.jit(space.from_unconstrained)
+        self.init_optimizer = jax.jit(optimizer.init)
+
+    def evaluate(self, s: FitState) -> _Eval:
+        """Loss, gradient and Optax update at ``s`` (one compiled call)."""
+        u, opt, loss, err, drift = self._evaluate(jnp.asarray(s.u), s.opt_state, s.mesh,
+                                                  jnp.asarray(s.u_rec), jnp.asarray(s.alive))
+        return _Eval(np.array(u), opt, np.asarray(loss), np.asarray(err), np.asarray(drift))
+
+    def record(self, u: np.ndarray, rows: np.ndarray, fill: np.ndarray | None = None
+               ) -> tuple[gs.Mesh, np.ndarray]:
+        """Record the starts ``rows`` as one sub-ensemble padded to a bucket size; the
+        padding slots hold the starts ``fill`` (most urgent first), then repeats of
+        ``rows[0]``. Returns the host mesh of the distinct starts and their indices."""
+        size = next(b for b in _buckets(len(u)) if b >= len(rows))
+        extra = np.zeros(0, rows.dtype) if fill is None else np.asarray(fill, rows.dtype)
+        distinct = np.concatenate([rows, extra[~np.isin(extra, rows)][: size - len(rows)]])
+        idx = np.concatenate([distinct, np.full(size - len(distinct), rows[0], rows.dtype)])
+        mesh = self.problem.record(u[idx], self.policy.record_tol_factor).to_host()
+        return mesh.select(np.arange(len(distinct))), distinct
+
+    def merge(self, s: FitState, rows: np.ndarray, sub: gs.Mesh) -> dict:
+        """The meshes of ``s`` (host and device) with rows ``rows`` replaced by host mesh
+        ``sub``, as `FitState` fields."""
+        if not len(rows):
+            return dict(mesh=s.mesh, mesh_host=s.mesh_host)
+        host = self.sized(s.mesh_host.scatter(rows, sub), s.mesh_host.capacity)
+        return dict(mesh=host.to_device(), mesh_host=host)
+
+    def sized(self, mesh: gs.Mesh, current: int | None = None) -> gs.Mesh:
+        """``mesh`` at the step capacity the compiled step runs it at: trimmed to a power
+        of two (`gs.Mesh.trim`). Each capacity is a compile (~0.5 s); on a replay whose
+        cost is each trajectory's own steps (the compiled kernel) the capacity therefore
+        never shrinks, so a fit whose starts cross several step counts compiles once per
+        power of two reached, not at every crossing. (Room to grow beyond the next power
+        of two is not given: the host-side row algebra of a 1,000-start mesh costs in
+        proportion to its capacity, measured 15 -> 39 ms a step at 4x.)"""
+        trimmed = mesh.trim()
+        if not self.ragged or current is None or trimmed.capacity >= current:
+            return trimmed
+        return mesh.with_capacity(current)
+
+    def rerecord(self, s: FitState, trig: np.ndarray, urgency: np.ndarray) -> FitState:
+        """``s`` with the starts ``trig`` (and, in the padding, the most urgent others)
+        re-recorded at their current parameters; a start whose record fails is frozen at
+        the parameters of its last good mesh."""
+        sub, rows = self.record(s.u, np.nonzero(trig)[0], self.policy.fill(s.alive, trig, urgency))
+        ok = sub.status == 0
+        alive, u, u_rec = s.alive.copy(), s.u.copy(), s.u_rec.copy()
+        alive[rows[~ok]] = False
+        u[rows[~ok]] = s.u_rec[rows[~ok]]
+        u_rec[rows[ok]] = s.u[rows[ok]]
+        return s._replace(**self.merge(s, rows[ok], sub.select(ok)), alive=alive,
+                          u=u, u_rec=u_rec, **self._counted(s, rows))
+
+    @staticmethod
+    def _counted(s: FitState, rows: np.ndarray) -> dict:
+        """The record counters of ``s`` after one record of the starts ``rows``."""
+        per = s.n_records_per_start.copy()
+        per[rows] += 1
+        return dict(n_records=s.n_records + 1, n_records_per_start=per)
+
+    def init(self, u: np.ndarray, key, *, max_redraws: int, can_redraw: bool) -> FitState:
+        """The state before the first step: one record of every start, re-drawing from
+        the prior (up to ``max_redraws`` rounds) the starts whose record or loss fails."""
+        n = len(u)
+        u = np.array(u, dtype=np.result_type(float), copy=True)
+        mesh, _ = self.record(u, np.arange(n))
+        self.ragged = self.problem.ragged_replay(u[0], mesh.row(0))
+        mesh = self.sized(mesh)
+        s = FitState(u=u, u_rec=u.copy(), opt_state=self.init_optimizer(jnp.asarray(u)),
+                     mesh=mesh.to_device(), mesh_host=mesh, alive=np.ones(n, bool),
+                     pending=np.zeros(n, bool), urgency=np.zeros(n), step=0, history=(),
+                     max_error_ratio=np.zeros(n), n_records=1,
+                     n_records_per_start=np.ones(n, np.int64), n_grad_evals=0, n_redrawn=0,
+                     elapsed=0.0)
+        for rnd in range(max_redraws + 1):
+            loss = self.evaluate(s).loss
+            s = s._replace(n_grad_evals=s.n_grad_evals + 1)
+            bad = ~np.isfinite(loss) | (np.asarray(s.mesh.status) != 0)
+            if not bad.any() or rnd == max_redraws or not can_redraw:
+                break
+            key, kd = jax.random.split(key)
+            u, rows = s.u.copy(), np.nonzero(bad)[0]
+            u[rows] = np.asarray(self.problem.sample_starts(kd, n), float)[rows]
+            sub, rows = self.record(u, rows)
+            s = s._replace(u=u, **self.merge(s, rows, sub),
+                           n_redrawn=s.n_redrawn + len(rows), **self._counted(s, rows))
+        if bad.all():
+            _no_start_left(bad, np.asarray(s.mesh.status) != 0, max_redraws, can_redraw)
+        return s._replace(alive=~bad, u_rec=s.u.copy(),
+                          opt_state=self.init_optimizer(jnp.asarray(s.u)))
+
+    def step(self, s: FitState) -> FitState:
+        """One optimisation step: the pending re-records, the loss and gradient on the
+        meshes (redone at once on fresh meshes where `MeshPolicy.redo` says so), the
+        update, and the policy's verdict for the next step."""
+        if s.pending.any():
+            s = self.rerecord(s, s.pending, s.urgency)
+        e = self.evaluate(s)
+        n_grad = s.n_grad_evals + 1
+        redo = self.policy.redo(s.alive, e.loss, e.error_ratio)
+        if redo.any():
+            s = self.rerecord(s, redo, self.policy.urgency(e.drift, e.error_ratio))
+            e, n_grad = self.evaluate(s), n_grad + 1
+        seen = np.where(s.alive & np.isfinite(e.error_ratio), e.error_ratio, 0.0)
+        return s._replace(
+            u=e.u, opt_state=e.opt_state, step=s.step + 1, n_grad_evals=n_grad,
+            history=s.history + (np.where(s.alive, e.loss, np.inf),),
+            max_error_ratio=np.maximum(s.max_error_ratio, seen),
+            pending=self.policy.rerecord_after(s.alive, e.drift, e.error_ratio),
+            urgency=self.policy.urgency(e.drift, e.error_ratio))
+
+    @staticmethod
+    def summary(s: FitState) -> dict:
+        """The progress bar's postfix: the best loss of the last step, the records made."""
+        last = s.history[-1][np.isfinite(s.history[-1])]
+        return dict(best=f"{last.min():.5g}" if last.size else "inf", records=s.n_records)
+
+    def info(self, s: FitState) -> dict:
+        """What a `fit` callback receives: the last step's ``losses (n,)``, the ``params``
+        (constrained dict, leading axis ``n``) and ``n_records``."""
+        return dict(losses=s.history[-1].copy(), params=self.constrained(jnp.asarray(s.u)),
+                    n_records=s.n_records)
+
+    def finish(self, s: FitState, wall_time: float) -> FitResult:
+        """Every live start re-recorded at its final parameters and its loss evaluated on
+        that fresh mesh (the adaptive solution's loss)."""
+        s, losses, status = self.final(s)
+        x = self.constrained(jnp.asarray(s.u))
+        history = np.stack(s.history) if s.history else np.zeros((0, len(s.u)))
+        return FitResult.of_starts(
+            x, losses, loss_history=history, n_records=s.n_records,
+            n_records_per_start=s.n_records_per_start, n_grad_evals=s.n_grad_evals,
+            wall_time=wall_time, status=status, objective=self.objective,
+            n_steps=s.step, max_error_ratio=s.max_error_ratio, n_redrawn=s.n_redrawn)
+
+    def final(self, s: FitState) -> tuple[FitState, np.ndarray, np.ndarray]:
+        """``(state, losses (n,), status (n,))``: every live start re-recorded at its final
+        parameters and its loss evaluated on that fresh mesh (``inf`` and `FAILED` where
+        the start was frozen or its record failed)."""
+        n, live = len(s.u), np.nonzero(s.alive)[0]
+        status = np.where(s.alive, 0, FAILED).astype(np.int32)
+        losses = np.full(n, np.inf)
+        if len(live):
+            sub, rows = self.record(s.u, live)
+            ok = sub.status == 0
+            # the final record is counted in n_records, not per start (as re-records are)
+            s = s._replace(**self.merge(s, rows[ok], sub.select(ok)),
+                           n_records=s.n_records + 1)
+            e = self.evaluate(s._replace(u_rec=s.u))
+            s = s._replace(n_grad_evals=s.n_grad_evals + 1)
+            losses[live] = np.where(ok & np.isfinite(e.loss[live]), e.loss[live], np.inf)
+            status[live[~ok]] = FAILED
+        return s, losses, status
+
+
+def _no_start_left(bad, unsolved, max_redraws: int, can_redraw: bool):
+    """The RuntimeError of a fit none of whose starts can begin, saying why."""
+    n, k = len(bad), int(np.sum(unsolved))
+    tried = (f"after {max_redraws} rounds of re-drawing from the priors" if can_redraw
+             else "(a single given `init` is not re-drawn)")
+    if k == n:
+        why = (f"every start failed to solve {tried}; check the priors or `init`, try a "
+               "stiff solver such as gs.Rodas5P(), a looser rtol or a larger max_steps.")
+    else:
+        why = (f"every start has a non-finite loss {tried}, though {n - k} of {n} solved: "
+               "the likelihood is -inf or NaN there. Check the data against the noise model "
+               "(e.g. LogNormal noise needs positive data and predictions; a missing "
+               "observation is NaN) and `init`.")
+    raise RuntimeError(f"inference.fit: {why}")
+
+
+
+class Optax(AbstractOptimizer):
+    """An Optax gradient transformation as an optimiser of any problem: all starts one
+    ensemble, the gradient a replay of each start's kept mesh, re-recorded where the
+    `MeshPolicy` says (module docstring). It takes ``max_iter`` steps (no convergence
+    test: ``reason`` is ``"steps"``); a start whose first record fails is re-drawn from the
+    problem's `sample_starts`.
+
+    Args:
+        transformation: an ``optax.GradientTransformation`` (default ``optax.adam(1e-2)``).
+        max_iter: steps (a resumed run continues up to this number).
+        rerecord, drift_tol, error_ratio_max, record_tol_factor: the mesh policy
+            (`inference.MeshPolicy`, as `inference.fit` takes them).
+        jacobian: add the coordinates' log-Jacobian to the MAP objective.
+        max_redraws: rounds of re-drawing starts whose first record fails; redraw:
+            ``False`` never re-draws (a single start the user gave).
+        callback: ``callback(step, info)`` after every step; ``True`` stops the run.
+        checkpoint, checkpoint_every: a file the run's `FitState` is saved to every
+            ``checkpoint_every`` steps (and resumed from); ``checkpoint_tags``: what else a
+            resumed run must share with the saved one (e.g. the seed and ``init``).
+        seed: seeds the re-draws.
+
+    Example:
+        >>> opt = inference.optimize.Optax(optax.adam(3e-2), max_iter=500)
+        >>> inference.fit(model, data, optimizer=opt, n_starts=8)
+    """
+
+    name = "optax"
+    waterfall = False  # the starts keep their order (a checkpoint resumes them)
+
+    def __init__(self, transformation: optax.GradientTransformation | None = None,
+                 max_iter: int = 1000, *, rerecord: str = "auto", drift_tol: float = 0.1,
+                 error_ratio_max: float = 1.0, record_tol_factor: float = 0.5,
+                 jacobian: bool = False, max_redraws: int = 10, redraw: bool = True,
+                 callback: Callable[[int, dict], Any] | None = None, checkpoint=None,
+                 checkpoint_every: int = 100, checkpoint_tags: dict | None = None,
+                 seed: int = 0):
+        if transformation is None:
+            transformation = optax.adam(1e-2)
+        if not isinstance(transformation, optax.GradientTransformation):
+            raise ValueError("`optimizer` must be an Optax GradientTransformation (with init "
+                             f"and update), e.g. optax.adam(1e-2); got {transformation!r}")
+        if not isinstance(jacobian, (bool, np.bool_)):
+            raise ValueError(f"`jacobian` must be True or False, got {jacobian!r}")
+        for name, v, lo in (("max_iter", max_iter, 0), ("checkpoint_every", checkpoint_every, 1),
+                            ("max_redraws", max_redraws, 0)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
+        if not (isinstance(record_tol_factor, (int, float, np.number))
+                and 0 < record_tol_factor <= 1):
+            raise ValueError(f"`record_tol_factor` must lie in (0, 1], got {record_tol_factor}")
+        _checkpoint.check_path(checkpoint)
+        self.transformation, self.max_iter = transformation, int(max_iter)
+        self.policy = MeshPolicy.checked("fit", rerecord, drift_tol=drift_tol,
+                                         error_ratio_max=error_ratio_max,
+                                         record_tol_factor=record_tol_factor)
+        self.jacobian, self.max_redraws, self.redraw = bool(jacobian), int(max_redraws), redraw
+        self.callback, self.checkpoint = callback, checkpoint
+        self.checkpoint_every, self.checkpoint_tags = int(checkpoint_every), checkpoint_tags
+        self.seed = int(seed)
+
+    def kernel(self, problem, *, prior: bool = True, mask=None) -> FitKernel:
+        """The `FitKernel` this optimiser runs on ``problem``."""
+        return FitKernel(problem, self.policy, self.transformation,
+                         "map" if prior else "mle", self.jacobian, mask)
+
+    def minimize(self, problem, x0, *, mask=None, deadline=None, progress=None,
+                 prior: bool = True) -> OptimizeResult:
+        """`AbstractOptimizer.minimize` by ``max_iter`` Optax steps; ``extra`` holds the
+        final `FitState` (``"state"``), `inference.FitResult.status` (``"status"``) and the
+        seconds of earlier resumed runs (``"elapsed"``)."""
+        t_start = time.perf_counter()
+        mask = checked_mask(problem, mask)
+        gs.ensure_compilation_cache()
+        kernel = self.kernel(problem, prior=prior, mask=mask)
+        objective = "map" if prior else "mle"
+        # The optimizer is identified by the structure of its state (adam vs sgd, chained
+        # transforms), not its hyperparameters: resuming with another learning rate is allowed.
+        opt_structure = str(jax.tree_util.tree_structure(jax.eval_shape(
+            self.transformation.init,
+            jax.ShapeDtypeStruct((1, np.shape(x0)[-1]), jnp.result_type(float)))))
+        fingerprint = _checkpoint.fingerprint(
+            problem, self.policy, objective=objective, jacobian=self.jacobian,
+            optimizer=opt_structure, **(self.checkpoint_tags or {}))
+        state = _checkpoint.load(self.checkpoint, fingerprint, "fit")
+        if state is None:
+            state = kernel.init(np.asarray(x0, float), jax.random.PRNGKey(self.seed),
+                                max_redraws=self.max_redraws, can_redraw=self.redraw)
+        else:
+            state = state._replace(opt_state=_checkpoint.to_device(state.opt_state),
+                                   mesh=state.mesh.to_device())
+            kernel.ragged = problem.ragged_replay(state.u[0], state.mesh_host.row(0))
+        elapsed, steps = state.elapsed, self.max_iter
+
+        def save(s):
+            if self.checkpoint is not None:
+                _checkpoint.save_or_warn(
+                    self.checkpoint, fingerprint,
+                    s._replace(elapsed=elapsed + time.perf_counter() - t_start))
+
+        bar = progress_bar(progress, total=steps, done=state.step,
+                           desc=f"fit {getattr(problem.source, 'name', '')}".rstrip())
+        late = False
+        try:
+            while state.step < steps:
+                state = kernel.step(state)
+                bar.update(1)
+                if state.step % 10 == 0 or state.step == steps:
+                    bar.set_postfix(**kernel.summary(state))
+                if state.step % self.checkpoint_every == 0 or state.step == steps:
+                    save(state)
+                if self.callback is not None and \
+                        self.callback(state.step, kernel.info(state)) is True:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    late = True
+                    break
+        except BaseException:
+            save(state)
+            raise
+        finally:
+            bar.close()
+        state, losses, status = kernel.final(state)
+        n = len(state.u)
+        history = np.stack(state.history) if state.history else np.zeros((0, n))
+        return OptimizeResult(
+            x=np.asarray(state.u), value=losses, converged=np.zeros(n, bool),
+            n_iter=np.full(n, state.step), reason=np.full(n, "deadline" if late else "steps"),
+            history=history, n_records=state.n_records,
+            n_records_per_start=state.n_records_per_start, n_evals=state.n_grad_evals,
+            max_error_ratio=state.max_error_ratio,
+            extra=dict(state=state, status=status, n_redrawn=state.n_redrawn,
+                       elapsed=elapsed))
