@@ -11,6 +11,11 @@
 #         wadler_lindig==0.1.8 typing_extensions==4.16.0 optax==0.2.8 numpyro==0.22.0 \
 #         absl-py==2.5.1 multipledispatch==1.0.0 tqdm==4.70.1
 #
+# and, for inference.sampling.ChEES (the lockstep ensemble sampler; step "samplers"),
+# BlackJAX (its dependencies, jax, numpy, scipy, optax and typing_extensions, are there):
+#
+#     ../../.venv/bin/pip download --no-deps -d . blackjax==1.7.1
+#
 # then run, carrying that folder:
 #
 #     run(command="bash benchmarks/tpu_session.sh", carry=["build/tpu_wheels"], timeout_s=590)
@@ -24,8 +29,9 @@
 # posterior, float32, $POP_N subjects, $POP_S seconds at most, $POP_ARGS more flags),
 # "defaults" (gs.solve's gradient at its defaults, $DEF_N trajectories, default 1,048,576:
 # route, capacity, second call, peak HBM), "theophylline" (inference.sample of the
-# theophylline population, 4 chains vectorised on the chip, 50 + 50 draws)); $NS the sizes
-# of the bench step.
+# theophylline population, 4 chains vectorised on the chip, 50 + 50 draws), "samplers"
+# (NUTS against ChEES, benchmarks/bench_samplers.py: $SAMP_MODELS, default lynx,theo, float32,
+# $SAMP_ARGS more flags)); $NS the sizes of the bench step.
 set -u
 OUT=${OUT:-benchmarks/results/tpu}
 mkdir -p "$OUT"
@@ -121,6 +127,14 @@ for n in [int(x) for x in os.environ.get("FIT_NS", "16 1024").split()]:
         t = time.perf_counter(); r = inference.fit(m, d, n_starts=n, seed=call, progress=False)
         print(f"fit n_starts={n} call={call} {time.perf_counter() - t:.2f} s best={float(min(r.losses)):.6g} evals={r.n_grad_evals}", flush=True)
 ' 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # NUTS against the lockstep ensemble sampler (ChEES), min bulk ESS per second, first and
+    # second run of each in one process; the route printed
+    samplers)
+      arviz_deps
+      PYTHONPATH="$PYTHONPATH:/tmp/gradsolve_site" PYTHONUNBUFFERED=1 timeout "${SAMP_S:-580}" \
+        $PY benchmarks/bench_samplers.py --platform tpu --float32 \
+        --models "${SAMP_MODELS:-lynx,theo}" ${SAMP_ARGS:---repeat 2 --nuts-chains 64 --chees-chains 128} \
+        --json "$OUT/samplers.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
     # tutorial 11 at full size, its printed output written into the notebook
     tutorial) timeout 500 $PY tools/run_notebook.py tutorials/11_on_a_tpu.ipynb \
                 "$OUT/11_on_a_tpu.ipynb" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
