@@ -249,13 +249,15 @@ class SparseLU:
         """Multiply-adds of one solve (the dense one: ``n**2 - n``)."""
         return int(self.lslot.size + self.uslot.size)
 
-    # Measured (g++ 12 -O3 -march=native, 2-core x86 VM, float64, 8 lanes, per lane and
-    # factorisation plus two solves, `tests/test_kernel_sparse.py`'s harness with
-    # GS_SPARSE_BENCH=1): the dense loop LU costs ~0.9 ns per multiply-add, the sparse one
-    # ~1.6 ns per update (indexed loads and stores); a sparse factorisation pays once
-    # ``updates + solve_ops`` is below ~45 % of the dense count. Laske (34 states): 373
-    # updates against 12,716 dense, 9.2x faster; Chen (500): 17,590 against 41.6 million.
-    SPARSE_WORK_RATIO = 0.45
+    # Measured (g++ 12, the kernel's flags, 8 lanes, float64, the shared 2-core x86 VM;
+    # tests/test_kernel_sparse.py's harness, a factorisation and two solves per lane):
+    # the sparse loops cost 1.5-3 ns per multiply-add of ``updates + 2 solve_ops`` (indexed
+    # loads and stores), the dense LU with partial pivoting 1.3-2.4 ns per multiply-add of
+    # ``(n**3 - n) / 3 + 2 (n**2 - n)``. Random patterns, sparse work / dense work -> the
+    # sparse speed-up: 10 states 0.25 -> 1.7x, 0.58 -> 1.10x; 20: 0.04 -> 12x, 0.56 ->
+    # 1.43x, 0.69 -> 1.29x; 34: 0.66 -> 1.11x, 0.84 -> 0.96x; 40: 0.94 -> 0.86x; 60: 0.16
+    # -> 9.5x, 0.60 -> 1.23x, 0.77 -> 1.07x; 16: 0.88 -> 0.71x. The crossing is near 0.8.
+    SPARSE_WORK_RATIO = 0.75
 
     def use_sparse(self) -> bool:
         """Whether the sparse elimination is expected to be faster than the dense LU with
