@@ -1,5 +1,5 @@
-"""The global search of PEtab problems (`inference.fit(problem, method="global")`,
-``inference/petab/_global.py``).
+"""The global search of PEtab problems (`inference.fit(problem, method="global")`: the
+optimiser `inference.optimize._global.GlobalSearch` on the problem's `PetabFitProblem`).
 
 Independent references: the closed-form optimum of the one-state decay problem of
 ``test_petab_fit`` (least squares for ``A0 exp(-k t)``, ``sigma^2 = RSS / n``), reached from
@@ -8,8 +8,8 @@ its bounds (six decades per parameter); a multimodal problem, the harmonic oscil
 profile objective in the frequency, ``n/2 log(2 pi RSS(w) / n) + n/2``, has some twenty
 local minima in the bounds: its global and local minima from SciPy's ``minimize_scalar``
 on the closed form, the data's standard error of ``w`` from its Fisher information;
-CMA-ES's kernel alone on a rotated ellipsoid whose minimum is known, and with the search's
-IPOP restarts on the Rastrigin function (minimum 0 at a known point).
+CMA-ES's kernel alone on a rotated ellipsoid whose minimum is known (the search on
+Rastrigin's function, through the problem interface, is in ``test_global.py``).
 """
 
 import numpy as np
@@ -24,8 +24,11 @@ import jax  # noqa: E402
 import gradsolve as gs  # noqa: E402
 import inference  # noqa: E402
 import models  # noqa: E402
-from inference.petab import _global  # noqa: E402
-from inference.petab._global import CMAKernel, GlobalState, mirror  # noqa: E402
+from inference.optimize import _global  # noqa: E402
+from inference.optimize._global import CMAKernel, GlobalSearch, mirror  # noqa: E402
+from inference.optimize._scipy import LBFGSB  # noqa: E402
+from inference.petab._petab import latin_hypercube  # noqa: E402
+from inference.petab._problem import PetabFitProblem  # noqa: E402
 from conftest import write_petab  # noqa: E402
 from test_petab_fit import _decay_mle, _decay_problem  # noqa: E402
 
@@ -125,7 +128,7 @@ def test_global_bad_arguments_are_named(decay):
         inference.fit(decay, method="global", max_time=-1.0)
     with pytest.raises(ValueError, match="`max_time` applies to method='global'"):
         inference.fit(decay, max_time=10.0)
-    with pytest.raises(ValueError, match="`checkpoint` applies to method='global'"):
+    with pytest.raises(ValueError, match="`checkpoint` applies to method=.*'global'"):
         inference.fit(decay, method="lm", checkpoint="x.pkl")
     with pytest.raises(ValueError, match="`n_starts`"):
         inference.fit(decay, method="global", n_starts=0)
@@ -133,11 +136,9 @@ def test_global_bad_arguments_are_named(decay):
         inference.fit(decay, method="global", objective="ml")
     with pytest.raises(ValueError, match="`init` is missing"):
         inference.fit(decay, method="global", init={"A0": 0.0})
-    # the PEtab-only arguments, for another model
+    # the search's time limit, for another model's default (Optax) fit
     model, data = models.lynx_hare(), models.load_dataset("lynx_hare")
-    with pytest.raises(ValueError, match="`method` applies to PEtab problems only"):
-        inference.fit(model, data, method="global")
-    with pytest.raises(ValueError, match="`max_time` applies to PEtab problems only"):
+    with pytest.raises(ValueError, match="`max_time` applies to method='global'"):
         inference.fit(model, data, max_time=60.0)
 
 
@@ -168,39 +169,47 @@ def test_fit_names_its_own_arguments_and_takes_the_searchs_options(decay):
 
 
 def test_fit_passes_the_searchs_options_on(decay):
-    """``fit(problem, method="global", max_generations=..., local=...)`` is the search run with
-    them (`fit_global`, the correctly written call)."""
+    """``fit(problem, method="global", max_generations=..., local=...)`` is the search run
+    with them: `GlobalSearch` on the problem's coordinates from the fit's starts (Latin
+    hypercube draws of the seed), the correctly written call."""
     kw = dict(seed=0, n_starts=2, progress=False)
     res = inference.fit(decay, method="global", max_generations=3, local="lbfgs", **kw)
-    ref = _global.fit_global(decay, max_generations=3, local="lbfgs", **kw)
-    np.testing.assert_array_equal(res.losses, ref.losses)
-    assert res.method == "global" and len(res.loss_history) == len(ref.loss_history)
+    fp = PetabFitProblem(decay)
+    x0 = latin_hypercube(*fp.bounds(), 2, np.random.default_rng(0))
+    ref = GlobalSearch(seed=0, max_iter=3, local=LBFGSB()).minimize(fp, x0, progress=False)
+    np.testing.assert_array_equal(res.losses, np.sort(ref.value))
+    np.testing.assert_array_equal(res.starts, ref.extra["starts"][np.argsort(ref.value)])
+    assert res.method == "global" and len(res.loss_history) == len(ref.history)
 
 
 @pytest.mark.slow  # ~15 s: two searches; the options' route is the test above
 def test_fit_of_a_hierarchical_problem_reports_its_inner_optima(tmp_path):
     """For a problem with inner parameters (hierarchical optimisation) `fit`'s global search
-    gives what the multistart's route to it (`fit_petab`) gives, inner optima included."""
-    from inference.petab._petab import fit_petab
-
+    reports the search's points (outer parameters) with the inner parameters' closed-form
+    optima there (`models.PetabProblem.full_parameters`), as the correctly written call
+    gives them."""
     _decay_problem(tmp_path)
     kw = dict(seed=0, n_starts=2, progress=False)
     hier = models.load_petab(tmp_path / "problem.yaml", solver=gs.Tsit5())
     assert hier.inner_parameter_ids == ("sigma",)
     res = inference.fit(hier, method="global", max_generations=3, **kw)
-    ref = fit_petab(hier, method="global", max_iter=3, **kw)
-    np.testing.assert_array_equal(res.losses, ref.losses)
-    for p in ("A0", "k", "sigma"):
-        np.testing.assert_array_equal(res.all_params[p], ref.all_params[p])
-        assert res.params[p] == ref.params[p]
+    fp = PetabFitProblem(hier)
+    x0 = latin_hypercube(*fp.bounds(), 2, np.random.default_rng(0))
+    ref = GlobalSearch(seed=0, max_iter=3).minimize(fp, x0, progress=False)
+    order = np.argsort(ref.value, kind="stable")
+    np.testing.assert_array_equal(res.losses, ref.value[order])
+    full = np.asarray(jax.vmap(hier.full_parameters)(ref.x[order]))
+    for i, p in enumerate(hier.full_parameter_ids):
+        np.testing.assert_allclose(res.all_params[p], full[:, i], rtol=1e-12)
+        assert res.params[p] == res.all_params[p][0]
 
 
 @pytest.mark.slow  # ~16 s: runs until its time limit
 def test_global_search_stops_at_max_time(decay):
-    res = inference.fit(decay, method="global", seed=0, steps=100000, n_starts=2,
-                        max_time=2.0)
-    # the search stopped long before its generations (compiling alone takes longer than
-    # 2 s, so at most a few generations ran); the refinement still reports two points
+    """With ``max_time`` and no count of generations, the time alone ends the search."""
+    res = inference.fit(decay, method="global", seed=0, n_starts=2, max_time=2.0)
+    # the search stopped long before 1000 generations (compiling alone takes longer than
+    # 2 s, so few generations ran); the refinement still reports two points
     assert res.method == "global" and len(res.losses) == 2
     assert res.n_steps < 1000
 
@@ -367,51 +376,3 @@ def test_cma_kernel_minimises_a_rotated_ellipsoid():
     assert s.why in ("tolx", "tolfun")
     np.testing.assert_allclose(s.best_x, x_star, atol=1e-4)
     assert s.best_f < 1e-7
-
-
-def test_cma_restarts_with_growing_populations_reach_rastrigins_minimum():
-    # f(x) = 10 D + sum_i (z_i^2 - 10 cos(2 pi z_i)), z = x - x*, in [-5.12, 5.12]^6: a local
-    # minimum near every integer z (f ~ 1 per unit away), the global one f = 0 at x*. The
-    # search's loop (generations, `_keep`, `_next_run`'s IPOP restarts) with SciPy's
-    # L-BFGS-B as each run's polish
-    d = 6
-    rng = np.random.default_rng(1)
-    x_star = rng.uniform(-2.0, 2.0, d)
-    lo, hi = np.full(d, -5.12), np.full(d, 5.12)
-
-    def f(x):
-        z = np.atleast_2d(x) - x_star
-        return 10.0 * d + np.sum(z**2 - 10.0 * np.cos(2.0 * np.pi * z), axis=-1)
-
-    def polish(problem, x0, objective, max_iter, progress):
-        r = optimize.minimize(lambda x: f(x)[0], x0[0], method="L-BFGS-B",
-                              bounds=list(zip(lo, hi)))
-        return (r.x[None], np.array([r.fun]), np.array([r.success]), np.array([False]),
-                None, (None, 0, 0), None, None)
-
-    kernel = CMAKernel(d, lo, hi)
-    state = GlobalState(run=kernel.start(rng.uniform(size=d), kernel.popsize0), n_runs=1,
-                        rng={}, generation=0, n_evals=0, kept_x=np.zeros((0, d)),
-                        kept_f=np.zeros(0), history=(), runs=(), n_records=0,
-                        n_grad_evals=0, elapsed=0.0)
-    while state.generation < 1500:
-        if state.run.why is not None:
-            state = _global._next_run(state, kernel, polish, None, "map", rng, 3,
-                                      lambda: 0.0)
-            continue
-        u = kernel.ask(state.run, rng)
-        x = kernel.to_params(u)
-        fx = f(x)
-        kept_x, kept_f = _global._keep(state.kept_x, state.kept_f, x, fx, 3, lo, hi)
-        state = state._replace(run=kernel.tell(state.run, u, fx),
-                               generation=state.generation + 1, kept_x=kept_x,
-                               kept_f=kept_f)
-    popsizes, best = (np.array([r[i] for r in state.runs]) for i in (0, 4))
-    # the first run (the default population) stopped in a local minimum; the populations
-    # doubled at each restart, and a larger one found the global minimum
-    assert best[0] > 0.9 and popsizes[0] == kernel.popsize0 == 9
-    np.testing.assert_array_equal(
-        popsizes, np.minimum(9 * 2 ** np.arange(len(popsizes)), 9 * 64))
-    assert state.kept_f[0] < 1e-10
-    np.testing.assert_allclose(state.kept_x[0], x_star, atol=1e-6)
-    assert np.min(best) < 1e-10 and popsizes[np.argmin(best)] > kernel.popsize0
