@@ -185,15 +185,14 @@ typedef double real;
 #define D @N@
 #define LANES @LANES@
 #define P_REAL 1
-#include "rosenbrock.h"
-#include "sparse_lu.h"
 struct Model {
   static constexpr int NNZ = @M@;
   static constexpr int ROW[@MM@] = {@ROW@};
   static constexpr int COL[@MM@] = {@COL@};
 };
-@TABLES@
-static SparseElimination<Model, GsSparse> el;
+#include "rosenbrock.h"
+@POLICY@
+static @TYPE@<Model> el;
 static DenseElimination<Model> dense;
 // in: JNZ[m][LANES], ALPHA, BETA, ACT, B[n][LANES]; out: FAIL, x = W^-1 b, W^-T b, fallbacks
 int main(int argc, char** argv) {
@@ -258,11 +257,17 @@ class Harness:
         self.lu = _sparse.symbolic(self.pattern, order=order)
         rows, cols = np.nonzero(self.pattern)
         n, m = self.lu.n, rows.size
+        if order is None:  # what the kernel gets
+            policy, code, _ = _sparse.choose(rows, cols, n) or (None, None, None)
+        if order is not None or policy is None:  # a named order, or a pattern best dense
+            code = "\n".join([(CC / "sparse_lu.h").read_text(), self.lu.cpp_struct("Tables"),
+                              "template <class M> using Policy = SparseElimination<M, Tables>;"])
+            policy = "Policy"
         text = (_HARNESS.replace("@N@", str(n)).replace("@LANES@", str(LANES))
                 .replace("@M@", str(m)).replace("@MM@", str(max(m, 1)))
                 .replace("@ROW@", ",".join(map(str, rows)) or "0")
                 .replace("@COL@", ",".join(map(str, cols)) or "0")
-                .replace("@TABLES@", self.lu.cpp_struct("GsSparse")))
+                .replace("@POLICY@", code).replace("@TYPE@", policy))
         self.folder = Path(folder)
         src = self.folder / f"harness_{n}_{m}.cc"
         src.write_text(text)
@@ -416,3 +421,17 @@ def test_policy_on_the_collection(path, tmp_path):
         for got, mat in ((x[j], w[j]), (xt[j], w[j].T)):
             backward = np.abs(mat @ got - b[j]).max() / (norm * np.abs(got).max())
             assert backward < 1e-13, (j, beta[j], backward)
+
+
+@needs_compiler
+def test_chosen_policy_solves_as_scipy(tmp_path):
+    """`_sparse.choose`'s C++, as the kernel gets it, on a Laske-sized random pattern."""
+    rng = np.random.default_rng(11)
+    pattern = _random_pattern(34, 0.05, rng)
+    rows, cols = np.nonzero(pattern)
+    policy, _, reason = _sparse.choose(rows, cols, 34)
+    assert "sparse LU" in reason
+    h = Harness(pattern, tmp_path)
+    _check(h, 2)
+    dense = np.ones((12, 12), dtype=bool)
+    assert _sparse.choose(*np.nonzero(dense), 12) is None

@@ -343,3 +343,36 @@ def symbolic(pattern: np.ndarray, order: str | None = None) -> SparseLU:
                   target=a(target), slot=slot, order_name=name, fills=fills)
     assert (lu.target >= 0).all() and (lu.entry_slot >= 0).all()
     return lu
+
+
+# ---------------------------------------------------------------------- the policy
+
+_TABLES, _POLICY = "GsSparseTables", "GsSparseElimination"
+
+
+def choose(rows, cols, d: int) -> tuple[str, str, str] | None:
+    """The sparse elimination policy for a Rosenbrock kernel whose Jacobian of ``d``
+    states has its structural nonzeros at ``(rows[k], cols[k])`` (the generated Model's
+    ``ROW``/``COL``, in that order), or None where the dense LU is expected to be as fast
+    (`SparseLU.use_sparse`).
+
+    Returns ``(type, code, reason)``: the C++ class template taking the Model, the C++
+    that defines it (``cc/sparse_lu.h`` and the tables, put after ``rosenbrock.h``), and
+    a sentence saying what it is and why, for the route."""
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    cols = np.asarray(cols, dtype=np.int64).reshape(-1)
+    pattern = np.zeros((d, d), dtype=bool)
+    pattern[rows, cols] = True
+    lu = symbolic(pattern)
+    if not lu.use_sparse():
+        return None
+    from .source import _read
+
+    code = "\n".join([_read("sparse_lu.h"), lu.cpp_struct(_TABLES, rows, cols),
+                      f"template <class M> using {_POLICY} = SparseElimination<M, {_TABLES}>;"])
+    n = d
+    dense = (n ** 3 - n) // 3
+    reason = (f"sparse LU: {int(pattern.sum())} nonzeros in df/dy, {lu.nnz} with the fill of "
+              f"a {lu.order_name} order; {lu.updates} multiply-adds a factorisation against "
+              f"{dense} dense")
+    return _POLICY, code, reason
