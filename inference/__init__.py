@@ -10,6 +10,9 @@
 - `fit_population`, `PopulationFit`: population maximum likelihood, random effects
   integrated by the Laplace approximation (FOCE-I or Laplace), all subjects one ensemble;
   `profile_intervals`, `ProfileIntervals`: its likelihood-profile confidence intervals.
+- `profile`, `ProfileResult`: profile likelihoods and likelihood-ratio intervals of any
+  problem (an ODE model, a program, a population fit, a PEtab problem), one result type
+  and one plot (``profiles/``).
 - `vpc`, `VPC`, `plot_vpc`, `plot_dv_pred`, `plot_cwres`, `population_table`: a
   population fit's diagnostics (visual predictive check, DV against PRED/IPRED, CWRES) and
   its long-form table.
@@ -45,7 +48,7 @@ next step needs and the `SampleInfo` the run reports), ``sampling/_idata.py``.
 
 The folders are the roles, each using only those listed before it: the shared
 ``_checkpoint``, ``_progress`` and ``_result``; ``problem/`` (the posterior, its space,
-meshes and `MeshPolicy`); ``petab/``; ``optimize/``; ``sampling/``; ``population/``.
+meshes and `MeshPolicy`); ``petab/``; ``optimize/``; ``sampling/``; ``population/``; ``profiles/``.
 
 Importing this package changes no JAX configuration (use float64 for accuracy work:
 ``jax.config.update("jax_enable_x64", True)`` or ``gradsolve.enable_x64()``).
@@ -61,8 +64,9 @@ from .optimize._least_squares import fit_least_squares
 from .problem._ode import ode
 from .problem._policy import MeshPolicy
 from .population._population_fit import PopulationFit, fit_population
-from .population._population_profile import ProfileIntervals, profile_intervals
-from .petab._profile import ProfileResult, profile
+from .profiles._intervals import ProfileIntervals, profile_intervals
+from .profiles._profile import profile
+from .profiles._result import ProfileResult
 from .sampling._predictive import predictive
 from .problem._problem import TOLERANCES as _TOLERANCES
 from .problem._problem import InferenceModel

@@ -24,6 +24,8 @@ that solved adaptively at every evaluation.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -351,14 +353,19 @@ class PetabFitProblem(AbstractProblem):
         (minus the table's given priors with ``prior``), by a fresh solve or a replay of
         ``mesh`` (`record`'s); ``inf`` where a solve fails; ``aux.error_ratio`` per
         condition."""
-        x = jnp.asarray(u, float)
-        if x.ndim == 1:
-            f, err = self._one(x, mesh, prior)
-        elif mesh is None:
-            f, err = jax.vmap(lambda xi: self._one(xi, None, prior))(x)
-        else:
-            f, err = jax.vmap(lambda xi, m: self._one(xi, m, prior))(x, mesh)
+        f, err = self._objective_jit(jnp.asarray(u, float), mesh, bool(prior))
         return f, _Replay(err)
+
+    @functools.cached_property
+    def _objective_jit(self):
+        def batch(x, mesh, prior):
+            if x.ndim == 1:
+                return self._one(x, mesh, prior)
+            if mesh is None:
+                return jax.vmap(lambda xi: self._one(xi, None, prior))(x)
+            return jax.vmap(lambda xi, m: self._one(xi, m, prior))(x, mesh)
+
+        return jax.jit(batch, static_argnums=2)
 
     def log_density(self, u, mesh=None, *, prior: bool = True, jacobian: bool = True,
                     max_steps: int | None = None):

@@ -39,12 +39,15 @@ class PopulationProblem(AbstractProblem):
             ``params``; default the priors' medians).
         rtol, atol, solver, inner_iterations, driver: the objective's settings, as
             `fit_population`'s (pass the fit's to evaluate the objective it minimised).
+        seed: for the draw that reveals the sites' shapes; caller: the function that
+            error messages name.
     """
 
     def __init__(self, model, data, *, method: str = "foce-i", params=None,
                  rtol: float = 1e-8, atol: float = 1e-10, solver=None,
-                 inner_iterations: int = 50, driver=None, seed: int = 0):
-        rtol = float32_rtol(method, rtol, "inference.profile")
+                 inner_iterations: int = 50, driver=None, seed: int = 0,
+                 caller: str = "inference.profile"):
+        rtol = float32_rtol(method, rtol, caller)
         init = None if params is None else {k: np.asarray(v) for k, v in params.items()}
         self.pb = _problem(model, data, method, init, seed)
         self.model, self.data, self.source, self.method = model, data, model, method

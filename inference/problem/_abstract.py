@@ -141,9 +141,16 @@ class AbstractProblem(abc.ABC):
         ``(n, D)`` (``(n,)``): minus the log likelihood, plus minus the log prior with
         ``prior`` (no log-Jacobian of the coordinates: a MAP fit finds the constrained
         mode), replaying ``mesh`` or, with ``None``, solving adaptively; ``inf`` where a
-        solve fails. ``aux`` is `log_density`'s."""
-        lp, aux = self.log_density(u, mesh, prior=prior, jacobian=False)
-        return -lp, aux
+        solve fails. ``aux`` is `log_density`'s. Compiled once per problem and ``prior``
+        (called inside a caller's ``jit``, it is traced there)."""
+        cache = self.__dict__.setdefault("_objective_jit", {})
+        fn = cache.get(bool(prior))
+        if fn is None:
+            def fn(v, m):
+                lp, aux = self.log_density(v, m, prior=prior, jacobian=False)
+                return -lp, aux
+            fn = cache[bool(prior)] = jax.jit(fn)
+        return fn(jnp.asarray(u), mesh)
 
     def value_and_grad(self, u, *, prior: bool = True) -> tuple[float, np.ndarray]:
         """`objective` at one point ``u (D,)`` (an adaptive solve) and its gradient

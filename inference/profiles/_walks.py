@@ -1,7 +1,7 @@
 """The walks of a profile: each profiled coordinate walked both ways from the optimum, all
 walks one ensemble advanced in rounds (`trace`), each round's points re-optimised at once by
 the caller's ``run``; adaptive steps, the crossing located by regula falsi (`crossing`).
-The module docstring of `inference.profile._profile` says how and why."""
+The module docstring of `inference.profiles._profile` says how and why."""
 
 from __future__ import annotations
 

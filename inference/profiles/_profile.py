@@ -12,7 +12,7 @@ by exploiting the profile likelihood", Bioinformatics 25:1923; pyPESTO's
 follows the objective where it is not quadratic, and it is invariant to
 reparametrisation: the interval of ``log k`` is the log of the interval of ``k``.
 
-How it runs (`inference.profile._walks`, `inference.profile._inner`):
+How it runs (`inference.profiles._walks`, `inference.profiles._inner`):
 
 - Every profiled coordinate is walked in both directions from the optimum, and all those
   walks are ONE ensemble: each round proposes every walk's next value, and one inner run
@@ -181,7 +181,16 @@ def profile(problem, result, data=None, *, confidence: float = 0.95, parameters=
     ids = tuple(problem.names())
     d = len(ids)
     which = _which(problem, ids, parameters)
-    lo, hi = problem.bounds()
+    lo, hi = (np.asarray(b, float) for b in problem.bounds())
+    reversed_ = [p for p, a, b in zip(ids, lo, hi) if not a < b]
+    if reversed_:
+        raise ValueError(f"inference.profile: the problem's bounds of {reversed_} are "
+                         "reversed or empty (lower >= upper): a coordinate needs room to "
+                         "move")
+    outside = [p for p, a, b, v in zip(ids, lo, hi, x_fit) if not a <= v <= b]
+    if outside:
+        raise ValueError(f"inference.profile: `result` is a fit of another problem: "
+                         f"{outside} lie outside the problem's bounds")
 
     # the fit's loss must be this problem's objective at its point (a fresh solve)
     f_fit = _objective_at(problem, x_fit, prior)
@@ -265,6 +274,13 @@ def _problem_and_point(problem, result, data, solver, rtol, atol):
                              "(it carries its measurements); pass data=None")
         pp, f_tol = PetabFitProblem(problem, solver=solver, rtol=rtol, atol=atol), 1e-6
     else:
+        from ..problem._problem import InferenceModel
+
+        if not (isinstance(problem, InferenceModel) or callable(problem)):
+            raise TypeError("inference.profile: `problem` must be what was fitted: a "
+                            "models.PetabProblem, a models.ODEModel, a NumPyro program, a "
+                            "population model (with its PopulationFit) or an "
+                            f"inference.AbstractProblem, got {type(problem).__name__}")
         if data is None:
             raise ValueError("inference.profile: pass the data fitted (data=...) with a "
                              "model or a program")
