@@ -109,14 +109,3 @@ def default_method(problem) -> str:
     Levenberg–Marquardt on its noise-weighted residuals) where every noise model is
     normal, else ``"lbfgs"`` (L-BFGS-B: Laplace noise is no sum of squares)."""
     return "lbfgs" if np.asarray(problem.residual_layout().laplace).any() else "lm"
-
-
-def _objective_parts(problem, objective: str):
-    """(residual function of one start, laplace mask, penalty or None, the constant)."""
-    ref = problem.residual_layout()
-    penalty = None
-    if objective == "map" and bool(np.any(problem.priors.given)):
-        def penalty(x):
-            return -problem.log_prior(x, jacobian=False, given_only=True)
-    return (lambda x: tuple(problem.residuals(x))[:2], np.asarray(ref.laplace), penalty,
-            float(ref.constant))

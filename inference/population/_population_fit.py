@@ -40,6 +40,7 @@ import gradsolve as gs
 
 from .._progress import progress_bar
 from ..optimize._scipy import BFGS
+from ..problem._problem import TOLERANCES
 from ._checks import check_observations, float32_rtol, refuse_start
 from ._foce_sensitivity import Context, sensitivity_functions, sensitivity_refusal
 from ._sites import _effect_logprob, _effect_site, _sites
@@ -131,8 +132,8 @@ def fit_population(
     *,
     method: str = "foce-i",
     init: Mapping[str, Any] | None = None,
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    rtol: float = TOLERANCES.population_rtol,
+    atol: float = TOLERANCES.population_atol,
     solver=None,
     max_iterations: int = 500,
     inner_iterations: int = 50,
@@ -154,8 +155,9 @@ def fit_population(
         init: starting values of the population sites (default: their priors' medians,
             the population sites' priors serving only as starts and supports: they are not
             part of the likelihood).
-        rtol, atol, solver, driver: the ODE solve (tight by default: the outer
-            optimiser differentiates an objective that includes a Hessian); ``driver`` as
+        rtol, atol, solver, driver: the ODE solve (default
+            ``inference.TOLERANCES.population_rtol`` / ``population_atol``, 1e-8 / 1e-10:
+            the outer optimiser differentiates an objective that includes a Hessian); ``driver`` as
             ``gs.solve``'s. ``solver`` defaults to the model's, except that FOCE-I on the
             sensitivity route (`PopulationFit.route`) takes ``gs.Vern7()`` for a non-stiff
             model (fewer steps at these tolerances).

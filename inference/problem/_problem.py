@@ -42,10 +42,19 @@ __all__ = ["InferenceModel", "Problem", "Tolerances", "TOLERANCES"]
 
 
 class Tolerances(NamedTuple):
-    """Default ODE tolerances of `inference` (see the module docstring for why)."""
+    """The default ODE tolerances of every function of `inference`, in one place
+    (`inference.TOLERANCES` documents them and why).
+
+    Attributes:
+        rtol, atol: fits, least squares, samplers, profiles and log densities of an ODE
+            model or a program (a population model's program included).
+        population_rtol, population_atol: `inference.fit_population` and its profiles.
+    """
 
     rtol: float = 1e-6
     atol: float = 1e-8
+    population_rtol: float = 1e-8
+    population_atol: float = 1e-10
 
 
 TOLERANCES = Tolerances()
