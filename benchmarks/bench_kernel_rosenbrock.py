@@ -21,8 +21,11 @@ and the collection load, the Boehm (JProteomeRes 2014) PEtab problem's vector fi
 states) at its nominal parameters, its conditions tiled to N (its tolerances, rtol 1e-8,
 atol 1e-12). Rosenbrock23, an order-2 method, runs at rtol 1e-4 / atol 1e-8 at least.
 
+``--reuse-probe``: instead, the kernel's reverse sweep per step as built and without its
+factorisation of ``W`` (what reusing the forward's factors could save at most).
+
 Usage: ``python benchmarks/bench_kernel_rosenbrock.py [--sizes 64,1024] [--repeats 5]
-[--solvers Rodas5P,Rosenbrock23] [--no-boehm]``.
+[--solvers Rodas5P,Rosenbrock23] [--no-boehm] [--reuse-probe]``.
 """
 
 from __future__ import annotations
@@ -126,12 +129,56 @@ def bench(case, solver, repeats: int) -> dict:
     return row
 
 
+def reuse_probe(case, solver, repeats: int) -> dict:
+    """The kernel's replay gradient on one mesh as built, and with a probe build whose
+    reverse step skips its factorisation of ``W`` (``GS_ROSENBROCK_REUSE_PROBE``; its
+    derivatives are wrong, its time is what carrying the forward's factors could save at
+    most, before the cost of storing and reading them)."""
+    from gradsolve.drivers.kernel import driver as kernel_driver
+
+    name, f, t0, t1, y0, p, ts, rtol, atol = case
+    if isinstance(solver, gs.Rosenbrock23):
+        rtol, atol = max(rtol, 1e-4), max(atol, 1e-8)
+    mesh = gs.record(f, t0, t1, y0, p, ts=ts, solver=solver, rtol=rtol, atol=atol,
+                     max_steps=4096, driver=gs.drivers.Batched())
+    steps = float(jnp.sum(mesh.n_steps))
+    kernel = gs.drivers.Kernel()
+    probe_f = lambda t, y, q: f(t, y, q)  # noqa: E731 - another field: a kernel of its own
+    generate = kernel_driver.generate
+    kernel_driver.generate = lambda *a: "#define GS_ROSENBROCK_REUSE_PROBE\n" + generate(*a)
+    try:
+        kernel_driver.kernel_target(probe_f, solver, y0, p)
+    finally:
+        kernel_driver.generate = generate
+
+    def grad(field):
+        loss = lambda y, q: jnp.sum(gs.replay(field, mesh, y, q, driver=kernel).ys ** 2)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))
+
+    fns = {"grad": grad(f), "probe": grad(probe_f)}
+    fwd = jax.jit(lambda y, q: gs.replay(f, mesh, y, q, driver=kernel).ys)
+    calls = {k: (lambda g=g: g(y0, p)) for k, g in fns.items()}
+    calls["fwd"] = lambda: fwd(y0, p)
+    for fn in calls.values():
+        jax.block_until_ready(fn())
+    t = bench_core._best(calls, repeats)
+    us = lambda s: 1e6 * s / steps
+    rev, rev_probe = t["grad"] - t["fwd"], t["probe"] - t["fwd"]
+    print(f"{name:>9} {type(solver).__name__:>12} N={y0.shape[0]:>5} d={y0.shape[1]} | reverse "
+          f"{us(rev):6.3f} us/step, without its factorisation {us(rev_probe):6.3f} us/step: "
+          f"carrying the factors saves at most {100 * (rev - rev_probe) / rev:4.1f} % of the "
+          f"reverse sweep", flush=True)
+    return dict(problem=name, reverse_us=us(rev), probe_us=us(rev_probe))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64,1024")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--solvers", default="Rodas5P,Rosenbrock23")
     ap.add_argument("--no-boehm", action="store_true")
+    ap.add_argument("--reuse-probe", action="store_true",
+                    help="time the reverse sweep with and without its factorisation")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     solvers = [getattr(gs, s)() for s in args.solvers.split(",")]
@@ -143,7 +190,7 @@ def main():
                 cases.append(boehm)
         for case in cases:
             for solver in solvers:
-                bench(case, solver, args.repeats)
+                (reuse_probe if args.reuse_probe else bench)(case, solver, args.repeats)
 
 
 if __name__ == "__main__":

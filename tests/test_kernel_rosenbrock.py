@@ -184,14 +184,17 @@ def test_known_time_events_match_the_xla_replay():
                      atol=1e-10, driver=XLA)
 
     def loss(driver):
-        def fn(d, q):
-            sol = gs.replay(pk, mesh, y0, q, jumps=(dose_t, sizes(d)), driver=driver)
+        def fn(d, q, dt):
+            sol = gs.replay(pk, mesh, y0, q, jumps=(dt, sizes(d)), driver=driver)
             return jnp.sum(sol.ys[..., 1] * jnp.linspace(1, 2, ts.shape[0])) + \
                 0.1 * jnp.sum(sol.ys[..., 0]), sol
-        return jax.value_and_grad(fn, argnums=(0, 1), has_aux=True)
+        return jax.value_and_grad(fn, argnums=(0, 1, 2), has_aux=True)
 
-    (_, sol), g = loss(KERNEL)(dose, p)
-    (_, sol_x), gx = loss(XLA)(dose, p)
+    # dose times moved off the recorded ones (not at t0), each a node of the mesh
+    dt_moved = jnp.tile(dose_t + jnp.array([0.0, 1e-3, -1e-3]), (n, 1))
+    (_, sol), g = loss(KERNEL)(dose, p, dt_moved)
+    (_, sol_x), gx = loss(XLA)(dose, p, dt_moved)
+    assert np.abs(np.asarray(g[2])[:, 1:]).min() > 0  # the dose times' gradient
     assert sol.route == "gradsolve-kernel"
     np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-10, atol=1e-10)
     for a, b in zip(g, gx):
@@ -221,18 +224,109 @@ def test_a_step_split_over_several_lane_loops(monkeypatch):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(b))))
 
 
+class _OwnStep(gs.Rodas5P):
+    """Rodas5P with a ``step`` of its own (the same arithmetic): translated whole, not in
+    loop form."""
+
+    def step(self, f, t0, h, y0, params, state):
+        return super().step(f, t0, h, y0, params, state)
+
+
 def test_where_the_kernel_refuses_a_rosenbrock_method():
+    """Rodas5P and Rosenbrock23 run in loop form on any number of states; a method with a
+    step of its own is translated whole, and refused past `ROSENBROCK_MAX_STATES`."""
+    from gradsolve.drivers.kernel.rosenbrock_source import loop_kind
+
+    assert [loop_kind(s) for s in (*SOLVERS, _OwnStep())] == [0, 1, None]
     d = ROSENBROCK_MAX_STATES + 1
     f = lambda t, y, p: -p * y
     y0, p = jnp.ones((2, d)), jnp.ones((2, d))
-    for solver in SOLVERS:
-        reason = KERNEL.replay_reason(f, solver, y0, p)
-        assert f"up to {ROSENBROCK_MAX_STATES} states" in reason
-        with warnings.catch_warnings():  # Auto passes the kernel over without a warning
-            warnings.simplefilter("error")
-            assert gs.drivers.Auto().choose("replay", f, solver, y0, p).name == \
-                "gradsolve-batched"
+    reason = KERNEL.replay_reason(f, _OwnStep(), y0, p)
+    assert f"up to {ROSENBROCK_MAX_STATES} states" in reason and "_OwnStep" in reason
+    with warnings.catch_warnings():  # Auto passes the kernel over without a warning
+        warnings.simplefilter("error")
+        auto = gs.drivers.Auto()
+        assert auto.choose("replay", f, _OwnStep(), y0, p).name == "gradsolve-batched"
+        assert auto.explain("replay", f, _OwnStep(), y0, p).startswith(
+            f"gradsolve-batched: gradsolve-kernel passed over: {reason}")
     assert KERNEL.replay_reason(f, gs.Tsit5(), y0, p) is None  # explicit solvers: any size
+
+
+def chain(t, y, k):
+    """A chain of ``d`` states, the first fed by the last (``2 d`` Jacobian nonzeros),
+    non-autonomous through a forcing of the first."""
+    prev = jnp.roll(y, 1)
+    force = jnp.zeros_like(y).at[0].set(0.1 * jnp.sin(3.0 * t))
+    return k[:-1] * prev / (1.0 + prev) - k[1:] * y + force
+
+
+@pytest.mark.slow  # a kernel build of its own (~10 s of compiler CPU); the loop form against
+# the XLA replay in the normal suite: robertson-Rodas5P above
+@pytest.mark.parametrize("solver", SOLVERS, ids=IDS)
+def test_more_states_than_the_old_limit(solver):
+    """A 12-state chain (past the 10 states the unrolled step allowed), stiff rates
+    spread over four decades: values and gradients w.r.t. y0, the rates and the save times
+    equal the XLA replay's on one mesh."""
+    d, n = 12, 3
+    k = jnp.logspace(-1, 3, d + 1)[None] * (1 + 0.1 * jnp.arange(n))[:, None]
+    y0 = jnp.ones((n, d)) * jnp.linspace(0.5, 1.5, d)
+    ts = jnp.linspace(0.2, 2.0, 5)
+    mesh = gs.record(chain, 0.0, 2.0, y0, k, ts=ts, solver=solver,
+                     rtol=RTOL[type(solver).__name__], atol=1e-10, driver=XLA)
+    ts_b = jnp.broadcast_to(ts, (n, ts.shape[0]))
+    w = jnp.linspace(1.0, 2.0, d)
+
+    def loss(driver):
+        def fn(y, q, t):
+            sol = gs.replay(chain, mesh, y, q, ts=t, driver=driver)
+            return jnp.sum(jnp.sin(sol.ys * w)) + jnp.sum(sol.y1 ** 2), sol
+        return jax.value_and_grad(fn, argnums=(0, 1, 2), has_aux=True)
+
+    (v, sol), g = loss(KERNEL)(y0, k, ts_b)
+    (vx, sol_x), gx = loss(XLA)(y0, k, ts_b)
+    assert sol.route == "gradsolve-kernel"
+    np.testing.assert_allclose(sol.ys, sol_x.ys, rtol=1e-10, atol=1e-13)
+    for a, b in zip(g, gx):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * float(jnp.max(jnp.abs(b))))
+
+
+def test_a_singular_w_gives_a_nan_row_not_a_number():
+    """A step whose W = I / gamma - h J is exactly singular (``h gamma J`` has the
+    eigenvalue 1) cannot be taken: that trajectory's values past it are NaN and its error
+    ratio infinite, never a finite wrong number; the other trajectories are untouched. The
+    record meets such a step as a rejected one (its error estimate is not finite) and
+    shrinks it, so it solves the same problem."""
+    import equinox as eqx
+
+    f = lambda t, y, p: p * y  # J = p: W = 1 / gamma - h p
+    y0 = jnp.ones((3, 1))
+    p = jnp.array([[0.5], [1.0], [0.7]])
+    ts = jnp.array([0.5, 1.0])
+    mesh = gs.record(f, 0.0, 1.0, y0, p, ts=ts, solver=gs.Rodas5P(), driver=XLA)
+    # A uniform mesh of 8 steps (h = 1/8 exactly, so h * 8 / gamma is exactly 1 / gamma)
+    N, width = 8, mesh.times.shape[1]
+    assert width > N
+    grid = jnp.concatenate([jnp.linspace(0.0, 1.0, N + 1), jnp.ones(width - N - 1)])
+    mesh = eqx.tree_at(lambda m: (m.times, m.n_steps, m.save_index), mesh,
+                       (jnp.tile(grid, (3, 1)), jnp.full((3,), N, mesh.n_steps.dtype),
+                        jnp.tile(jnp.array([N // 2, N], mesh.save_index.dtype), (3, 1))))
+    q = (1.0 / gs.Rodas5P.gamma) * N
+    p_sing = p.at[1, 0].set(q)
+    sol = gs.replay(f, mesh, y0, p_sing, driver=KERNEL)
+    ref = gs.replay(f, mesh, y0, p_sing, driver=XLA)
+    assert sol.route == "gradsolve-kernel"
+    assert np.all(np.isnan(sol.ys[1])) and np.all(np.isnan(sol.y1[1]))
+    assert sol.error_ratio[1] == np.inf
+    for r in (0, 2):
+        np.testing.assert_allclose(sol.ys[r, :, 0], np.exp(p[r, 0] * ts), rtol=1e-4)
+        np.testing.assert_allclose(sol.ys[r], ref.ys[r], rtol=1e-12)
+    g = jax.grad(lambda q: jnp.sum(gs.replay(f, mesh, y0, q, driver=KERNEL).ys))(p_sing)
+    assert np.isnan(g[1, 0]) and np.all(np.isfinite(g[::2]))
+    # the record of the same problem steps around it
+    rec = gs.record(f, 0.0, 1.0, y0, p_sing, ts=ts, solver=gs.Rodas5P(), driver=KERNEL)
+    np.testing.assert_array_equal(rec.status, 0)
+    np.testing.assert_allclose(gs.replay(f, rec, y0, p_sing, driver=KERNEL).y1[:, 0],
+                               np.exp(p_sing[:, 0]), rtol=1e-5)
 
 
 @pytest.mark.slow

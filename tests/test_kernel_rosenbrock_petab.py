@@ -15,7 +15,9 @@ mesh, i.e. the replay's discrete adjoint.
 Problems (states, estimated parameters, conditions): Boehm_JProteomeRes2014 (8, 9, 1) and
 Fujita_SciSignal2010 (9 species and 1 switch state for its EGF input's end, 19, 6) from
 ``tests/data/petab``, and Armistead_CellDeathDis2024 (4, 14, 2; noise proportional to the
-state) from the benchmark collection where it is checked out (``../shared``). Each is
+state) and Zheng_PNAS2012 (15 states, more than the 10 the unrolled step allowed; a
+pre-equilibration, replayed like the other solves) from the benchmark collection where it
+is checked out (``../shared``). Each is
 taken at its nominal parameters moved 2 % of each bound range towards the range's middle
 (off the optimum, so no gradient component is only rounding), its mesh recorded there by
 the kernel at the problem's tolerances (rtol 1e-8, atol 1e-12).
@@ -64,6 +66,9 @@ PROBLEMS = [
     pytest.param(DATA / "Boehm_JProteomeRes2014", id="Boehm"),
     pytest.param(DATA / "Fujita_SciSignal2010", id="Fujita"),
     pytest.param(COLLECTION / "Armistead_CellDeathDis2024", id="Armistead",
+                 marks=pytest.mark.skipif(not COLLECTION.is_dir(),
+                                          reason="the benchmark collection is not here")),
+    pytest.param(COLLECTION / "Zheng_PNAS2012", id="Zheng",
                  marks=pytest.mark.skipif(not COLLECTION.is_dir(),
                                           reason="the benchmark collection is not here")),
 ]

@@ -19,25 +19,23 @@ from .lanes import Lanes, lane_field
 from .pallas import Pallas
 
 
-ROSENBROCK_ON_KERNEL = False
+ROSENBROCK_ON_KERNEL = True
 """Whether `Auto` runs Rosenbrock methods (`gradsolve.Rodas5P`, `gradsolve.Rosenbrock23`)
-on the compiled kernel where it applies (at most
-`gradsolve.drivers.kernel.driver.ROSENBROCK_MAX_STATES` states). Their values and gradients
-there equal the XLA replay's to 1e-10 on one mesh, 7-60x faster
-(``benchmarks/bench_kernel_rosenbrock.py``). Off by default for now: such a kernel takes
-about 47 s to build at 8 states and 2 minutes at 10 on a 2-core machine, longer than many
-a stiff fit's whole run, so `Auto` keeps the XLA drivers; ``driver=gs.drivers.Kernel()``
-runs them on the kernel (``gs.drivers.Kernel().prebuild`` or ``gradsolve build-cache``
-builds it ahead of time)."""
+on the compiled kernel where it applies. Their values and gradients there equal the XLA
+replay's to 1e-10 on one mesh, several times faster (``benchmarks/README.md``). Rodas5P
+and Rosenbrock23 run in loop form on any number of states, built in seconds at a few
+states and in the background past ``$GRADSOLVE_KERNEL_BACKGROUND_S`` (the XLA drivers run
+meanwhile), as explicit fields are. False: `Auto` keeps stiff solvers on the XLA drivers
+(``driver=gs.drivers.Kernel()`` still runs them on the kernel)."""
 
 
 class Auto(AbstractDriver):
     """The default ``driver=``: per call, the first driver that applies.
 
-    Record: `Kernel` (CPU, explicit solvers, a translatable field, a compiler; Rosenbrock
-    methods too where `ROSENBROCK_ON_KERNEL`), else `Batched`. Replay: `Kernel`, else
-    `Lanes` (explicit solvers with a small field; GPU and TPU), else `Batched` (stiff and
-    Diffrax solvers, anything else); on a TPU `Pallas`
+    Record: `Kernel` (CPU, explicit solvers and Rosenbrock methods, a translatable field,
+    a compiler), else `Batched`. Replay: `Kernel`, else
+    `Lanes` (explicit solvers with a small field; GPU and TPU), else `Batched` (stiff
+    solvers off the CPU, Diffrax solvers, anything else); on a TPU `Pallas`
     (fused kernels: explicit solvers, float32, known-time events included) comes first in both; known-time events
     (``jumps=``, ``tstops=``) change nothing in that order. A solve with a solver
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
@@ -63,10 +61,10 @@ class Auto(AbstractDriver):
         >>> sol = gs.solve(f, 0.0, 10.0, y0, p)      # driver=gs.drivers.Auto()
         >>> sol.route                                # on CPU with a compiler
         'gradsolve-kernel'
-        >>> gs.drivers.Auto().choose("replay", f, gs.Rodas5P(), y0, p).name
-        'gradsolve-batched'
-        >>> gs.replay(f, mesh, y0, p, driver=gs.drivers.Kernel()).route  # stiff, <= 10 states
+        >>> gs.drivers.Auto().choose("replay", f, gs.Rodas5P(), y0, p).name  # stiff too
         'gradsolve-kernel'
+        >>> gs.drivers.Auto().explain("replay", f, gs.Rodas5P(), y0, p)
+        'gradsolve-kernel: the compiled kernel applies.'
     """
 
     name: ClassVar[str] = "auto"
@@ -80,24 +78,52 @@ class Auto(AbstractDriver):
         ``solver`` on batched ``y0 (n, d)`` and ``params``; ``events``: with known-time
         events (``jumps=``/``tstops=``), which every driver applies but the replay of
         `gradsolve.drivers.Diffrax`."""
+        return self._choose(kind, f, solver, y0, params, events)[0]
+
+    def explain(self, kind: str, f, solver, y0, params, *, events: bool = False) -> str:
+        """Which driver `choose` takes for this work and why: ``"<route>: <reason>"``,
+        the reason naming each faster driver passed over and its own reason (e.g. a
+        stiff kernel still compiling in the background, the XLA driver serving meanwhile).
+
+        Example:
+            >>> gs.drivers.Auto().explain("replay", f, gs.Rodas5P(), y0, p)
+            'gradsolve-kernel: the compiled kernel applies.'
+        """
+        driver, passed = self._choose(kind, f, solver, y0, params, events)
+        why = "; ".join(f"{name} passed over: {reason}" for name, reason in passed)
+        return f"{driver.name}: " + (why if why else
+                                     f"{_DESCRIPTIONS.get(type(driver), driver.name)} applies.")
+
+    def _choose(self, kind, f, solver, y0, params, events):
+        """``(driver, [(name, reason) of the drivers passed over before it])``."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
         if jax.default_backend() == "tpu":  # the fused kernels first, where they apply
             order = (Pallas(),) + order
         untranslated = []  # (driver, what its translator did not handle)
+        passed = []
         for driver in order:
-            if isinstance(driver, Kernel) and (
-                    not kernel_allowed()
-                    or (isinstance(solver, AbstractRosenbrock) and not ROSENBROCK_ON_KERNEL)
-                    or kernel_target(f, solver, y0, params, background=True).building):
-                continue
-            if reason_for(driver, kind, f, solver, y0, params, events) is None:
+            if isinstance(driver, Kernel):
+                if not kernel_allowed():
+                    passed.append((driver.name, "switched off (gs.use_compiled_kernel)."))
+                    continue
+                if isinstance(solver, AbstractRosenbrock) and not ROSENBROCK_ON_KERNEL:
+                    passed.append((driver.name, "Rosenbrock methods are kept off it "
+                                                "(ROSENBROCK_ON_KERNEL)."))
+                    continue
+                target = kernel_target(f, solver, y0, params, background=True)
+                if target.building:
+                    passed.append((driver.name, target.reason))
+                    continue
+            reason = reason_for(driver, kind, f, solver, y0, params, events)
+            if reason is None:
                 if untranslated:
                     warn_untranslated(f, untranslated, driver)
-                return driver
+                return driver, passed
+            passed.append((driver.name, reason))
             what = None if events else _untranslated(driver, f, solver, y0, params)
             if what is not None:
                 untranslated.append((driver, what))
-        return Batched()
+        return Batched(), passed
 
     @staticmethod
     def wait_for_kernels(timeout: float | None = None) -> bool:

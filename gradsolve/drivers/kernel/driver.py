@@ -36,7 +36,7 @@ from ..._solver.diffrax_adapter import as_solver
 from ..base import AbstractDriver, ReplayLayout, ReplayNodes, ReplayOutput
 from . import build, lowering
 from .codegen import Unsupported
-from .rosenbrock_source import StepUnsupported
+from .rosenbrock_source import StepUnsupported, loop_kind
 from .source import generate
 
 # (f, solver type, shapes, dtypes) -> FFI target prefix, or the reason there is none
@@ -118,12 +118,13 @@ slots (10,000 trajectories: ~1 GB reserved, ~25 MB touched) keeps the faster row
 _MAX_VARIANTS = 4
 
 ROSENBROCK_MAX_STATES = 10
-"""Most states a Rosenbrock method (`gradsolve.Rodas5P`, `gradsolve.Rosenbrock23`) runs
-with on the kernel. Its step is translated whole, the dense LU factorisation with partial
-pivoting and the stage solves included, so its C++ grows with ``d**3`` and its build
-faster still: measured on a loaded 2-core machine (Rodas5P, Lorenz-96 fields, every part
-including ``bwdt``) 47 s at 8 states (1.2 MB), 2 minutes at 10 (1.9 MB), 3 at 12
-(2.8 MB); larger systems run on the XLA drivers."""
+"""Most states a Rosenbrock method with a ``step`` of its own (neither the tableau form of
+`gradsolve.AbstractRosenbrock`, e.g. `gradsolve.Rodas5P`, nor `gradsolve.Rosenbrock23`)
+runs with on the kernel. Such a step is translated whole, its dense LU and stage solves
+unrolled, so its C++ grows with ``d**3`` and its build faster still (47 s at 8 states, 2
+minutes at 10 on a loaded 2-core machine). Rodas5P and Rosenbrock23 run in loop form
+(`gradsolve.drivers.kernel.rosenbrock_source.LoopRosenbrockSource`) on any number of
+states: their build grows with the Jacobian's nonzeros (``benchmarks/README.md``)."""
 
 
 def _too_many_variants(f, variant_key, source: str) -> bool:
@@ -202,9 +203,9 @@ def spread(make_call, n: int):
 
 def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
     """The compiled kernel for this problem (``Target.prefix``), or why it does not apply
-    (not on CPU, neither an explicit Runge–Kutta solver nor a Rosenbrock method on at most
-    `ROSENBROCK_MAX_STATES` states, non-float inputs, a vector field the translator does
-    not handle, no compiler). Works on abstract values (under ``jit``).
+    (not on CPU, neither an explicit Runge–Kutta solver nor a Rosenbrock method (one with
+    a ``step`` of its own on at most `ROSENBROCK_MAX_STATES` states), non-float inputs, a
+    vector field the translator does not handle, no compiler). Works on abstract values (under ``jit``).
 
     Builds the kernel if needed, waiting for it; with ``background=True`` a build
     estimated to take longer than ``$GRADSOLVE_KERNEL_BACKGROUND_S`` runs in a daemon
@@ -221,10 +222,12 @@ def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
     if dtype not in (jnp.float64, jnp.float32) or jnp.ndim(y0) != 2:
         return Target(None, f"it runs float32 and float64 states, not {dtype}.")
     d = jnp.shape(y0)[1]
-    if isinstance(solver, AbstractRosenbrock) and d > ROSENBROCK_MAX_STATES:
-        return Target(None, f"it runs Rosenbrock methods on up to {ROSENBROCK_MAX_STATES} "
-                            f"states (its LU factorisation is unrolled into straight-line "
-                            f"code), not {d}.")
+    if (isinstance(solver, AbstractRosenbrock) and loop_kind(solver) is None
+            and d > ROSENBROCK_MAX_STATES):
+        return Target(None, f"it runs a Rosenbrock method with a step of its own "
+                            f"({type(solver).__name__}) on up to {ROSENBROCK_MAX_STATES} "
+                            f"states (that step is translated whole, its LU factorisation "
+                            f"unrolled into straight-line code), not {d}.")
     leaves, treedef, shapes, dtypes = flatten_spec(params)
     if any(not jnp.issubdtype(dt, jnp.floating) for dt in dtypes):
         return Target(None, "every params leaf must be floating point for it.")
@@ -391,8 +394,9 @@ class Kernel(AbstractDriver):
 
     Applies on CPU to explicit Runge–Kutta solvers (`gradsolve.Tsit5`, `gradsolve.Dopri5`,
     `gradsolve.Vern7`) and to Rosenbrock methods (`gradsolve.Rodas5P`,
-    `gradsolve.Rosenbrock23`, any `gradsolve.AbstractRosenbrock`) on at most
-    `ROSENBROCK_MAX_STATES` states, with float32/float64 states and a vector field the
+    `gradsolve.Rosenbrock23` on any number of states; another `gradsolve.AbstractRosenbrock`
+    with a ``step`` of its own on at most `ROSENBROCK_MAX_STATES`), with float32/float64
+    states and a vector field the
     translator handles (no ``while`` loops; see `gradsolve._jaxpr`), where a C++ compiler
     is found. Several times faster than the XLA drivers (``benchmarks/README.md``;
     ``benchmarks/bench_kernel_rosenbrock.py`` for the stiff solvers). ``grad`` runs the

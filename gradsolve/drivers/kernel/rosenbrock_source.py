@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -313,3 +314,288 @@ class RosenbrockSource:
         bw.append("}")
         bw += [f"LAM[{r} * LANES + j] = cy_{r};" for r in R]
         return lane_loops(inputs, stmts, bw)
+
+
+# ------------------------------------------------------------------------ loop form
+
+
+class Elimination(NamedTuple):
+    """The elimination policy of a loop-form Rosenbrock kernel (``cc/rosenbrock.h`` states
+    its C++ interface): ``type``, the C++ class template taking the generated ``Model``
+    (``"DenseElimination"``); ``code``, C++ put after ``rosenbrock.h`` (the policy and its
+    tables, empty for the dense one); ``reason``, why it was chosen, for messages."""
+
+    type: str
+    code: str
+    reason: str
+
+
+DENSE = Elimination("DenseElimination", "", "dense LU with partial pivoting")
+
+
+def choose_elimination(rows: np.ndarray, cols: np.ndarray, d: int) -> Elimination:
+    """The elimination policy for a Jacobian of ``d`` states whose structural nonzeros are
+    at ``(rows[k], cols[k])``: a sparse one where
+    ``gradsolve.drivers.kernel._sparse.choose(rows, cols, d)`` offers one (an
+    `Elimination`, or None for dense), else `DENSE`."""
+    try:
+        from . import _sparse
+    except ImportError:
+        return DENSE
+    choose = getattr(_sparse, "choose", None)
+    if choose is None:
+        return DENSE
+    found = choose(np.asarray(rows), np.asarray(cols), d)
+    return DENSE if found is None else Elimination(*found)
+
+
+def loop_kind(solver) -> int | None:
+    """The loop-form template a Rosenbrock method runs on: 0 for the transformed tableau
+    form (`AbstractRosenbrock.step`, e.g. Rodas5P), 1 for `gradsolve.Rosenbrock23`'s own
+    step, None for a method with another ``step`` of its own (translated whole,
+    `RosenbrockSource`)."""
+    from ..._solver.rosenbrock23 import Rosenbrock23
+
+    step = type(solver).step
+    if step is AbstractRosenbrock.step:
+        return 0
+    if step is Rosenbrock23.step:
+        return 1
+    return None
+
+
+def _cpp_array(values) -> str:
+    a = np.asarray(values, dtype=np.float64)
+    if a.ndim == 1:
+        return "{" + ", ".join(repr(float(v)) for v in a) + "}"
+    return "{" + ", ".join(_cpp_array(row) for row in a) + "}"
+
+
+def _tableau(solver, kind: int) -> str:
+    """The ``Tableau`` struct of ``cc/rosenbrock.h``: the method's constants."""
+    if kind == 1:
+        from ..._solver import rosenbrock23 as r23
+
+        return (f"struct Tableau {{\n  static constexpr int KIND = 1, NST = 3;\n"
+                f"  static constexpr real ALPHA = (real)1;\n"
+                f"  static constexpr double DCOEF = {r23._d!r}, E32 = {r23._e32!r};\n}};")
+    s = len(solver.m)
+    return "\n".join([
+        "struct Tableau {",
+        f"  static constexpr int KIND = 0, NST = {s};",
+        # eye / gamma in the state's dtype, as the XLA step
+        f"  static constexpr real ALPHA = (real)1 / (real){float(solver.gamma)!r};",
+        "  static constexpr double DCOEF = 0, E32 = 0;",
+        f"  static constexpr double A[{s}][{s}] = {_cpp_array(solver.a)};",
+        f"  static constexpr double CC[{s}][{s}] = {_cpp_array(solver.C)};",
+        f"  static constexpr double M[{s}] = {_cpp_array(solver.m)};",
+        f"  static constexpr double ME[{s}] = {_cpp_array(solver.m_error)};",
+        f"  static constexpr double C[{s}] = {_cpp_array(solver.c)};",
+        f"  static constexpr double DD[{s}] = {_cpp_array(solver.d)};",
+        "};"])
+
+
+def _is_zero(expr) -> bool:
+    v = getattr(expr, "value", None)
+    return v is not None and not isinstance(v, np.bool_) and v == 0
+
+
+def _lane_function(signature: str, inputs: dict, lines: list[str], tail: list[str]) -> str:
+    """A static member function running ``lines`` (single assignments) then ``tail`` for
+    every lane, in ``omp simd`` loops of at most `CHUNK` statements (`lane_loops`)."""
+    body = lane_loops(inputs, lines, tail)
+    return (f"  static void {signature} {{\n    #pragma omp simd\n"
+            f"    for (int j = 0; j < LANES; ++j) {{\n      {body}\n    }}\n  }}")
+
+
+class LoopRosenbrockSource:
+    """A Rosenbrock step in loop form (``cc/rosenbrock.h``): the generated C++ holds only
+    what depends on the model (``Model``: ``f``, the Jacobian's structural nonzeros and
+    ``df/dt``, and the vector-Jacobian products of the adjoint), the stages, ``W``, its
+    factorisation and solves, and the reverse step are fixed loops instantiated by size
+    and tableau. The same interface as `RosenbrockSource` (and `source._Source`), plus
+    `block` (the text of kernel.cc's ``@ROSENBROCK@``).
+
+    The reverse step is the exact discrete adjoint of the forward step, recomputed from
+    the stored state. For the tableau form (``u_i = W^-1 r_i``, ``W = I/gamma - h J``,
+    ``r_i = h F_i + sum_k C_ik u_k + d_i h^2 f_t``, ``F_i = f(t0 + c_i h, y0 + sum_k a_ik
+    u_k)``, ``y1 = y0 + sum_i m_i u_i``), with ``lambda`` the cotangent of ``y1``, for
+    ``i = s-1, ..., 0``::
+
+        ubar_i = m_i lambda + sum_{k>i} (C_ki rbar_k + a_ki Ybar_k)
+        rbar_i = W^-T ubar_i
+        hbar  += <rbar_i, F_i> + 2 d_i h <rbar_i, f_t>,   f_t bar += d_i h^2 rbar_i
+        (Tbar_i, Ybar_i, pbar) += (df/d(t, y, p))(T_i, Y_i)^T (h rbar_i)
+        ybar0 += Ybar_i,  t0bar += Tbar_i,  hbar += c_i Tbar_i
+
+    and ``W``'s cotangent ``-sum_i rbar_i u_i^T`` reaches the Jacobian's nonzeros as
+    ``Jbar = h G``, ``G = sum_i rbar_i u_i^T`` on the pattern, and ``h`` as ``<J, G>``;
+    one second-order product (the VJP of ``(f0, J's nonzeros, f_t)`` with cotangents
+    ``(F_0 bar, Jbar, f_t bar)``) ends the step. Rosenbrock23's step is adjoined the same
+    way, line by line (``cc/rosenbrock.h``, ``backward_ode23s``).
+
+    The factorisation is recomputed in the reverse step, not carried from the forward
+    sweep: the reverse step recomputes the stages anyway (they need ``f`` at the stored
+    state), and carrying ``W``'s factors would store ``d**2`` numbers per step instead of
+    ``d``.
+    """
+
+    fsal = False
+    prefix = RosenbrockSource.prefix
+
+    def __init__(self, f_flat, d: int, p_size: int, dtype, solver):
+        import jax
+        import jax.numpy as jnp
+
+        from ..._solver.rosenbrock import jacobians
+
+        self.d, self.p_size, self.dtype = d, p_size, dtype
+        self.kind = loop_kind(solver)
+        self.solver = solver
+        self.s = 3 if self.kind == 1 else len(solver.m)
+        scalar = jax.ShapeDtypeStruct((), dtype)
+        vec = jax.ShapeDtypeStruct((d,), dtype)
+        pvec = jax.ShapeDtypeStruct((p_size,), dtype)
+        self.ex = (scalar, vec, pvec)
+        fvec = lambda t, y, p: jnp.asarray(f_flat(t, y, p), dtype)
+        self.fvec = lambda t, y, p: (fvec(t, y, p),)
+        self.jacobians = lambda t, y, p: jacobians(fvec, t, y, p)
+        self._fvec_raw = fvec
+        self.R = range(d)
+        self.pn = _obj([f"p_{r}" for r in range(p_size)]).reshape(p_size)
+        self.yn = _obj([f"y_{r}" for r in self.R])
+
+    def _inputs(self, extra=()):
+        out = {"ta": "const real ta = T[j];",
+               **{f"y_{r}": f"const real y_{r} = Y[{r} * LANES + j];" for r in self.R},
+               **{f"p_{r}": f"const real p_{r} = PR[{r} * LANES + j];"
+                  for r in range(self.p_size)}}
+        for prefix, array, size in extra:
+            out.update({f"{prefix}_{r}": f"const real {prefix}_{r} = {array}[{r} * LANES + j];"
+                        for r in range(size)})
+        return out
+
+    def _model(self) -> str:
+        import jax
+
+        d, P = self.d, self.p_size
+        t_ex, y_ex, p_ex = self.ex
+        args = [_obj("ta"), self.yn, self.pn]
+        # f
+        f_lines, (f_out,) = translate(self.fvec, list(self.ex), args)
+        # the Jacobian, its pattern (the entries the folded translation leaves non-constant
+        # or nonzero) and df/dt
+        j_lines, (o_f0, o_jac, o_ft) = self._translate(self.jacobians, list(self.ex), args)
+        nz = [k for k, e in enumerate(o_jac) if not _is_zero(e)]
+        rows = np.array([k // d for k in nz], dtype=np.int64)
+        cols = np.array([k % d for k in nz], dtype=np.int64)
+        self.rows, self.cols = rows, cols
+        nnz = len(nz)
+        fvec = self._fvec_raw
+
+        def f_vjp(t, y, p, fb):
+            return jax.vjp(fvec, t, y, p)[1](fb)
+
+        def picked(t, y, p):
+            f0, jac, ft = self.jacobians(t, y, p)
+            return f0, jac[rows, cols], ft
+
+        def jac_vjp(t, y, p, f0b, jb, ftb):
+            return jax.vjp(picked, t, y, p)[1]((f0b, jb, ftb))
+
+        fb_ex = y_ex
+        fv_lines, (o_t, o_y, o_p) = self._translate(
+            f_vjp, [t_ex, y_ex, p_ex, fb_ex], [*args, _obj([f"fb_{r}" for r in self.R])])
+        jb_ex = jax.ShapeDtypeStruct((nnz,), self.dtype)
+        jv_lines, (q_t, q_y, q_p) = self._translate(
+            jac_vjp, [t_ex, y_ex, p_ex, fb_ex, jb_ex, fb_ex],
+            [*args, _obj([f"f0b_{r}" for r in self.R]),
+             _obj([f"jb_{k}" for k in range(nnz)]).reshape(nnz),
+             _obj([f"ftb_{r}" for r in self.R])])
+        vjp_tail = lambda ot, oy, op: (
+            [f"TB[j] = {ot[0]};"] + [f"YB[{r} * LANES + j] = {oy[r]};" for r in self.R]
+            + [f"PB[{r} * LANES + j] += {op[r]};" for r in range(P)])
+        idx = lambda a: ", ".join(str(int(v)) for v in a) if len(a) else "0"
+        cotangents = [("f0b", "F0B", d), ("jb", "JNZB", nnz), ("ftb", "FTB", d)]
+        return "\n".join([
+            "struct Model {",
+            f"  static constexpr int NNZ = {nnz};",
+            f"  static constexpr int ROW[{max(nnz, 1)}] = {{{idx(rows)}}};",
+            f"  static constexpr int COL[{max(nnz, 1)}] = {{{idx(cols)}}};",
+            _lane_function("f(const real* T, const real* Y, const real* PR, real* F)",
+                           self._inputs(), f_lines,
+                           [f"F[{r} * LANES + j] = {f_out[r]};" for r in self.R]),
+            _lane_function("jac(const real* T, const real* Y, const real* PR, real* F0, "
+                           "real* JNZ, real* FT)", self._inputs(), j_lines,
+                           [f"F0[{r} * LANES + j] = {o_f0[r]};" for r in self.R]
+                           + [f"JNZ[{m} * LANES + j] = {o_jac[k]};" for m, k in enumerate(nz)]
+                           + [f"FT[{r} * LANES + j] = {o_ft[r]};" for r in self.R]),
+            _lane_function("f_vjp(const real* T, const real* Y, const real* PR, "
+                           "const real* FB, real* TB, real* YB, real* PB)",
+                           self._inputs([("fb", "FB", d)]), fv_lines, vjp_tail(o_t, o_y, o_p)),
+            _lane_function("jac_vjp(const real* T, const real* Y, const real* PR, "
+                           "const real* F0B, const real* JNZB, const real* FTB, real* TB, "
+                           "real* YB, real* PB)", self._inputs(cotangents), jv_lines,
+                           vjp_tail(q_t, q_y, q_p)),
+            "};"])
+
+    def _translate(self, fn, example, exprs):
+        try:
+            return translate(fn, example, exprs, emitter=RosenbrockEmitter)
+        except Unsupported as e:
+            raise StepUnsupported(f"the Jacobian of the vector field on {self.d} states "
+                                  f"({e})") from e
+
+    def block(self) -> str:
+        """kernel.cc's ``@ROSENBROCK@``: ``Model``, ``Tableau``, ``cc/rosenbrock.h``, the
+        elimination policy and the step's type ``GsRosenbrock``."""
+        from .source import _read
+
+        model = self._model()
+        elim = choose_elimination(self.rows, self.cols, self.d)
+        self.elimination = elim
+        return "\n\n".join([
+            model, _tableau(self.solver, self.kind), _read("rosenbrock.h"), elim.code,
+            f"typedef RosenbrockWork<Model, Tableau, {elim.type}<Model>> GsRosenbrock;"])
+
+    def forward(self) -> tuple[str, str, str]:
+        """``(forward_step, record_step, rhs_eval)``, as `source._Source.forward`."""
+        R, d = self.R, self.d
+        t_ex, y_ex, p_ex = self.ex
+        k0 = [f"k0_{r}" for r in R]
+        # f alone first: where it does not translate, that is the field's doing.
+        f_lines, (f_out,) = translate(self.fvec, list(self.ex), [_obj("ta"), self.yn, self.pn])
+        head = ["}", "GsRosenbrock& gs_rw = rosenbrock_work<GsRosenbrock>();",
+                "gs_rw.forward(TA, H, YB, PB, ACT, true);",
+                "const real* GS_Y1 = gs_rw.Y1;", "const real* GS_E = gs_rw.ERR;",
+                "#pragma omp simd", "for (int j = 0; j < LANES; ++j) {",
+                "const real rtol = RT[j], atol = AT[j];"]
+        head += [f"const real y_{r} = YB[{r} * LANES + j], y1_{r} = GS_Y1[{r} * LANES + j],"
+                 f" e_{r} = GS_E[{r} * LANES + j];" for r in R]
+        tail = ["real acc = 0, bad = 0;"]
+        for r in R:
+            tail.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
+                        f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
+        tail.append(f"real err = std::sqrt(acc / (real){d});")
+        tail.append("bad += err - err;")
+        tail.append("err = (bad == 0) ? err : (real)INFINITY;")
+        rec = head + tail + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
+        fw = head + tail + ["const bool act = ACT[j] != 0;",
+                            "EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];"]
+        fw += [f"YB[{r} * LANES + j] = act ? y1_{r} : y_{r};" for r in R]
+        ev = [*[f"const real y_{r} = YQ[{r} * LANES + j];" for r in R],
+              *[f"const real p_{r} = PB[{r} * LANES + j];" for r in range(self.p_size)],
+              "const real ta = TQ[j];",
+              _decl(k0), _block(f_lines, [(k0, f_out)]),
+              *[f"FQ[{r} * LANES + j] = FRESH[j] ? k0_{r} : FQ[{r} * LANES + j];" for r in R]]
+        return "\n      ".join(fw), "\n      ".join(rec), "\n      ".join(ev)
+
+    def backward(self) -> str:
+        """The reverse step (``LAM`` becomes ``y0``'s cotangent, ``CTP`` gathers ``p``'s;
+        under ``TIMES`` the node-time cotangents ``CH``, ``CT``)."""
+        return "\n      ".join([
+            "}", "alignas(64) real GS_CTT[LANES], GS_CTH[LANES];",
+            "GsRosenbrock& gs_rw = rosenbrock_work<GsRosenbrock>();",
+            "gs_rw.backward(TA, H, YB, PB, ACT, LAM, CTP, GS_CTT, GS_CTH);",
+            "#pragma omp simd", "for (int j = 0; j < LANES; ++j) {",
+            "if constexpr (TIMES) { CH[j] = GS_CTH[j]; CT[j] = GS_CTT[j] - GS_CTH[j]; }"])

@@ -292,16 +292,23 @@ def _fill(template: str, values: dict[str, str]) -> str:
 def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
     """Full C++ source. ``f_flat(t, y (d,), p (p_size,))`` is the flattened vector field;
     ``solver`` an explicit Runge–Kutta pair (its step written from the tableau, `_Source`)
-    or a Rosenbrock method (its ``step`` translated whole,
-    `gradsolve.drivers.kernel.rosenbrock_source.RosenbrockSource`)."""
+    or a Rosenbrock method: in loop form (the model's functions generated, the step fixed
+    C++, `gradsolve.drivers.kernel.rosenbrock_source.LoopRosenbrockSource`) where its
+    ``step`` is the tableau form's or Rosenbrock23's, else its ``step`` translated whole
+    (`gradsolve.drivers.kernel.rosenbrock_source.RosenbrockSource`)."""
     from ..._solver.rosenbrock import AbstractRosenbrock
-    from .rosenbrock_source import RosenbrockSource
+    from .rosenbrock_source import LoopRosenbrockSource, RosenbrockSource, loop_kind
 
     real = "double" if np.dtype(dtype) == np.float64 else "float"
-    kind = RosenbrockSource if isinstance(solver, AbstractRosenbrock) else _Source
+    if isinstance(solver, AbstractRosenbrock):
+        kind = RosenbrockSource if loop_kind(solver) is None else LoopRosenbrockSource
+    else:
+        kind = _Source
     src = kind(f_flat, d, p_size, dtype, solver)
+    # the loop form's model functions first: the Jacobian's pattern is found there
+    block = src.block() if hasattr(src, "block") else ""
     forward_step, record_step, rhs_eval = src.forward()
-    values = dict(
+    values = dict(ROSENBROCK=block,
         REAL=real, FFI_TYPE="F64" if real == "double" else "F32", D=d, P=max(p_size, 1),
         S=src.s, LANES=LANES, FSAL=int(src.fsal), FORWARD_STEP=forward_step,
         RHS_EVAL=rhs_eval, RECORD_STEP=record_step, ERROR_ORDER=int(solver.error_order),

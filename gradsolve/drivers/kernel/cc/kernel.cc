@@ -13,7 +13,9 @@
 ///      trajectory), S (stages), LANES, FSAL (0 or 1), ERROR_ORDER, VECTOR_MATH (the
 ///      libmvec declarations), FFI_TYPE (F64 or F32), and the generated straight-line code
 ///      of one lane: RHS_EVAL (lanes.h), FORWARD_STEP (forward.h), BACKWARD_STEP
-///      (backward.h), RECORD_STEP (record.h).
+///      (backward.h), RECORD_STEP (record.h); ROSENBROCK: empty for an explicit
+///      Runge–Kutta kernel, else the generated model functions, the tableau, rosenbrock.h
+///      and the elimination policy (rosenbrock_source.py).
 ///
 /// Each XLA FFI handler is compiled as its own shared library from this one source,
 /// selected by a macro: GS_PART_FWD (Fwd, forward.h), GS_PART_BWD and GS_PART_BWDT (Bwd,
@@ -30,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -66,6 +69,8 @@ namespace {
 #include "special_functions.h"
 
 #include "lanes.h"
+
+@ROSENBROCK@
 
 #include "forward.h"
 

@@ -223,13 +223,14 @@ struct RosenbrockWork {
   alignas(64) real ALPHA[LANES], BETA[LANES], HB[LANES], TB[LANES], TBI[LANES];
   alignas(64) int FAIL[LANES];
 
-  void assemble(const real* TA, const real* H, const real* Y, const real* PR, const int* ACT) {
+  void assemble(const real* TA, const real* H, const real* Y, const real* PR, const int* ACT,
+                bool factor = true) {
     M::jac(TA, Y, PR, F0, JNZ, FT);
     for (int j = 0; j < LANES; ++j) {
       ALPHA[j] = (real)T::ALPHA;
       BETA[j] = T::KIND == 0 ? H[j] : (real)T::DCOEF * H[j];
     }
-    el.factor(JNZ, ALPHA, BETA, ACT, FAIL);
+    if (factor) el.factor(JNZ, ALPHA, BETA, ACT, FAIL);
   }
 
   // The forward step into Y1 (and ERR, the error estimate, where `error`), stages kept.
@@ -352,7 +353,14 @@ struct RosenbrockWork {
   // (per lane) the cotangents of the step's start time t0 and its size h.
   void backward(const real* TA, const real* H, const real* Y, const real* PR, const int* ACT,
                 real* LAM, real* CTP, real* CTT, real* CTH) {
+#ifdef GS_ROSENBROCK_REUSE_PROBE
+    // A timing probe only (bench_kernel_rosenbrock.py --reuse-probe; wrong derivatives):
+    // the reverse step without its factorisation, the most that carrying the forward's
+    // factors could save.
+    assemble(TA, H, Y, PR, ACT, false);
+#else
     assemble(TA, H, Y, PR, ACT);
+#endif
     if constexpr (T::KIND == 0) forward_tableau(TA, H, Y, PR, false);
     else forward_ode23s(TA, H, Y, PR, false);
     std::memset(G, 0, sizeof(G));
