@@ -3,8 +3,11 @@
 - `log_density`, `numpyro_model`, `ParamSpace`: the unnormalised log posterior of a
   `models.ODEModel` given a `models.Dataset`, its NumPyro program, and the map to a flat
   unconstrained vector.
-- `fit` (Optax, many starts as one ensemble, mesh reuse with re-recording on drift),
-  `fit_least_squares` (batched Levenberg–Marquardt, all starts one ensemble), `FitResult`.
+- `fit` of any problem (many starts as one ensemble; ``method=`` or ``optimizer=``: Optax
+  with mesh reuse and re-recording on drift, the batched Levenberg–Marquardt, L-BFGS-B,
+  BFGS, the global search), `fit_least_squares` (batched Levenberg–Marquardt, all starts
+  one ensemble), `FitResult`; the optimiser objects are in `inference.optimize`
+  (`AbstractOptimizer` and its subclasses).
 - `sample`: NumPyro NUTS/HMC whose gradients come from replaying a recorded mesh;
   returns ``arviz.InferenceData``.
 - `fit_population`, `PopulationFit`: population maximum likelihood, random effects
@@ -23,20 +26,23 @@
   `population_program`, the program of a many-subject `models.PopulationModel`.
 - `MeshPolicy`: the one rule by which fits and samplers record, reuse and re-record
   meshes; `InferenceModel`: what a model must provide (`models.ODEModel` does);
-  `AbstractProblem`: what fitters and samplers ask of a posterior (an ODE model's and a
-  program's problems implement it, each with its own sampler defaults).
+  `AbstractProblem`: what fitters, samplers and profiles ask of a problem (an ODE model's,
+  a program's, a PEtab problem's and a population model's problems implement it).
 - A `models.PetabProblem` carries its data, bounds and priors: ``fit(problem,
   n_starts=...)`` is a multistart fit (Latin hypercube starts, all starts one ensemble,
-  a batched bounded Levenberg–Marquardt in ``optimize/_lm.py``) and ``sample(problem)`` NumPyro
-  NUTS on its log-likelihood and priors (``petab/_petab.py``).
+  the batched bounded Levenberg–Marquardt of ``optimize/_lm.py``) and ``sample(problem)``
+  NUTS on its log-likelihood and priors; ``petab/`` only turns its tables into a problem.
 
-Default ODE tolerances of every function here: ``rtol = 1e-6``, ``atol = 1e-8``
-(`TOLERANCES`; why these, in ``inference/problem/_problem.py``).
+Default ODE tolerances: `TOLERANCES`, the one place every function takes them from (its
+docstring says which pair applies where, and why).
 
-How a fit runs, file by file: `fit` (``optimize/_fit.py``) validates, flattens the parameters once
-(``problem/_starts.py``), builds a `FitState` and advances it with `FitKernel.step`; each step
-evaluates `Problem.log_density` (``problem/_problem.py``), which calls ``gs.replay`` on the
-recorded mesh; `MeshPolicy` (``problem/_policy.py``) decides the re-records, which call
+How a fit runs, file by file: `fit` (``optimize/_fit.py``) validates, builds the problem
+(``problem/_program.py``'s `problem_for`, or a PEtab problem's), draws the starts
+(``problem/_starts.py``) and hands them to an optimiser object's ``minimize``; the default
+for a model or a program is `inference.optimize.Optax` (``optimize/_optax.py``), which
+builds a `FitState` and advances it with `FitKernel.step`; each step evaluates
+`Problem.log_density` (``problem/_problem.py``), which calls ``gs.replay`` on the recorded
+mesh; `MeshPolicy` (``problem/_policy.py``) decides the re-records, which call
 ``gs.record`` through `Problem.record`. A NumPyro program with `ode` sites (or a population model, through
 `population_program`) runs the same way through `ProgramProblem` (``problem/_program.py``): its
 latent sites are the parameters, its ode sites' meshes are recorded and replayed by the
@@ -76,10 +82,18 @@ from .sampling._sample import sample
 from .problem._space import ParamSpace
 
 TOLERANCES = _TOLERANCES
-"""The default ODE tolerances of every function of `inference`: ``rtol = 1e-6``,
-``atol = 1e-8`` (``rtol`` that of ``gs.solve``; ``atol`` that of the Diffrax baseline the
-samplers are checked against). `models.ODEModel.solve` and ``simulate`` default to 1e-8 /
-1e-10, so that synthetic data do not carry a fit's own discretisation error.
+"""The default ODE tolerances of every function of `inference`, in this one place:
+
+- ``rtol = 1e-6``, ``atol = 1e-8``: `fit`, `fit_least_squares`, `sample`, `profile`,
+  `log_density`, `predictive` and `diffrax_numpyro_model` of an ODE model or a program
+  (``rtol`` that of ``gs.solve``; ``atol`` that of the Diffrax baseline the samplers are
+  checked against).
+- ``population_rtol = 1e-8``, ``population_atol = 1e-10``: `fit_population`,
+  `profile_intervals` and `profile` of a population fit (the outer optimiser
+  differentiates an objective that holds each subject's Hessian, so it needs more digits).
+- A PEtab problem solves at its own settings (`models.load_petab`'s ``rtol``/``atol``)
+  unless given others; `models.ODEModel.solve` and ``simulate`` default to 1e-8 / 1e-10,
+  so that synthetic data do not carry a fit's own discretisation error.
 
 Example:
     >>> inference.fit(model, data, rtol=inference.TOLERANCES.rtol / 10)

@@ -17,6 +17,7 @@ import numpy as np
 
 from .._checkpoint import digest
 from ..problem._abstract import AbstractProblem, _scale_of
+from ..problem._problem import TOLERANCES
 from ._checks import float32_rtol
 from ._population_fit import _objective, _problem
 
@@ -44,7 +45,8 @@ class PopulationProblem(AbstractProblem):
     """
 
     def __init__(self, model, data, *, method: str = "foce-i", params=None,
-                 rtol: float = 1e-8, atol: float = 1e-10, solver=None,
+                 rtol: float = TOLERANCES.population_rtol,
+                 atol: float = TOLERANCES.population_atol, solver=None,
                  inner_iterations: int = 50, driver=None, seed: int = 0,
                  caller: str = "inference.profile"):
         rtol = float32_rtol(method, rtol, caller)

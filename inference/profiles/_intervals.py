@@ -16,6 +16,7 @@ import numpy as np
 
 from ..population._population_fit import PopulationFit
 from ..population._problem import PopulationProblem
+from ..problem._problem import TOLERANCES
 from ._profile import profile
 
 __all__ = ["profile_intervals", "ProfileIntervals"]
@@ -71,8 +72,8 @@ def profile_intervals(
     level: float = 0.95,
     tol: float = 0.01,
     max_steps: int = 8,
-    rtol: float = 1e-8,
-    atol: float = 1e-10,
+    rtol: float = TOLERANCES.population_rtol,
+    atol: float = TOLERANCES.population_atol,
     solver=None,
     inner_iterations: int = 50,
     driver=None,
