@@ -1,5 +1,6 @@
 """The chains of `inference.sample`: NumPyro's NUTS/HMC kernel on the replay potential,
-vectorised over chains, and what a sampler carries: its `SampleState` (what the next
+vectorised over chains (`ChainKernel`, the `NUTS` and `HMC` samplers' kernel; ChEES's,
+``_ensemble.py``, has the same interface), and what a sampler carries: its `SampleState` (what the next
 step needs) and `SampleInfo` (what the run reports).
 
 The potential of a chain at unconstrained ``u (D,)`` is ``U(u) = -(log prior + log |dx/du|
@@ -358,6 +359,11 @@ class ChainKernel:
         jax.block_until_ready(chains.z)
         draws = Draws(*(np.asarray(b)[:, :n] for b in out))
         return s._replace(chains=chains, iteration=s.iteration + n), draws, self.failures.count
+
+    def step(self, s: SampleState) -> tuple[SampleState, Draws, int]:
+        """One iteration of every chain (`run` of one): the kernel's BlackJAX-shaped
+        ``step`` beside `init`."""
+        return self.run(s, 1)
 
     def with_mesh(self, s: SampleState, mesh: gs.Mesh) -> SampleState:
         """``s`` on a new host mesh, the capacity raised if it needs more steps."""

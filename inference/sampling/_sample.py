@@ -1,10 +1,16 @@
-"""`sample`: NUTS/HMC (NumPyro) whose potential gradients come from gradsolve, returning
-ArviZ data.
+"""`sample`: NUTS/HMC (NumPyro), or another sampler object, whose potential gradients come
+from gradsolve, returning ArviZ data.
 
 The sampler works on the flat unconstrained vector ``u`` of `inference.ParamSpace`; its
-chains are a `ChainKernel` (``_chains.py``), its warmup ``_warmup.py``; it carries a
-`SampleState` (what its next step needs) and a `SampleInfo` (what it reports); a
-checkpoint holds both.
+chains are the sampler's kernel (``_samplers.py``: `NUTS` and `HMC` run NumPyro's,
+`ChainKernel` in ``_chains.py``; `ChEES` runs BlackJAX's jittered HMC with its chains in
+lockstep, ``_ensemble.py``), its warmup ``_warmup.py``; it carries a `SampleState` (what
+its next step needs) and a `SampleInfo` (what it reports); a checkpoint holds both. The
+run loop below and in ``_warmup.py`` is the same for every sampler: the meshes are
+recorded for all chains at once (one ``problem.record`` of ``(C, D)`` points),
+re-recorded between warmup windows, frozen for sampling and re-recorded where the draws
+leave them; the defaults below are NUTS's (`NUTS`), chosen by the problem's
+``hierarchical``.
 
 Mesh policy (``rerecord``; `MeshPolicy`), and why each is exact:
 
@@ -260,7 +266,10 @@ def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
     # a program's ode sites solve at max_steps themselves
     problem = problem_of(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
                          max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
-    sampler: Sampler = o["sampler"]
+    sampler = o.get("sampler")
+    if not isinstance(sampler, Sampler):
+        sampler = sampler_of(sampler, o.get("kernel"))
+    o = dict(o, sampler=sampler)
     o = sampler.settle(problem, o)
     o["kernel"] = sampler.name
     # lockstep chains are one ensemble: split over devices they would wait for each other
