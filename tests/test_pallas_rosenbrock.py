@@ -119,8 +119,8 @@ def test_block_step_equals_the_solvers_step(solver):
 
 def test_reasons_and_auto_for_rosenbrock(monkeypatch):
     """Rodas5P and Rosenbrock23 run in the kernels up to `MAX_STATES` states; past that,
-    or with a step of its own, the reason names it and `Auto` on a TPU takes the batched
-    XLA driver."""
+    or with a step of its own, the reason names it, and `Auto` on a TPU takes the batched
+    XLA driver, saying why (`Auto.explain`)."""
     y0, p = jnp.ones((3, 3)), jnp.ones((3, 3))
     for solver in (gs.Rodas5P(), gs.Rosenbrock23()):
         assert PALLAS.replay_reason(robertson, solver, y0, p) is None
@@ -144,6 +144,9 @@ def test_reasons_and_auto_for_rosenbrock(monkeypatch):
         assert isinstance(gs.drivers.Auto().choose(kind, wide, gs.Rodas5P(),
                                                    jnp.ones((3, big), f32), p.astype(f32)),
                           gs.drivers.Batched)
+        why = gs.drivers.Auto().explain(kind, wide, gs.Rodas5P(), jnp.ones((3, big), f32),
+                                        p.astype(f32))
+        assert why.startswith("gradsolve-batched:") and f"this system has {big}" in why
 
 
 def _replay_grads(f, mesh, y0, p, ts, driver):
@@ -265,3 +268,56 @@ def test_rosenbrock_kernels_lower_for_the_chip():
                 pytest.skip(f"this JAX lowers a rule only on a TPU: {e}")
             raise
         assert "tpu_custom_call" in text
+
+
+def oral(t, y, p):
+    """Absorption from a depot into a central compartment, with a zero-order input into it
+    from ``p["on"]`` to ``p["off"]`` (tstops there)."""
+    rate = jnp.where((t >= p["on"]) & (t < p["off"]), 2.0, 0.0)
+    return jnp.stack([-p["ka"] * y[0], p["ka"] * y[0] - p["k"] * y[1] + rate])
+
+
+# ~100 s in interpret mode on a busy 2-core machine; events on the explicit kernels:
+# tests/test_pallas.py, Rosenbrock steps in the kernels: the tests above
+@pytest.mark.slow
+def test_rodas5p_with_doses_jumps_and_tstops_equals_xla():
+    """Rodas5P with boluses, jumps of one's own (one at t0, one at a save time) and
+    tstops: the Pallas record takes the XLA record's steps, jumps and tstops; on its mesh
+    the Pallas replay's values and gradients (y0, parameters, save times, jump times and
+    sizes, dose times and amounts) equal the XLA replay's."""
+    n = 4
+    rng = np.random.default_rng(2)
+    p = {"ka": jnp.asarray(rng.uniform(0.8, 1.5, n)), "k": jnp.asarray(rng.uniform(0.1, 0.4, n)),
+         "on": jnp.full((n,), 15.0), "off": jnp.full((n,), 17.0)}
+    y0 = jnp.asarray(rng.random((n, 2)))
+    ts = jnp.array([0.0, 3.5, 9.0, 15.5, 24.0])
+    bt = jnp.asarray(np.stack([rng.uniform(0.2, 1.0, n), rng.uniform(8.2, 8.8, n)], 1))
+    ba = jnp.asarray(rng.uniform(100, 300, (n, 2)))
+    jt = jnp.tile(jnp.array([0.0, 9.0]), (n, 1))
+    js = jnp.asarray(rng.uniform(1, 5, (n, 2, 2)))
+
+    def doses(bt, ba):
+        return [gs.Bolus(time=bt, amount=ba, cmt=0)]
+
+    kw = dict(tstops=jnp.array([15.0, 17.0]), rtol=1e-6, atol=1e-6, solver=gs.Rodas5P())
+    mesh, ref = (gs.record(oral, 0.0, 24.0, y0, p, ts=ts, doses=doses(bt, ba), jumps=(jt, js),
+                           driver=driver, **kw) for driver in (PALLAS, BATCHED))
+    for name in ("n_steps", "n_rejected", "status", "save_index", "jump_index", "tstop_index"):
+        np.testing.assert_array_equal(np.asarray(getattr(mesh, name)),
+                                      np.asarray(getattr(ref, name)), err_msg=name)
+    np.testing.assert_allclose(np.asarray(mesh.times), np.asarray(ref.times), rtol=1e-9)
+
+    def run(driver):
+        def loss(y, q, tt, a, b, bt, ba):
+            s = gs.replay(oral, mesh, y, q, ts=tt, jumps=(a, b), doses=doses(bt, ba),
+                          driver=driver)
+            return jnp.sum(jnp.sin(s.ys / 30)) + jnp.sum((s.y1 / 30) ** 2), (s.ys, s.y1)
+
+        return jax.jit(jax.value_and_grad(loss, argnums=range(7), has_aux=True))(
+            y0, p, ts, jt, js, bt, ba)
+
+    (_, out), grads = run(PALLAS)
+    (_, out_x), grads_x = run(BATCHED)
+    assert _max_rel(out, out_x) <= 1e-10
+    for g, g_x in zip(grads, grads_x):
+        assert _max_rel(g, g_x) <= 1e-10
