@@ -378,9 +378,14 @@ def sample(
             its kernel and adaptation, and its defaults for the settings below left at
             ``None``. Every sampler runs in the same loop (meshes recorded for all
             chains at once, re-recorded in warmup, frozen and checked while sampling,
-            checkpoints). NUTS stays the default: on this project's CPU measurements
-            (``benchmarks/bench_samplers.py``) it gave more ESS per second than ChEES on
-            lynx-hare and eight schools.
+            checkpoints). NUTS is the default, with its 2 chains: ChEES adapts its step
+            size and trajectory length from statistics across the chains and wants many
+            (16 by default); with them it gave more ESS per second on a 2-core CPU
+            (``benchmarks/bench_samplers.py``, second runs: lynx-hare 944 against NUTS's
+            70 at 2 chains and 509 at 16; eight schools 282 against 40 and 267; in the
+            sampling phase alone 5-12 times NUTS's at 16 chains), so ask for it
+            (``sampler="chees"``) where many chains are wanted, on an accelerator above
+            all.
         kernel: ``"nuts"`` or ``"hmc"`` (the older spelling of ``sampler``).
         rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
             for an `ODEModel` or a program with no latent site in a plate, ``"always"``

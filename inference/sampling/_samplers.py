@@ -161,6 +161,9 @@ class ChEES(Sampler):
     The metric is a preconditioner estimated between warmup windows from the pooled
     chains' draws (dense under the same rule as NUTS, diagonal otherwise); the chains run
     BlackJAX's kernel in the whitened coordinates, which is HMC with that mass matrix.
+    Its chains run on one device as one ensemble (`sample`'s ``chain_method`` splits NUTS's
+    chains over devices, where each waits only for its own trees; lockstep chains wait for
+    none).
 
     Args:
         target_accept: the harmonic-mean acceptance dual averaging targets (``None``:
