@@ -175,3 +175,22 @@ def test_global_search_refuses_what_it_cannot_do():
         GlobalSearch(max_iter=2).minimize(problem, x0, mask=np.array([True] + [False] * 3))
     with pytest.raises(ValueError, match=r"`x0`'s coordinate 'x\[1\]'"):
         GlobalSearch(max_iter=2).minimize(problem, np.array([[0.0, 9.0, 0.0, 0.0]]))
+
+
+@pytest.mark.slow  # ~50-120 s: an ODE model's search and a multistart to compare with; the
+# search through the interface runs in the normal suite on Rastrigin's function above
+def test_fit_of_an_ode_model_by_the_global_search_reaches_the_better_of_two_optima():
+    """`inference.fit(ODEModel, data, method="global")`: lynx–hare's MAP objective has two
+    local optima (an L-BFGS-B multistart of 8 starts stops at 126.690 or 171.194); 30
+    generations of the search (unbounded coordinates, L-BFGS-B polish) reach the better one
+    in both rows it returns."""
+    import inference
+    import models
+
+    model, data = models.lynx_hare(), models.load_dataset("lynx_hare")
+    ref = inference.fit(model, data, method="lbfgs", n_starts=8, seed=0, progress=False)
+    assert ref.losses[-1] > ref.loss + 40
+    res = inference.fit(model, data, method="global", steps=30, n_starts=2, seed=0,
+                        progress=False)
+    assert res.method == "global" and len(res.losses) == 2
+    np.testing.assert_allclose(res.losses, ref.loss, rtol=1e-8)
