@@ -94,8 +94,10 @@ def _optimizer_of(problem, method, optimizer, steps, n_starts, init, seed, max_t
         _refuse_options(options, f"optimizer {type(optimizer).__name__}", ())
         return optimizer if steps == 1000 else optimizer.with_max_iter(steps)
     if method == "auto":
-        method = "optax" if optimizer is not None else getattr(problem, "default_method",
-                                                                "optax")
+        # the problem's own choice; else Optax where it has a ParamSpace and meshes to
+        # reuse, L-BFGS-B (inside any bounds) where it has not
+        method = "optax" if optimizer is not None else getattr(
+            problem, "default_method", "optax" if problem.space is not None else "lbfgs")
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {method_names()}, got {method!r}")
     entry = METHODS[method]
@@ -126,10 +128,11 @@ def _optimizer_of(problem, method, optimizer, steps, n_starts, init, seed, max_t
     for name, v, allowed in (("max_time", max_time, entry.max_time),
                              ("checkpoint", checkpoint, entry.checkpoint)):
         if v is not None and not allowed:
-            takes = [m for m, e in METHODS.items() if getattr(e, name)]
+            takes = sorted(m for m, e in METHODS.items() if getattr(e, name))
+            why = ("takes no time limit" if name == "max_time" else "keeps no state to resume")
             raise ValueError(f"`{name}` applies to method={' or '.join(map(repr, takes))} "
-                             f"only (the {method!r} fit of {_kind(problem)} runs each "
-                             "start to convergence)")
+                             f"only (method={method!r}, which fits {_kind(problem)}, {why}; "
+                             f"got {name}={v!r})")
     if max_time is not None and not (isinstance(max_time, (int, float, np.number))
                                      and not isinstance(max_time, bool) and max_time > 0):
         raise ValueError(f"`max_time` must be a number of seconds > 0 or None, got "
@@ -224,8 +227,9 @@ def fit(
     draws) go to an optimiser object (`inference.optimize.AbstractOptimizer`), which
     minimises the problem's objective over the coordinates it moves in, and the result
     maps them back to parameters. ``method="auto"`` is the problem's own choice: Optax
-    (Adam) for an ODE model, a program or a population model; the batched
-    Levenberg–Marquardt for a PEtab problem whose noise is all normal, else L-BFGS-B.
+    (Adam) for an ODE model or a program; the batched Levenberg–Marquardt for a PEtab
+    problem whose noise is all normal, else L-BFGS-B; L-BFGS-B for a problem object
+    without unconstrained coordinates of its own (a population model's outer problem).
     With Optax the starts form one ensemble recorded by one ``gs.record``; the loss
     gradient comes from replaying the recorded mesh (``gs.replay``), re-recorded only
     where the parameters drift (``inference/optimize/_optax.py``).

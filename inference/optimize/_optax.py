@@ -349,7 +349,8 @@ class Optax(AbstractOptimizer):
         checkpoint, checkpoint_every: a file the run's `FitState` is saved to every
             ``checkpoint_every`` steps (and resumed from); ``checkpoint_tags``: what else a
             resumed run must share with the saved one (e.g. the seed and ``init``).
-        seed: seeds the re-draws.
+        seed: seeds the re-draws (the first key of ``jax.random.split(PRNGKey(seed))``;
+            `inference.fit` draws its starts from the second).
 
     Example:
         >>> opt = inference.optimize.Optax(optax.adam(3e-2), max_iter=500)
@@ -390,6 +391,15 @@ class Optax(AbstractOptimizer):
         self.checkpoint_every, self.checkpoint_tags = int(checkpoint_every), checkpoint_tags
         self.seed = int(seed)
 
+    def check(self, problem) -> None:
+        """``ValueError`` where ``problem`` has no `ParamSpace` (Optax moves its
+        unconstrained coordinates and replays its meshes)."""
+        if getattr(problem, "space", None) is None:
+            raise ValueError(
+                f"Optax fits the unconstrained coordinates of a model or a program and "
+                f"replays their meshes; this {type(problem).__name__} has neither: use "
+                "method='lbfgs', 'bfgs' or 'lm'")
+
     def kernel(self, problem, *, prior: bool = True, mask=None) -> FitKernel:
         """The `FitKernel` this optimiser runs on ``problem``."""
         return FitKernel(problem, self.policy, self.transformation,
@@ -401,6 +411,7 @@ class Optax(AbstractOptimizer):
         final `FitState` (``"state"``), `inference.FitResult.status` (``"status"``) and the
         seconds of earlier resumed runs (``"elapsed"``)."""
         t_start = time.perf_counter()
+        self.check(problem)
         mask = checked_mask(problem, mask)
         gs.ensure_compilation_cache()
         kernel = self.kernel(problem, prior=prior, mask=mask)
@@ -415,8 +426,10 @@ class Optax(AbstractOptimizer):
             optimizer=opt_structure, **(self.checkpoint_tags or {}))
         state = _checkpoint.load(self.checkpoint, fingerprint, "fit")
         if state is None:
-            state = kernel.init(np.asarray(x0, float), jax.random.PRNGKey(self.seed),
-                                max_redraws=self.max_redraws, can_redraw=self.redraw)
+            # re-draws take the first half of the seed's split, `fit`'s starts the second
+            key = jax.random.split(jax.random.PRNGKey(self.seed))[0]
+            state = kernel.init(np.asarray(x0, float), key, max_redraws=self.max_redraws,
+                                can_redraw=self.redraw)
         else:
             state = state._replace(opt_state=_checkpoint.to_device(state.opt_state),
                                    mesh=state.mesh.to_device())
