@@ -424,6 +424,46 @@ def test_policy_on_the_collection(path, tmp_path):
 
 
 @needs_compiler
+def test_policy_refuses_growth_not_small_pivots(tmp_path):
+    """A pivot 1e-12 of its column is taken where its row is zero (it updates nothing:
+    the solves' backward error stays at rounding), and refused, with the dense policy
+    serving the block, where its row is not (the update would grow by 1e12)."""
+    n = 6
+    pattern = np.zeros((n, n), dtype=bool)
+    pattern[:, 0] = pattern[0, :] = True
+    pattern[np.arange(n), np.arange(n)] = True
+    h = Harness(pattern, tmp_path, order="natural")
+    rows, cols = np.nonzero(pattern)
+    alpha, beta = np.ones(LANES), np.ones(LANES)
+    jnz = np.empty((rows.size, LANES))
+    for k, (r, q) in enumerate(zip(rows, cols)):
+        # W = I - J: W[0, 0] ~ 1e-12, W[i, 0] = 1, W[i, i] = 3, W[0, j] = 0 (1 in lane 5)
+        jnz[k] = 1 - 1e-12 if r == q == 0 else -2.0 if r == q else -1.0 if q == 0 else 0.0
+        if r == 0 and q > 0:
+            jnz[k, 5] = -1.0
+    w = _w_of(pattern, jnz, alpha, beta)
+    b = np.random.default_rng(3).normal(size=(LANES, n))
+
+    def backward_error(x, j, transposed):
+        mat = w[j].T if transposed else w[j]
+        return np.abs(mat @ x - b[j]).max() / (np.abs(mat).sum(1).max() * np.abs(x).max())
+
+    act = np.ones(LANES)
+    act[5] = 0  # lane 5 inactive: the block is served by the sparse factors
+    fail, x, xt, fallbacks, _ = h.run(jnz, alpha, beta, b, act=act)
+    assert fallbacks == 0 and list(np.flatnonzero(fail)) == [5]
+    for j in range(LANES):
+        if j != 5:
+            assert backward_error(x[j], j, False) < 1e-16
+            assert backward_error(xt[j], j, True) < 1e-16
+    fail, x, xt, fallbacks, _ = h.run(jnz, alpha, beta, b)
+    assert fallbacks == 1 and not fail.any()
+    f = scipy.linalg.lu_factor(w[5])
+    np.testing.assert_allclose(x[5], scipy.linalg.lu_solve(f, b[5]), rtol=1e-12)
+    np.testing.assert_allclose(xt[5], scipy.linalg.lu_solve(f, b[5], trans=1), rtol=1e-12)
+
+
+@needs_compiler
 def test_chosen_policy_solves_as_scipy(tmp_path):
     """`_sparse.choose`'s C++, as the kernel gets it, on a Laske-sized random pattern."""
     rng = np.random.default_rng(11)
@@ -435,3 +475,56 @@ def test_chosen_policy_solves_as_scipy(tmp_path):
     _check(h, 2)
     dense = np.ones((12, 12), dtype=bool)
     assert _sparse.choose(*np.nonzero(dense), 12) is None
+
+
+# ---------------------------------------------------------------------- the whole kernel
+
+
+@pytest.mark.slow
+@needs_compiler
+@_in_collection
+@pytest.mark.parametrize("name", ["Zheng_PNAS2012"])
+def test_kernel_with_the_sparse_policy_equals_the_xla_replay(name):
+    """A collection problem of more than 10 states on the loop-form Rodas5P kernel, whose
+    Jacobian is sparse enough for the sparse policy (checked in the generated source):
+    the objective and its gradient on one recorded mesh equal the XLA replay's (JAX's
+    dense LU with partial pivoting, JAX's AD) to 1e-10. The mesh is recorded by the kernel
+    at the problem's tolerances, off the nominal point (2 % of each bound range)."""
+    pytest.importorskip("petab")
+    import gradsolve as gs
+    import models
+    from gradsolve.drivers.kernel import build as kb
+
+    kernel, xla = gs.drivers.Kernel(), gs.drivers.Batched()
+    problem = models.load_petab(COLLECTION / name, hierarchical=False, solver=gs.Rodas5P())
+    assert len(problem.state_ids) > 10
+    lo, hi = (np.asarray(b) for b in problem.bounds)
+    x0 = np.asarray(problem.nominal)
+    x = x0 + 0.02 * (hi - lo) * np.sign((lo + hi) / 2 - x0)
+    meshes = {}
+
+    def record(key, f, t0, t1, y0, params, *, ts=None, jumps=None):
+        meshes[key] = gs.record(f, t0, t1, y0, params, ts=ts, solver=problem.solver,
+                                rtol=problem.rtol, atol=problem.atol,
+                                max_steps=problem.max_steps, jumps=jumps, driver=kernel)
+        return gs.replay(f, meshes[key], y0, params, jumps=jumps, driver=kernel)
+
+    problem.log_likelihood(x, solve=record)
+    assert all(np.all(np.asarray(m.status) == 0) for m in meshes.values())
+
+    def objective(driver, routes):
+        def replay(key, f, t0, t1, y0, params, *, ts=None, jumps=None):
+            sol = gs.replay(f, meshes[key], y0, params, jumps=jumps, driver=driver)
+            routes.add(sol.route)
+            return sol
+        return lambda x: -problem.log_likelihood(x, solve=replay)
+
+    routes_k, routes_x = set(), set()
+    value_k, grad_k = jax.jit(jax.value_and_grad(objective(kernel, routes_k)))(x)
+    value_x, grad_x = jax.jit(jax.value_and_grad(objective(xla, routes_x)))(x)
+    assert routes_k == {"gradsolve-kernel"} and routes_x == {"gradsolve-batched"}
+    sources = [b.source for b in kb._built.values()]
+    assert any("GsSparseElimination<Model>" in s for s in sources)
+    assert float(value_k) == pytest.approx(float(value_x), rel=1e-10)
+    grad_k, grad_x = np.asarray(grad_k), np.asarray(grad_x)
+    np.testing.assert_allclose(grad_k, grad_x, rtol=1e-10, atol=1e-12 * np.abs(grad_x).max())
