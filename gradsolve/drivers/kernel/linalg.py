@@ -57,6 +57,28 @@ _LAXFN = {"abs": lax.abs, "gt": lax.gt, "eq": lax.eq, "ne": lax.ne, "lt": lax.lt
           "div": lax.div, "mul": lax.mul, "sub": lax.sub, "add": lax.add}
 
 
+# Whole-array operations on constants evaluated with numpy (`RosenbrockEmitter._elementwise`).
+_ARRAY_NUMPY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "neg": np.negative,
+                "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+                "eq": np.equal, "ne": np.not_equal, "and": np.logical_and,
+                "or": np.logical_or, "not": np.logical_not,
+                "select_n": lambda which, *cases: np.choose(np.asarray(which, np.int64), cases),
+                "convert_element_type": lambda x, dt: np.asarray(x).astype(dt)}
+
+
+def _numpy_exact(name, values, out_dt) -> bool:
+    """Whether numpy gives XLA's values for ``name`` of ``values``: integer and boolean
+    operands (bitwise ``and``/``or``/``not`` of integers excepted), or floating-point
+    arithmetic and comparisons; conversions between integers, booleans and floats of
+    integers, not from floating point (XLA's rounding of out-of-range values differs)."""
+    kinds = {np.asarray(v).dtype.kind for v in values}
+    if name in ("and", "or", "not"):
+        return kinds <= {"b"}
+    if name == "convert_element_type":
+        return kinds <= {"b", "i", "u"} or (kinds == {"f"} and out_dt.kind == "f")
+    return kinds <= {"b", "i", "u", "f"}
+
+
 def _is(sc, entry, value) -> bool:
     v = sc.constant_value(entry)
     return v is not None and not isinstance(v, np.bool_) and v == value
@@ -79,6 +101,25 @@ class RosenbrockEmitter(Emitter):
         if name is None:
             name = self._seen[key] = super().fresh(ctype, expr)
         return name
+
+    def _elementwise(self, eqn, ins):
+        """As the translator's, but an operation on constants that numpy computes as XLA
+        does (IEEE arithmetic, comparisons, selects, integer and boolean conversions) is
+        evaluated with numpy: JAX compiled each distinct one (the index arithmetic of the
+        Jacobian's gathers and scatters), seconds of a model's build."""
+        name = eqn.primitive.name
+        if name in _ARRAY_NUMPY:
+            values = [self._values(a, v.aval.dtype) for a, v in zip(ins, eqn.invars)]
+            out_dt = np.dtype(eqn.outvars[0].aval.dtype)
+            if all(v is not None for v in values) and _numpy_exact(name, values, out_dt):
+                with np.errstate(all="ignore"):
+                    out = _ARRAY_NUMPY[name](*values, **({"dt": out_dt}
+                                                        if name == "convert_element_type"
+                                                        else {}))
+                out = np.broadcast_to(np.asarray(out).astype(out_dt),
+                                      eqn.outvars[0].aval.shape)
+                return [self.constant(out, out_dt)]
+        return super()._elementwise(eqn, ins)
 
     def primitive(self, eqn, ins):
         rule = _LINALG.get(eqn.primitive.name)
