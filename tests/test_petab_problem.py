@@ -1,5 +1,5 @@
 """A PEtab problem behind the interface every method uses (`inference.petab._problem`):
-its program's density against the problem's own likelihood and priors, mesh reuse, the
+the fit problem's scales, bounds, starts and objective against the closed form; its program's density against the problem's own likelihood and priors, mesh reuse, the
 settings it solves at, and `inference.sample` on it against plain NumPyro on the same
 program (an adaptive solve at every evaluation) and against checkpoints."""
 
@@ -14,7 +14,8 @@ pytest.importorskip("libsbml")
 
 import inference  # noqa: E402
 from conftest import killed_then_resumed  # noqa: E402
-from inference.petab._problem import PetabProgramProblem, petab_program  # noqa: E402
+from inference.petab._problem import (PetabFitProblem, PetabProgramProblem,  # noqa: E402
+                                      petab_program)
 from test_petab_fit import _decay_mle, _decay_problem  # noqa: E402
 
 PRIORS = {"objectivePriorType": ["", "normal", "parameterScaleNormal"],
@@ -87,6 +88,43 @@ def test_the_problem_solves_at_its_own_settings_unless_given(decay):
     assert other.fingerprint() != own.fingerprint()
     with pytest.raises(ValueError, match="`data`"):
         inference.sample(decay, object())
+
+
+def test_the_fit_problem_reads_the_table_scales_bounds_and_closed_form_objective(
+        decay_priors):
+    # PetabFitProblem: the coordinates fits and profiles move in (the table's log10
+    # scales inside its bounds); its objective is minus PEtab's closed-form decay
+    # log-likelihood plus minus the given priors, written out here, and its LM terms
+    # (residuals, log noise, penalty, constant) add up to the same
+    from test_petab_profile import _nll
+
+    problem = decay_priors
+    fp = PetabFitProblem(problem)
+    assert fp.names() == ("A0", "k", "sigma") and fp.scales() == ("log10",) * 3
+    lo, hi = fp.bounds()
+    np.testing.assert_array_equal(lo, [-3.0] * 3)
+    np.testing.assert_array_equal(hi, [3.0] * 3)
+    starts = fp.sample_starts(jax.random.PRNGKey(0), 8)
+    assert starts.shape == (8, 3) and np.all((starts > lo) & (starts < hi))
+    # Latin hypercube: each coordinate has one start in each eighth of its range
+    for j in range(3):
+        assert sorted(np.floor((starts[:, j] + 3.0) / 0.75).astype(int)) == list(range(8))
+    x = np.array([0.3, -0.2, -1.1])
+    k = 10.0 ** x[1]
+    prior = -(stats.truncnorm.logpdf(k, (1e-3 - 0.7) / 0.2, (1e3 - 0.7) / 0.2, 0.7, 0.2)
+              + stats.truncnorm.logpdf(x[2], (-3 + 1.0) / 0.5, (3 + 1.0) / 0.5, -1.0, 0.5))
+    assert float(fp.objective(x, prior=False)[0]) == pytest.approx(_nll(x), rel=1e-9)
+    assert float(fp.objective(x)[0]) == pytest.approx(_nll(x) + prior, rel=1e-9)
+    # (a row of an ensemble solves at the tolerances: rtol 1e-8)
+    both = np.asarray(fp.objective(np.stack([x, x + 0.1]), prior=False)[0])
+    assert both[1] == pytest.approx(_nll(x + 0.1), rel=1e-7)
+    terms = fp.residual_terms()
+    mesh = terms.record(jnp.asarray(x), 1.0)
+    z, s, err = terms.terms(jnp.asarray(x), mesh)
+    f = 0.5 * float(np.sum(np.square(z))) + float(np.sum(s)) + float(
+        terms.penalty(jnp.asarray(x))) + terms.constant
+    assert f == pytest.approx(_nll(x) + prior, rel=1e-7) and float(np.max(err)) <= 1.0
+    assert not fp.least_squares  # sigma is estimated: no sum of squares
 
 
 @pytest.mark.slow  # ~60 s: the PEtab posterior itself is tested against the closed form in test_petab_fit.py
