@@ -528,3 +528,19 @@ def test_kernel_with_the_sparse_policy_equals_the_xla_replay(name):
     assert float(value_k) == pytest.approx(float(value_x), rel=1e-10)
     grad_k, grad_x = np.asarray(grad_k), np.asarray(grad_x)
     np.testing.assert_allclose(grad_k, grad_x, rtol=1e-10, atol=1e-12 * np.abs(grad_x).max())
+
+
+def test_column_groups_give_the_jacobian_in_fewer_passes():
+    rng = np.random.default_rng(5)
+    n = 40
+    pattern = _random_pattern(n, 0.06, rng) | np.eye(n, dtype=bool)
+    groups = _sparse.column_groups(pattern)
+    assert groups.max() + 1 >= pattern.sum(1).max() and groups.max() + 1 < n / 2
+    a = np.where(pattern, rng.normal(size=(n, n)), 0.0)
+    f = lambda y: jnp.tanh(jnp.asarray(a) @ y) + y ** 2  # df/dy on a's pattern
+    y = rng.normal(size=n)
+    passes = [jax.jvp(f, (y,), ((groups == g).astype(float),))[1]
+              for g in range(groups.max() + 1)]
+    rows, cols = np.nonzero(pattern)
+    got = np.array([passes[groups[j]][i] for i, j in zip(rows, cols)])
+    np.testing.assert_allclose(got, np.asarray(jax.jacfwd(f)(y))[rows, cols], rtol=1e-14)

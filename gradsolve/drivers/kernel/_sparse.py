@@ -376,3 +376,30 @@ def choose(rows, cols, d: int) -> tuple[str, str, str] | None:
               f"a {lu.order_name} order; {lu.updates} multiply-adds a factorisation against "
               f"{dense} dense")
     return _POLICY, code, reason
+
+
+def column_groups(pattern: np.ndarray) -> np.ndarray:
+    """Structurally orthogonal groups of ``df/dy``'s columns (Curtis, Powell and Reid): no
+    two columns of a group have a nonzero in the same row, so one forward-mode pass in
+    the sum of a group's unit directions gives each of its columns' nonzeros exactly
+    (entry ``(i, j)`` is row ``i`` of the pass of ``j``'s group). Returns ``(n,)``, the
+    group of each column, numbered from 0; greedy, columns by decreasing count.
+
+    With them the Jacobian's nonzeros cost ``groups.max() + 1`` passes instead of ``n``
+    (at least the fullest row's count): Chen (504 states) 144 passes, its fullest row 114
+    nonzeros; Laske (34) 13; Isensee (32) 17; Bachmann (25) 9; Zheng (15) 7; Boehm (8) 4."""
+    pattern = np.asarray(pattern, dtype=bool)
+    n = pattern.shape[1]
+    groups = -np.ones(n, dtype=np.int64)
+    used = []  # per group: the rows its columns cover
+    for j in sorted(range(n), key=lambda c: -int(pattern[:, c].sum())):
+        rows = pattern[:, j]
+        for g, cover in enumerate(used):
+            if not (cover & rows).any():
+                groups[j] = g
+                cover |= rows
+                break
+        else:
+            groups[j] = len(used)
+            used.append(rows.copy())
+    return groups
