@@ -6,6 +6,8 @@ log-normal noise, which is a linear regression of log y on t), and `fit_populati
 optimum for the population problem.
 """
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -158,6 +160,7 @@ def test_fit_takes_an_optimiser_of_ones_own():
 
         def minimize(self, problem, x0, *, mask=None, deadline=None, progress=None,
                      prior=True):
+            self.deadline = deadline
             grid = np.stack(np.meshgrid(*[np.linspace(-2, 2, 81)] * 2), -1).reshape(-1, 2)
             f = np.asarray(problem.objective(grid)[0])
             best = grid[np.argmin(f)]
@@ -167,10 +170,18 @@ def test_fit_takes_an_optimiser_of_ones_own():
                 converged=np.ones(n, bool), n_iter=np.ones(n, int),
                 reason=np.full(n, "grid"), history=np.full((1, n), f.min()))
 
-    res = inference.fit(Residuals(rosenbrock, 2), optimizer=GridSearch(), n_starts=2)
+    opt = GridSearch()
+    t0 = time.monotonic()
+    res = inference.fit(Residuals(rosenbrock, 2), optimizer=opt, n_starts=2, max_time=60.0)
     assert res.method == "grid" and res.parameter_ids == ("x[0]", "x[1]")
     assert res.params == {"x[0]": pytest.approx(1.0), "x[1]": pytest.approx(1.0)}
     assert res.loss == pytest.approx(3.0)
+    # fit's max_time is the object's deadline
+    assert t0 + 60.0 <= opt.deadline <= time.monotonic() + 60.0
+    with pytest.raises(ValueError, match=r"`jacobian` does not apply to an optimizer object"):
+        inference.fit(Residuals(rosenbrock, 2), optimizer=opt, jacobian=True)
+    with pytest.raises(ValueError, match=r"`checkpoint` does not apply to an optimizer"):
+        inference.fit(Residuals(rosenbrock, 2), optimizer=opt, checkpoint="x.pkl")
 
 
 # --------------------------------------------------------------- each kind through fit

@@ -7,10 +7,17 @@ project's packages (``gradsolve``, ``inference``, ``models``). Reported per walk
 and functions on that stack, and the returns to a file already left (a file that appears
 on the stack again after another file came between).
 
-    python tools/walks.py [-v] [name]   # the three walks (-v: with their frames)
+    python tools/walks.py [-v] [name ...]   # the walks (-v: with their frames)
+    python tools/walks.py --imports          # the import graph of inference/
 
 The calls run on fresh processes' first calls (Python traces the whole way then; a later
-call of a compiled function would skip it).
+call of a compiled function would skip it). A walk's setup (a fit before a profile, a
+PEtab problem's import) runs untraced.
+
+``--imports`` lists, from the source alone (``ast``), every import between modules of
+``inference/`` (marking those made inside a function), the edges between its folders,
+the import cycles (between modules and between folders), and the private names (a
+leading underscore) one folder imports from another.
 """
 
 from __future__ import annotations
@@ -107,7 +114,44 @@ def _fit():
     import models
     m = models.lotka_volterra()
     data = models.load_dataset("lynx_hare")
-    inference.fit(m, data, steps=2, progress=False)
+    return lambda: inference.fit(m, data, steps=2, progress=False)
+
+
+def _boehm():
+    import models
+    return models.load_petab("Boehm_JProteomeRes2014")
+
+
+def _fit_petab():
+    import inference
+    problem = _boehm()
+    return lambda: inference.fit(problem, n_starts=2, steps=2, progress=False)
+
+
+def _sample_petab():
+    import inference
+    problem = _boehm()
+    full = getattr(problem, "full", problem)  # the sampler's sites: every parameter
+    init = dict(zip(full.parameter_ids, full.nominal))
+    return lambda: inference.sample(problem, num_warmup=2, num_samples=2, num_chains=1,
+                                    init=init, progress=False)
+
+
+def _profile_model():
+    import inference
+    import models
+    m = models.lotka_volterra()
+    data = models.load_dataset("lynx_hare")
+    res = inference.fit(m, data, steps=2, progress=False)
+    return lambda: inference.profile(m, res, data, parameters=["alpha"], max_steps=1,
+                                     max_restarts=0, progress=False)
+
+
+def _fit_population():
+    import inference
+    import models
+    m, data = models.theophylline(), models.load_dataset("theophylline")
+    return lambda: inference.fit_population(m, data, max_iterations=1, progress=False)
 
 
 def _sample():
@@ -127,18 +171,133 @@ def _sample():
         numpyro.sample("obs", dist.Normal(ys.ys[:, 0], 0.05), obs=obs)
 
     ts = jnp.linspace(0.5, 4.0, 8)
-    inference.sample(program, {"ts": ts, "obs": jnp.exp(-0.8 * ts)}, num_warmup=10,
-                     num_samples=10, num_chains=1, progress=False)
+    return lambda: inference.sample(program, {"ts": ts, "obs": jnp.exp(-0.8 * ts)},
+                                    num_warmup=10, num_samples=10, num_chains=1,
+                                    progress=False)
 
 
-WALKS = {"gs.solve": _solve, "inference.fit": _fit, "inference.sample(program)": _sample}
+WALKS = {"gs.solve": lambda: _solve, "inference.fit": _fit,
+         "inference.sample(program)": _sample, "inference.fit(PEtab problem)": _fit_petab,
+         "inference.sample(PEtab problem)": _sample_petab,
+         "inference.profile(ODEModel)": _profile_model,
+         "inference.fit_population": _fit_population}
+"""Each walk: a setup (untraced) that returns the call to trace."""
+
+
+def imports(root: str = ROOT) -> dict:
+    """The imports between modules of ``inference/``, from the source (``ast``): a dict
+    with ``edges`` (``(from, to, lazy, names)``: module paths relative to ``inference/``,
+    ``lazy`` where the import sits inside a function), ``folders`` (folder -> folders it
+    imports), ``cycles`` (module cycles, all imports counted), ``folder_cycles`` and
+    ``private`` (``(from, to, name)`` where a folder imports a leading-underscore name
+    from another folder)."""
+    import ast
+
+    base = os.path.join(root, "inference")
+    mods = {}
+    for dirpath, _, files in os.walk(base):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                rel = os.path.relpath(path, base)[:-3].replace(os.sep, ".")
+                mods[rel.removesuffix(".__init__") if rel != "__init__" else ""] = path
+    edges = []
+    for mod, path in sorted(mods.items()):
+        tree = ast.parse(open(path).read())
+        pkg = mod.split(".") if path.endswith("__init__.py") else mod.split(".")[:-1]
+        pkg = [p for p in pkg if p]
+
+        def visit(node, lazy):
+            for child in ast.iter_child_nodes(node):
+                inner = lazy or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                if isinstance(child, ast.ImportFrom) and child.level > 0:
+                    up = pkg[: len(pkg) - (child.level - 1)] if child.level > 1 else pkg
+                    target = ".".join(up + ([child.module] if child.module else []))
+                    names = [a.name for a in child.names]
+                    if child.module is None or target not in mods:  # `from .. import _x`
+                        for n in names:
+                            sub = ".".join([target, n]) if target else n
+                            if sub in mods:
+                                edges.append((mod, sub, lazy, []))
+                        continue
+                    edges.append((mod, target, lazy, names))
+                visit(child, inner)
+
+        visit(tree, False)
+    folder = lambda m: m.split(".")[0] if "." in m else "(top)"  # noqa: E731
+    folders = {}
+    private = []
+    for a, b, lazy, names in edges:
+        fa, fb = folder(a), folder(b)
+        if fa != fb and "(top)" not in (fa, fb):
+            folders.setdefault(fa, set()).add(fb)
+            private += [(a, b, n) for n in names if n.startswith("_")]
+    graph = {}
+    for a, b, _, _ in edges:
+        graph.setdefault(a, set()).add(b)
+    return dict(edges=edges, folders=folders, cycles=_cycles(graph),
+                folder_cycles=_cycles(folders), private=private)
+
+
+def _cycles(graph: dict) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def print_imports() -> None:
+    g = imports()
+    print("inference/ folders -> the folders they import (shared top-level modules left out):")
+    for f in sorted(g["folders"]):
+        print(f"    {f} -> {', '.join(sorted(g['folders'][f]))}")
+    print("module imports (lazy: inside a function):")
+    for a, b, lazy in sorted({(a, b, lazy) for a, b, lazy, _ in g["edges"]}):
+        print(f"    {a or '__init__'} -> {b}{' (lazy)' if lazy else ''}")
+    print(f"module cycles: {g['cycles'] or 'none'}")
+    print(f"folder cycles: {g['folder_cycles'] or 'none'}")
+    print("private names imported across folders: "
+          + (", ".join(f"{a} <- {b}.{n}" for a, b, n in g["private"]) or "none"))
 
 
 def main(argv):
+    if "--imports" in argv:
+        print_imports()
+        return
     verbose = "-v" in argv
     names = [a for a in argv if a != "-v"] or list(WALKS)
     for name in names:
-        stack = walk(WALKS[name])[0]
+        try:
+            call = WALKS[name]()
+            stack = walk(call)[0]
+        except Exception as e:  # a walk the code refuses is reported, not a crash
+            print(f"{name}: refused ({type(e).__name__}: {str(e)[:200]})")
+            continue
         n_files, n_funcs, returns = summary(stack)
         print(f"{name}, the call stack at a solver step: {n_files} files, {n_funcs} "
               f"functions, {returns} returns to a file already left")

@@ -73,6 +73,13 @@ def _checked_int(name: str, v, lo: int) -> int:
     return int(v)
 
 
+def _checked_max_time(max_time) -> None:
+    if max_time is not None and not (isinstance(max_time, (int, float, np.number))
+                                     and not isinstance(max_time, bool) and max_time > 0):
+        raise ValueError(f"`max_time` must be a number of seconds > 0 or None, got "
+                         f"{max_time!r}")
+
+
 def _kind(problem) -> str:
     """How messages name the problem: its ``kind`` where it says, else its model's type."""
     kind = getattr(problem, "kind", None)
@@ -91,8 +98,15 @@ def _optimizer_of(problem, method, optimizer, steps, n_starts, init, seed, max_t
         if method != "auto":
             raise ValueError(f"`method`={method!r} and an optimizer object "
                              f"({type(optimizer).__name__}) were both given; pass one")
-        _refuse_options(options, f"optimizer {type(optimizer).__name__}", ())
-        return optimizer if steps == 1000 else optimizer.with_max_iter(steps)
+        what = f"an optimizer object ({type(optimizer).__name__})"
+        _refuse_options(options, what, ())
+        _refuse_unread(optax_args, what, "its own arguments say how it runs")
+        if checkpoint is not None:
+            raise ValueError(f"`checkpoint` does not apply to {what}: give it to the "
+                             "optimizer where it takes one")
+        _checked_max_time(max_time)
+        return optimizer if steps == 1000 else optimizer.with_max_iter(
+            _checked_int("steps", steps, 1))
     if method == "auto":
         # the problem's own choice; else Optax where it has a ParamSpace and meshes to
         # reuse, L-BFGS-B (inside any bounds) where it has not
@@ -133,10 +147,7 @@ def _optimizer_of(problem, method, optimizer, steps, n_starts, init, seed, max_t
             raise ValueError(f"`{name}` applies to method={' or '.join(map(repr, takes))} "
                              f"only (method={method!r}, which fits {_kind(problem)}, {why}; "
                              f"got {name}={v!r})")
-    if max_time is not None and not (isinstance(max_time, (int, float, np.number))
-                                     and not isinstance(max_time, bool) and max_time > 0):
-        raise ValueError(f"`max_time` must be a number of seconds > 0 or None, got "
-                         f"{max_time!r}")
+    _checked_max_time(max_time)
     return entry.build(FitArgs(
         steps=int(steps), seed=int(seed), n_starts=int(n_starts), init=init,
         optimizer=optimizer, max_time=max_time, checkpoint=checkpoint,
@@ -249,7 +260,9 @@ def fit(
 
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
-            `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
+            `models.PetabProblem`, or a problem object, an `inference.AbstractProblem`,
+            fitted as given); data: a `models.Dataset` (``None`` for a PEtab problem or a
+            problem object).
         init: ``None`` (starts drawn from the priors), a parameter dict (the first start;
             others are prior draws), or an ensemble dict (leaves with leading axis ``n``).
             For a PEtab problem: a dict by parameter id, a vector or rows on the parameter
@@ -300,16 +313,14 @@ def fit(
             coordinates), or ``"global"`` (the global search above; `FitResult.method`
             says which ran). The names map to the optimiser objects in one table
             (``inference/optimize/_methods.py``).
-        max_time: ``method="global"`` only: seconds for the whole search, its final
+        max_time: ``method="global"``: seconds for the whole search, its final
             refinement included (``None``: none; a resumed search counts its earlier
-            seconds).
+            seconds); with an ``optimizer`` object: the seconds after which it returns
+            its best points so far.
         **options: ``method="global"`` only, the global search's own:
             ``max_generations`` (another name for ``steps`` there) and ``local`` (its
             polisher: ``"lm"``, ``"lbfgs"`` or ``"auto"``, the LM where every noise model
             is normal). Any other keyword is a ``ValueError`` listing those `fit` takes.
-            A problem object (`inference.AbstractProblem`, e.g. a population model's
-            `inference.population._problem.PopulationProblem`) is fitted as given
-            (``data=None``).
 
     Returns:
         `FitResult`.
@@ -322,6 +333,9 @@ def fit(
         >>> res.losses, res.params                 # sorted objectives; best by parameter id
         >>> res = inference.fit(models.load_petab("Fujita_SciSignal2010"),
         ...                     method="global", max_time=1800, n_starts=5, seed=1)
+        >>> res = inference.fit(model, data, n_starts=8, method="lbfgs")  # by name
+        >>> res = inference.fit(model, data, n_starts=8,                  # or as an object
+        ...                     optimizer=inference.optimize.LBFGSB(max_iter=200))
     """
     t_start = time.perf_counter()
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
@@ -338,7 +352,8 @@ def fit(
         problem = model
     else:
         problem = problem_of(model, data, solver=solver, rtol=rtol, atol=atol,
-                             max_steps=max_steps)
+                             max_steps=max_steps, fit=True)
+    # a problem whose fits move in other coordinates than its sampler says so
     problem = getattr(problem, "fit_problem", problem)
     optax_args = dict(callback=callback, rerecord=rerecord, drift_tol=drift_tol,
                       error_ratio_max=error_ratio_max, record_tol_factor=record_tol_factor,
@@ -357,7 +372,12 @@ def fit(
         # a single given start is not re-drawn: its failure is the user's to see
         opt = copy.copy(opt)
         opt.redraw = False
-    res = opt.minimize(problem, x0, progress=progress, prior=objective == "map")
+    # an optimizer object given with max_time stops there (a named method takes max_time
+    # where it applies, the global search with its final refinement inside it)
+    deadline = (time.monotonic() + max_time
+                if isinstance(optimizer, AbstractOptimizer) and max_time is not None else None)
+    res = opt.minimize(problem, x0, deadline=deadline, progress=progress,
+                       prior=objective == "map")
     return _result(problem, opt, res, x0, objective, time.perf_counter() - t_start)
 
 

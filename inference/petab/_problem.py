@@ -418,10 +418,13 @@ class PetabFitProblem(AbstractProblem):
                 {"measurement": ["measurement_row"]}, {})
 
 
-def problem_of(model, data, *, solver=None, rtol=None, atol=None, max_steps=None):
+def problem_of(model, data, *, solver=None, rtol=None, atol=None, max_steps=None,
+               fit: bool = False):
     """The problem every method runs on: a PEtab problem's `PetabProgramProblem` (it
     carries its data: ``data`` must be ``None``; ``None`` settings are the problem's own),
-    else `problem_for`'s (``None`` tolerances: `inference`'s defaults)."""
+    or with ``fit`` its `PetabFitProblem` (the coordinates fits move in, built without
+    tracing the sampler's program), else `problem_for`'s (``None`` tolerances:
+    `inference`'s defaults)."""
     if is_petab(model):
         if data is not None:
             raise ValueError("`data` does not apply to a PEtab problem (it carries its "
@@ -430,8 +433,8 @@ def problem_of(model, data, *, solver=None, rtol=None, atol=None, max_steps=None
             raise ValueError("a PEtab problem is fitted, sampled and profiled in 64-bit "
                              "floats, as it was loaded: call gs.enable_x64() again (import "
                              "gradsolve as gs)")
-        return PetabProgramProblem(model, solver=solver, rtol=rtol, atol=atol,
-                                   max_steps=max_steps)
+        kind = PetabFitProblem if fit else PetabProgramProblem
+        return kind(model, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
     from ..problem._problem import TOLERANCES
 
     return problem_for(model, data, solver=solver,
