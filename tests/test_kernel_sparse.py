@@ -4,13 +4,21 @@
   known (a constant matrix with zeros, a ``select_n`` on a state comparison, a
   ``stop_gradient``), and that ``jax.jacfwd`` at random points never leaves it.
 - The symbolic factorisation's tables, run by a numpy transcription of the C++ loops,
-  against `scipy.linalg.lu_factor`/`lu_solve` (``W x = b`` and ``W^T x = b``) on random
-  diagonally dominant matrices with random sparse patterns.
-- The C++ policy (``SparseElimination``) compiled in a small harness with the kernel's own
-  compiler flags (`gradsolve.drivers.kernel.build`), against SciPy: the same, a lane with
-  a too-small pivot served by the dense fallback, and a singular ``W`` marked failed.
+  against `scipy.linalg.lu_factor`/``lu_solve`` (``W x = b`` and ``W^T x = b``) on random
+  diagonally dominant matrices with random sparse patterns; fill on patterns whose fill
+  is known (tridiagonal, arrow).
+- The C++ policy (``SparseElimination``, as `_sparse.choose` emits it) compiled in a small
+  harness with the kernel's own compiler flags (`gradsolve.drivers.kernel.build`), against
+  SciPy: random lanes; a zero pivot served by the dense fallback; a singular ``W`` marked
+  failed; a small pivot that causes no growth taken, one that does refused.
+- Column groups: the Jacobian's nonzeros from fewer forward passes equal ``jax.jacfwd``.
 - Slow: the same on the collection's real patterns (Boehm 8 states, Zheng 15, Bachmann
-  25, Isensee 32, Laske 34; Chen 500 where it loads), timed against the dense policy.
+  25, Isensee 32, Laske 34, Chen 504) and the models' own ``W`` at steps up to 1e3; and
+  the whole loop-form Rodas5P kernel with the sparse policy on Zheng (15 states) against
+  the XLA replay on one mesh (objective and gradient to 1e-10).
+
+The harness also times a factorisation and the two solves, sparse against dense
+(``python -c`` on `Harness.run` with ``reps``; the numbers are in `_sparse.SparseLU`).
 """
 
 from __future__ import annotations
