@@ -12,9 +12,9 @@ start) or anything else (stopped without converging).
   j)``; the terms see ``u`` with ``u_j`` behind ``stop_gradient``, so ``u_j`` has zero
   gradient and curvature and the LM never moves it (nor ``j``).
 - `host_runner` otherwise (an ODE model's or a program's likelihood with its noise
-  parameters, a population's integrated likelihood): SciPy's L-BFGS-B per row over the
-  free coordinates (inside the bounds), on `AbstractProblem.value_and_grad` (exact
-  gradients of adaptive solves).
+  parameters, a population's integrated likelihood): `inference.optimize.LBFGSB`
+  (SciPy's L-BFGS-B, row by row) with the held coordinate masked, on
+  `AbstractProblem.value_and_grad` (exact gradients of adaptive solves).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.optimize import minimize
 
 from ..optimize._lm import CONVERGED, FAILED_START, LM_POLICY, RUNNING, LMKernel, MeshTerms
+from ..optimize._scipy import LBFGSB
 
 __all__ = ["lm_runner", "host_runner"]
 
@@ -68,50 +68,34 @@ def lm_runner(problem, terms, max_iter: int, *, ftol: float = 1e-8):
 
 
 def host_runner(problem, prior: bool, max_iter: int, *, gtol: float = 1e-6):
-    """L-BFGS-B per row on ``problem.value_and_grad``: ``(run, counts)``."""
-    d = len(problem.names())
+    """`inference.optimize.LBFGSB` on ``problem.value_and_grad`` (exact gradients of
+    adaptive solves), the held coordinate masked: ``(run, counts)``. Rows holding the
+    same coordinate are one call; a row repeated to keep a batch's size is computed
+    once."""
     lo, hi = problem.bounds()
     counts = _Counts()
-
-    def one(x0, j):
-        free = np.arange(d) != j
-        x0 = np.clip(np.asarray(x0, float), lo, hi)
-
-        def fg(v):
-            x = x0.copy()
-            x[free] = v
-            counts.n_evals += 1
-            f, g = problem.value_and_grad(x, prior=prior)
-            # a failed solve: a large value (not inf) turns L-BFGS-B's line search back
-            return (f, g[free]) if np.isfinite(f) else (1e300, np.zeros(int(free.sum())))
-
-        f0 = fg(x0[free])[0]
-        if not f0 < 1e300:
-            return np.inf, x0, FAILED_START
-        if not free.any():
-            return f0, x0, CONVERGED
-        res = minimize(fg, x0[free], jac=True, method="L-BFGS-B",
-                       bounds=list(zip(lo[free], hi[free])),
-                       options=dict(maxiter=int(max_iter), gtol=gtol, ftol=1e-13,
-                                    maxcor=20))
-        x = x0.copy()
-        x[free] = res.x
-        f = float(res.fun) if res.fun < 1e300 else np.inf
-        if f > f0:  # never worse than the start (a lost line search)
-            f, x = f0, x0
-        ok = res.success or np.max(np.abs(np.asarray(res.jac))) <= 1e3 * gtol
-        return f, x, CONVERGED if ok else RUNNING
+    optimizer = LBFGSB(int(max_iter), gtol=gtol)
+    d = len(problem.names())
 
     def run(points, which):
-        # rows repeated to keep a batch's size are computed once here
-        memo = {}
-        out = []
-        for p, j in zip(np.asarray(points, float), which):
-            key = (p.tobytes(), int(j))
-            if key not in memo:
-                memo[key] = one(p, int(j))
-            out.append(memo[key])
-        return (np.array([o[0] for o in out]), np.stack([o[1] for o in out]),
-                np.array([o[2] for o in out]))
+        points = np.clip(np.asarray(points, float), lo, hi)
+        which = np.asarray(which, int)
+        keys = [(p.tobytes(), int(j)) for p, j in zip(points, which)]
+        first = {k: r for r, k in reversed(list(enumerate(keys)))}
+        f = np.full(len(points), np.inf)
+        x = points.copy()
+        code = np.full(len(points), RUNNING)
+        for j in sorted(set(which.tolist())):
+            rows = sorted({first[k] for k in keys if k[1] == j})
+            mask = None if j >= d else np.arange(d) == j
+            res = optimizer.minimize(problem, points[rows], mask=mask, prior=prior,
+                                     progress=False)
+            counts.n_evals += int(res.n_evals)
+            f[rows] = res.value
+            x[rows] = res.x
+            code[rows] = np.where(np.asarray(res.reason) == "not_finite", FAILED_START,
+                                  np.where(res.converged, CONVERGED, RUNNING))
+        src = np.array([first[k] for k in keys])
+        return f[src], x[src], code[src]
 
     return run, counts
