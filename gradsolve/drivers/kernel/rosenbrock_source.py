@@ -395,6 +395,71 @@ def _tableau(solver, kind: int) -> str:
         "};"])
 
 
+def _pattern(lines: list[str], outs: list[str], d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows, cols)`` of the Jacobian's structural nonzeros, read off the translated
+    ``f``: output ``r`` depends on ``y_c`` where its expression reaches ``y_c`` through the
+    statements (a superset of the nonzeros at any point: both sides of a select count).
+    Ordered by row, then column."""
+    deps: dict[str, frozenset] = {f"y_{c}": frozenset([c]) for c in range(d)}
+    empty = frozenset()
+
+    def reach(expr: str) -> frozenset:
+        found = [deps.get(name, empty) for name in _NAME.findall(expr)]
+        return frozenset().union(*found) if found else empty
+
+    for line in lines:
+        m = _DEF.match(line)
+        if m is not None:
+            deps[m.group(2)] = reach(line[m.end():])
+    pairs = sorted((r, c) for r, expr in enumerate(outs) for c in reach(str(expr)))
+    rows = np.array([r for r, _ in pairs], dtype=np.int64)
+    cols = np.array([c for _, c in pairs], dtype=np.int64)
+    return rows, cols
+
+
+def _colors(rows: np.ndarray, cols: np.ndarray, d: int) -> np.ndarray:
+    """A colour per column, no two columns sharing a row of the same colour (greedy,
+    columns in order): the columns of a colour share one forward-mode pass."""
+    by_row: dict[int, list[int]] = {}
+    by_col: dict[int, list[int]] = {}
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        by_row.setdefault(r, []).append(c)
+        by_col.setdefault(c, []).append(r)
+    color = np.full(d, -1, dtype=np.int64)
+    for c in range(d):
+        if c not in by_col:
+            continue
+        taken = {int(color[o]) for r in by_col[c] for o in by_row[r] if color[o] >= 0}
+        k = 0
+        while k in taken:
+            k += 1
+        color[c] = k
+    return np.where(color < 0, 0, color)
+
+
+def _compressed_jacobians(f, t0, y0, params, seeds: np.ndarray):
+    """``(f(t0, y0), J S, f_t)`` as `gradsolve._solver.rosenbrock.jacobians` computes
+    ``(f, J, f_t)``, the unit directions replaced by the colours' seed rows ``S``
+    (``(colours, d)``): ``(J S)[k, r]`` is ``J[r, c]`` for the column ``c`` of colour
+    ``k`` that row ``r`` reads."""
+    import jax
+    import jax.numpy as jnp
+
+    dtype = y0.dtype
+    k = seeds.shape[0]
+    basis = np.zeros((k + 1, y0.shape[0] + 1))
+    basis[0, 0] = 1.0
+    basis[1:, 1:] = seeds
+    tt = jnp.asarray(basis[:, 0], t0.dtype)
+    ty = jnp.asarray(basis[:, 1:], dtype)
+
+    def directional(dt, dy):
+        return jax.jvp(lambda t, y: f(t, y, params), (t0, y0), (dt, dy))
+
+    f0, tangents = jax.vmap(directional, out_axes=(None, 0))(tt, ty)
+    return f0, tangents[1:], tangents[0]
+
+
 def _is_zero(expr) -> bool:
     v = getattr(expr, "value", None)
     return v is not None and not isinstance(v, np.bool_) and v == 0
@@ -483,22 +548,30 @@ class LoopRosenbrockSource:
         args = [_obj("ta"), self.yn, self.pn]
         # f
         f_lines, (f_out,) = translate(self.fvec, list(self.ex), args)
-        # the Jacobian, its pattern (the entries the folded translation leaves non-constant
-        # or nonzero) and df/dt
-        j_lines, (o_f0, o_jac, o_ft) = self._translate(self.jacobians, list(self.ex), args)
-        nz = [k for k, e in enumerate(o_jac) if not _is_zero(e)]
-        rows = np.array([k // d for k in nz], dtype=np.int64)
-        cols = np.array([k % d for k in nz], dtype=np.int64)
-        self.rows, self.cols = rows, cols
-        nnz = len(nz)
+        # The Jacobian's structural pattern (what each output reads of y, through the
+        # translated statements), its columns coloured so that no two of a colour share a
+        # row, and the Jacobian as one forward-mode pass per colour (plus df/dt): each entry
+        # comes out alone in its colour's pass, with the arithmetic of the solver's own
+        # `jacobians` (one pass per column), at a cost that grows with the nonzeros.
+        rows, cols = _pattern(f_lines, f_out, d)
+        colors = _colors(rows, cols, d)
+        self.rows, self.cols, self.n_colors = rows, cols, int(colors.max(initial=-1)) + 1
+        seeds = np.zeros((self.n_colors, d))
+        seeds[colors, np.arange(d)] = 1.0
         fvec = self._fvec_raw
+        pick = (colors[cols], rows)
+
+        def picked(t, y, p):
+            f0, js, ft = _compressed_jacobians(fvec, t, y, p, seeds)
+            return f0, js[pick], ft
+
+        j_lines, (o_f0, o_jac, o_ft) = self._translate(picked, list(self.ex), args)
+        nz = list(range(len(rows)))
+        o_jac = list(o_jac)
+        nnz = len(rows)
 
         def f_vjp(t, y, p, fb):
             return jax.vjp(fvec, t, y, p)[1](fb)
-
-        def picked(t, y, p):
-            f0, jac, ft = self.jacobians(t, y, p)
-            return f0, jac[rows, cols], ft
 
         def jac_vjp(t, y, p, f0b, jb, ftb):
             return jax.vjp(picked, t, y, p)[1]((f0b, jb, ftb))
@@ -528,7 +601,7 @@ class LoopRosenbrockSource:
             _lane_function("jac(const real* T, const real* Y, const real* PR, real* F0, "
                            "real* JNZ, real* FT)", self._inputs(), j_lines,
                            [f"F0[{r} * LANES + j] = {o_f0[r]};" for r in self.R]
-                           + [f"JNZ[{m} * LANES + j] = {o_jac[k]};" for m, k in enumerate(nz)]
+                           + [f"JNZ[{k} * LANES + j] = {o_jac[k]};" for k in nz]
                            + [f"FT[{r} * LANES + j] = {o_ft[r]};" for r in self.R]),
             _lane_function("f_vjp(const real* T, const real* Y, const real* PR, "
                            "const real* FB, real* TB, real* YB, real* PB)",
