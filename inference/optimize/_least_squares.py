@@ -1,5 +1,5 @@
 """`fit_least_squares`: least squares by the package's one Levenberg–Marquardt, the
-batched LM of the PEtab multistart (`inference.optimize._lm.LMKernel`).
+batched LM every residual fit runs (`inference.optimize._lm.LMKernel`).
 
 Every start advances in the same compiled step: one ensemble evaluation of the residuals
 and their forward-mode Jacobians (replays of each start's kept mesh), each start accepting
