@@ -123,6 +123,34 @@ def test_global_search_returns_by_its_time_limit():
     assert time.monotonic() - t0 <= 2.0 + 2.0
 
 
+class SlowLocal(LBFGSB):
+    """L-BFGS-B that takes ``delay`` seconds more per call (a local fit that compiles)."""
+
+    def __init__(self, delay):
+        super().__init__(50)
+        self.delay = delay
+
+    def minimize(self, problem, x0, **kw):
+        time.sleep(self.delay)
+        return super().minimize(problem, x0, **kw)
+
+
+def test_refinement_gets_at_least_the_time_a_polish_took():
+    """The search leaves the final refinement 10 % of the time, or 1.5 times the longest
+    polish where that is more: with polishes of 2 s and a limit of 6 s, the first polish
+    (the first run ends within a second) moves the search's end from 5.4 s to 3 s, so it
+    ends by 5 s (a polish begun before 3 s) instead of 5.4 s or later."""
+    problem = ClosedForm()
+    x0 = problem.sample_starts(jax.random.PRNGKey(0), 1)
+    GlobalSearch(seed=0, max_iter=5, local=LBFGSB(20)).minimize(problem, x0)  # compiled
+    t0 = time.monotonic()
+    res = GlobalSearch(seed=0, max_time=6.0, local=SlowLocal(2.0)).minimize(problem, x0)
+    wall = time.monotonic() - t0
+    assert res.extra["runs"][0]["at_s"] < 3.0
+    assert res.extra["search_s"] <= 5.2
+    assert wall <= 6.0 + 3.0
+
+
 def test_stagnation_rule_ends_a_creeping_run_and_spares_a_descending_one():
     """A run whose best improves by a relative 1e-5 per window ends by stagnation after
     ``1 + 2 (120 + 30 D / lambda)`` generations; one improving by 1e-3 per window does not

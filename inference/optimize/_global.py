@@ -41,12 +41,14 @@ population size"):
   starts given), each at least 0.01 of the unit box from every better one in some
   coordinate (Chebyshev distance), so that they are not all one point (where too few are
   that far apart, the best of the others fill in).
-- Time: with a time limit (``max_time`` or a ``deadline``) the search runs until 90 % of
-  it (generations unlimited unless ``max_iter`` is given), each polish stops at that
-  point, and the final refinement of the kept points (one ensemble) gets the rest and is
-  stopped at the limit (its optimiser returns its best points so far); the whole call
-  returns by the limit plus one generation or one local iteration. Without one, the
-  search stops after ``max_iter`` generations (all runs together; 1000 by default).
+- Time: with a time limit (``max_time`` or a ``deadline``) the search runs until the
+  final refinement's share is left (generations unlimited unless ``max_iter`` is given):
+  10 % of the time, or 1.5 times the longest polish so far where that is more (at most
+  half). Each polish stops where the search does, and the final refinement of the kept
+  points (one ensemble) gets the rest and is stopped at the limit (its optimiser returns
+  its best points so far); the whole call returns by the limit plus one generation or one
+  local iteration. Without one, the search stops after ``max_iter`` generations (all runs
+  together; 1000 by default).
 
 The whole search is a `GlobalState` (a NamedTuple of host values, the NumPy generator's
 state included) advanced by `CMAKernel.ask` / `CMAKernel.tell`; a checkpoint is that
@@ -104,6 +106,11 @@ _SCREEN_TOL_FACTOR = 100.0
 
 _REFINE_SHARE = 0.1
 """With a time limit, the final refinement gets this share of it (the search the rest)."""
+
+_REFINE_POLISHES = 1.5
+"""... or at least this many times the longest polish so far (at most half the time): on
+Fujita_SciSignal2010 under a load of 20 on 2 cores a polish took 200-380 s and the
+refinement 232 s, against a share of 180 s of 1,800."""
 
 _DEFAULT_GENERATIONS = 1000
 """The search's generations where no time limit and no ``max_iter`` is given."""
@@ -524,8 +531,13 @@ class GlobalSearch(AbstractOptimizer):
         if self.max_time is not None:
             end = min(np.inf if end is None else end,
                       t_start + max(self.max_time - elapsed, 0.0))
-        search_end = None if end is None else t_start + (1.0 - _REFINE_SHARE) * max(
-            end - t_start, 0.0)
+        # the refinement's share: 10 % of the time, or more where a polish (one local
+        # fit, its compilation included) took longer, up to half the time
+        budget = None if end is None else max(end - t_start, 0.0)
+        reserve = None if end is None else _REFINE_SHARE * budget
+
+        def search_end():
+            return None if end is None else end - reserve
         max_gen = self.max_iter
         if max_gen is None and end is None:
             max_gen = _DEFAULT_GENERATIONS
@@ -544,7 +556,7 @@ class GlobalSearch(AbstractOptimizer):
 
         # the bar counts generations, or the search's seconds where time limits it
         if max_gen is None:
-            bar = progress_bar(progress, total=max(int(math.ceil(search_end - t_start)), 1),
+            bar = progress_bar(progress, total=max(int(math.ceil(search_end() - t_start)), 1),
                                done=0, desc="fit (global search, seconds)")
         else:
             bar = progress_bar(progress, total=max_gen, done=state.generation,
@@ -565,14 +577,18 @@ class GlobalSearch(AbstractOptimizer):
             # (a fresh search runs one generation whatever the time: the refinement gets
             # its points from the search)
             while ((max_gen is None or state.generation < max_gen)
-                   and (state.generation == 0 or search_end is None
-                        or time.monotonic() < search_end)):
+                   and (state.generation == 0 or end is None
+                        or time.monotonic() < search_end())):
                 if state.run.why is not None:
                     # the run ended: polish its best and start the next (a search
                     # interrupted in the polish redoes it when resumed)
+                    t_polish = time.monotonic()
                     state = _next_run(state, kernel, local, problem, prior, new_mean, k,
-                                      now, search_end)
+                                      now, search_end())
                     state = state._replace(rng=rng.bit_generator.state)
+                    if end is not None:
+                        reserve = min(max(reserve, _REFINE_POLISHES
+                                          * (time.monotonic() - t_polish)), 0.5 * budget)
                     bar.set_postfix(best=f"{state.kept_f[0]:.6g}", runs=state.n_runs)
                     save(state)
                     continue
