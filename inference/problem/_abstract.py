@@ -231,6 +231,12 @@ def _scale_of(transform) -> str:
 
     while isinstance(transform, T.IndependentTransform):
         transform = transform.base_transform
+    if isinstance(transform, T.ComposeTransform) and len(transform.parts) == 2:
+        # a support [0, inf) or (0, inf) written as exp followed by x + 0
+        exp, shift = transform.parts
+        if isinstance(exp, T.ExpTransform) and isinstance(shift, T.AffineTransform) and \
+                np.all(np.asarray(shift.loc) == 0) and np.all(np.asarray(shift.scale) == 1):
+            return "log"
     if isinstance(transform, T.IdentityTransform):
         return "lin"
     if isinstance(transform, T.ExpTransform):
