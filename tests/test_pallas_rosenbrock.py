@@ -65,16 +65,17 @@ def test_unrolled_lu_pivots_as_lapack():
     entries = [[jnp.asarray(a[:, i, j]) for j in range(d)] for i in range(d)]
     lu, swaps, inv = _rosenbrock.lu_factor(entries)
     x = _rosenbrock.lu_solve((lu, swaps, inv), LaneArray(jnp.asarray(b[:, i]) for i in range(d)))
+    lu = np.moveaxis(np.asarray(lu), -1, 0)                    # (n, d, d)
+    x = np.stack([np.asarray(r) for r in x.rows], 1)            # (n, d)
+    # the row exchanged with row k (LAPACK's pivot index), from the masks
+    piv = np.stack([k + np.max(np.stack([np.zeros(n, int)] + [
+        np.asarray(sel) * (r + 1) for r, sel in enumerate(masks)]), axis=0)
+        for k, masks in enumerate(swaps)], 1)                   # (n, d - 1)
     for m in range(n):
         ref_lu, ref_piv = scipy.linalg.lu_factor(a[m])
-        got = np.array([[float(lu[i][j][m]) for j in range(d)] for i in range(d)])
-        np.testing.assert_allclose(got, ref_lu, rtol=1e-12, atol=1e-12 * np.abs(ref_lu).max())
-        # the row exchanged with row k (LAPACK's pivot index), from the masks
-        piv = [k + 1 + int(np.argmax([bool(s[m]) for s in masks])) if any(
-            bool(s[m]) for s in masks) else k for k, masks in enumerate(swaps)]
-        np.testing.assert_array_equal(piv, ref_piv[:d - 1])
-        np.testing.assert_allclose([float(r[m]) for r in x.rows],
-                                   np.linalg.solve(a[m], b[m]), rtol=1e-9)
+        np.testing.assert_allclose(lu[m], ref_lu, rtol=1e-12, atol=1e-12 * np.abs(ref_lu).max())
+        np.testing.assert_array_equal(piv[m], ref_piv[:d - 1])
+        np.testing.assert_allclose(x[m], np.linalg.solve(a[m], b[m]), rtol=1e-9)
     # a singular W: a non-finite solution (the record rejects such a step), not a wrong one
     sing = [[jnp.ones(1), jnp.ones(1)], [jnp.ones(1), jnp.ones(1)]]
     x = _rosenbrock.lu_solve(_rosenbrock.lu_factor(sing), LaneArray([jnp.ones(1), jnp.zeros(1)]))
@@ -83,10 +84,11 @@ def test_unrolled_lu_pivots_as_lapack():
 
 @pytest.mark.parametrize("solver", [gs.Rodas5P(), gs.Rosenbrock23()])
 def test_block_step_equals_the_solvers_step(solver):
-    """One step on blocks (`BlockRosenbrock`, outside any kernel: ``(n,)`` lanes) equals
-    the solver's own step (``jax.vmap``, LAPACK's LU) on Robertson, from states along a
-    trajectory and with step sizes from tiny to stiff: values, error estimates and their
-    VJP w.r.t. the state, the rates, ``t0`` and ``h``. A zero step is an identity."""
+    """One step on blocks (`BlockRosenbrock`, outside any kernel: ``(n,)`` lanes, run
+    eagerly: XLA:CPU compiles its unrolled reverse step slowly) equals the solver's own
+    step (``jax.vmap``, LAPACK's LU) on Robertson, from states along a trajectory and with
+    step sizes from tiny to stiff: values, error estimates and their VJP w.r.t. the
+    state, the rates, ``t0`` and ``h``. A zero step is an identity."""
     from gradsolve.drivers.pallas._field import kernel_solver, pallas_field
 
     n = 12

@@ -18,8 +18,10 @@ class Pallas(AbstractDriver):
     (``gradsolve/drivers/pallas/``): each is one fused kernel whose step loop runs with the
     ensemble on vector sublanes and lanes, instead of an XLA program of a few fusions per
     step. On one mesh its values and gradients are those of `gradsolve.drivers.Lanes` (in
-    float64, interpreted: equal to the last bit in the tests); its record accepts the steps
-    the XLA record accepts (`gradsolve.drivers.pallas._record` says how closely).
+    float64, interpreted: equal to the last bit in the tests; a Rosenbrock method's, those
+    of `gradsolve.drivers.Batched` to rounding, the LU's: 1e-12 in the tests); its record
+    accepts the steps the XLA record accepts (`gradsolve.drivers.pallas._record` says how
+    closely).
 
     Applies to explicit Runge–Kutta solvers with an error estimate (`gradsolve.Tsit5`,
     `gradsolve.Dopri5`, `gradsolve.Vern7`, your own `gradsolve.AbstractExplicitRK`) and to
