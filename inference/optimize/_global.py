@@ -31,7 +31,8 @@ population size"):
 - A run ends on TolX (``sigma`` times the largest standard deviation below 1e-4 of the
   box), TolFun (the best values of the last ``10 + 30 D / lambda`` generations within
   1e-8 (1 + |f|)), stagnation (its best improved by at most 1e-4 (1 + |f|) over the last
-  ``2 (120 + 30 D / lambda)`` generations: a run that creeps costs the time of new ones), a
+  ``2 (120 + 30 D / lambda)`` generations: a run that creeps costs the time of new ones;
+  or not at all over the last ``120 + 30 D / lambda``), a
   covariance condition number above 1e14, or ``10 + 30 D / lambda`` consecutive flat
   generations (all the best quarter equal, or none finite: the step size grows at each,
   as pycma does). Its best point is then polished by the local optimiser, and a new run
@@ -90,7 +91,11 @@ seed 0's crept from 2,428 at generation 1,100 to 2,403 at 4,700 (tolfun), which 
 ends at generation 1,657; seed 3's sat at 111.9-112.0 for 800 generations (1,300-2,100)
 before it fell to the optimum (-52 by generation 2,960), and no window of 336 generations
 on its way improved by less than 1e-4: it is not cut. Half the window (168) or ten times
-the tolerance (1e-3) would have cut seed 3's run at 111.9 (generations 1,505 and 1,548)."""
+the tolerance (1e-3) would have cut seed 3's run at 111.9 (generations 1,505 and 1,548).
+A run whose best has not moved at all for ``120 + 30 D / lambda`` generations ends too
+(the rule before this one, Hansen's: seed 1's first run sat at 2,723.9 from its fifth
+generation and waited 325 for the relative rule; neither traced run went more than 81
+generations without improving)."""
 
 _MAX_CONDITION = 1e14
 """... or when the covariance's condition number passes this."""
@@ -339,6 +344,10 @@ class CMAKernel:
                 and max(np.ptp(s.recent[-w:]), np.ptp(finite))
                 <= _TOL_FUN * (1.0 + abs(s.best_f))):
             return "tolfun"
+        stuck = c["stagnation"] // 2
+        if len(s.trail) > stuck and np.isfinite(s.trail[-1]) \
+                and s.trail[-stuck - 1] == s.trail[-1]:
+            return "stagnation"  # no improvement at all for 120 + 30 D / lambda
         if len(s.trail) > c["stagnation"]:
             old, new = s.trail[0], s.trail[-1]
             # (inf - inf: nothing finite yet in the window: the flat rule's case)
