@@ -71,8 +71,8 @@ _MAX_SCATTER = 1 << 20  # update entries times operand entries
 
 
 _INLINE_KEYS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
-_INLINE = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-           "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name"}
+_INLINE = {"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
+           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin", "name"}
 # Primitives applied entry by entry (same output shape as the broadcast inputs).
 ELEMENTWISE = frozenset({
     "abs", "acos", "acosh", "add", "add_any", "and",

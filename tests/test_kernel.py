@@ -170,6 +170,21 @@ def test_float32_kernel():
     np.testing.assert_allclose(gk, gx, rtol=2e-4)
 
 
+@requires_compiler
+def test_a_rematerialised_field_runs_on_the_kernel():
+    """A field under ``jax.checkpoint`` (``remat2`` in its jaxpr, as the PEtab importer's
+    fields) is translated through: the same C++ as the plain field, the same values."""
+    f = jax.checkpoint(lotka_volterra)
+    y0 = jnp.array([[1.0, 0.5], [0.8, 0.6]])
+    p = jnp.tile(jnp.array([1.5, 1.0, 3.0, 1.0]), (2, 1))
+    assert "remat2" in str(jax.make_jaxpr(f)(0.0, y0[0], p[0]))
+    assert gs.drivers.Kernel().replay_reason(f, gs.Tsit5(), y0, p) is None
+    sol = gs.solve(f, 0.0, 2.0, y0, p, driver=gs.drivers.Kernel())
+    ref = gs.solve(lotka_volterra, 0.0, 2.0, y0, p, driver=gs.drivers.Batched())
+    assert sol.route == "gradsolve-kernel"
+    np.testing.assert_allclose(sol.ys, ref.ys, rtol=1e-12)
+
+
 def test_untranslatable_vector_field_falls_back():
     def looped(t, y, p):  # a while loop: the translator declines, the XLA replay runs
         return jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] - 0.5 * p * y),
