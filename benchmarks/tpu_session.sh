@@ -30,8 +30,8 @@
 # "defaults" (gs.solve's gradient at its defaults, $DEF_N trajectories, default 1,048,576:
 # route, capacity, second call, peak HBM), "theophylline" (inference.sample of the
 # theophylline population, 4 chains vectorised on the chip, 50 + 50 draws), "samplers"
-# (NUTS against ChEES, benchmarks/bench_samplers.py: $SAMP_MODELS, default lynx,theo, float32,
-# $SAMP_ARGS more flags)); $NS the sizes of the bench step.
+# (NUTS against ChEES, benchmarks/bench_samplers.py: $SAMP_MODELS, default lynx; theo in a
+# call of its own; float32; $SAMP_ARGS its flags)); $NS the sizes of the bench step.
 set -u
 OUT=${OUT:-benchmarks/results/tpu}
 mkdir -p "$OUT"
@@ -133,7 +133,8 @@ for n in [int(x) for x in os.environ.get("FIT_NS", "16 1024").split()]:
       arviz_deps
       PYTHONPATH="$PYTHONPATH:/tmp/gradsolve_site" PYTHONUNBUFFERED=1 timeout "${SAMP_S:-580}" \
         $PY benchmarks/bench_samplers.py --platform tpu --float32 \
-        --models "${SAMP_MODELS:-lynx,theo}" ${SAMP_ARGS:---repeat 2 --nuts-chains 64 --chees-chains 128} \
+        --models "${SAMP_MODELS:-lynx}" \
+        ${SAMP_ARGS:---repeat 2 --warmup 300 --samples 300 --nuts-chains 64 --chees-chains 128} \
         --json "$OUT/samplers.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
     # tutorial 11 at full size, its printed output written into the notebook
     tutorial) timeout 500 $PY tools/run_notebook.py tutorials/11_on_a_tpu.ipynb \
