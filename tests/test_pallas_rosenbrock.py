@@ -172,8 +172,10 @@ def _check_record_and_replay(f, solver, y0, p, ts, t1, rtol, atol):
         np.testing.assert_array_equal(np.asarray(getattr(mesh, name)),
                                       np.asarray(getattr(ref, name)), err_msg=name)
     assert np.all(np.asarray(mesh.status) == 0)
-    # the same steps, at times equal to rounding (each error estimate cancels digits)
-    np.testing.assert_allclose(np.asarray(mesh.times), np.asarray(ref.times), rtol=1e-7)
+    # the same steps, at times equal to rounding: the error estimate (an increment that
+    # cancels digits; near rounding level where a step is far below the tolerance) moves
+    # the next step size with the last bits of the LU (seen: 3e-7 on the linear problem)
+    np.testing.assert_allclose(np.asarray(mesh.times), np.asarray(ref.times), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(mesh.y_last), np.asarray(ref.y_last), rtol=1e-7,
                                atol=1e-12)
     (_, (ys, y1, err)), grads = _replay_grads(f, mesh, y0, p, ts, PALLAS)
