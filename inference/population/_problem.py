@@ -93,7 +93,7 @@ class PopulationProblem(AbstractProblem):
     def sample_starts(self, key, n: int) -> np.ndarray:
         """``(n, P)``: the priors' medians (the fit's start), then draws around them of
         unit scale on the unconstrained coordinates."""
-        noise = np.asarray(jax.random.normal(key, (int(n), self.dim)))
+        noise = np.array(jax.random.normal(key, (int(n), self.dim)))  # writable
         noise[0] = 0.0
         return self.u0[None] + noise
 
