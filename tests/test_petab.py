@@ -15,6 +15,7 @@ libsbml = pytest.importorskip("libsbml")
 
 import gradsolve as gs  # noqa: E402
 import models  # noqa: E402
+from conftest import assert_grads, central_differences  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "petab"
 COLLECTION = Path(__file__).resolve().parents[2] / "shared" / "petab-benchmark-collection"
@@ -563,3 +564,93 @@ def test_an_estimated_parameter_without_a_nominal_value_loads(tmp_path):
                                      hierarchical=False).nominal)
     _close_to_reference(float(problem.log_likelihood(x)), "Boehm_JProteomeRes2014")
 
+
+
+def _boehm_field():
+    """Boehm's field, its SBML right-hand sides and one condition's ``(y, p)`` at the
+    nominal parameters (Rodas5P named: no stiffness probe)."""
+    problem = models.load_petab("Boehm_JProteomeRes2014", hierarchical=False,
+                                solver=gs.Rodas5P())
+    y0, p, _, _ = problem._inputs(jax.numpy.asarray(problem.nominal))
+    return problem, y0[0] * 1.3, p[0]  # away from y0's zeros
+
+
+def test_the_field_equals_its_sbml_rates_evaluated_by_sympy():
+    import sympy as sp
+
+    problem, y, p = _boehm_field()
+    odes = problem.odes
+    point = {sp.Symbol(k): float(v) for k, v in zip(odes.state_ids, y)}
+    point.update({sp.Symbol(k): float(v) for k, v in zip(odes.param_ids, p)})
+    point[models._petab._sbml.TIME] = 3.7
+    want = [float(e.xreplace(point).evalf(30)) for e in odes.rhs]
+    got = np.asarray(problem.vector_field(3.7, y, p))
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13 * np.max(np.abs(want)))
+
+
+def test_reverse_mode_through_the_field_keeps_only_its_inputs():
+    # rematerialised: an adjoint step recomputes the field's intermediates instead of
+    # carrying each of them (60 arrays for Boehm's 8 states) from the forward step
+    problem, y, p = _boehm_field()
+    value, pullback = jax.vjp(problem.vector_field, 3.7, y, p)
+    assert len(jax.tree_util.tree_leaves(pullback)) <= 3
+    ct = np.arange(1.0, 1.0 + value.shape[0])
+    got = pullback(jax.numpy.asarray(ct))[1:]
+    want = central_differences(
+        lambda y, p: float(np.asarray(problem.vector_field(3.7, y, p)) @ ct),
+        [np.asarray(y), np.asarray(p)], eps=1e-7)
+    assert_grads(got, want, rtol=1e-5)
+
+
+def test_scalars_split_only_the_entries_used():
+    from models._petab._model import scalars
+
+    v = jax.numpy.arange(7.0)
+    used = [False, True, False, False, True, True, False]
+    out = scalars(v, used)
+    assert [None if o is None else float(o) for o in out] == [None, 1.0, None, None, 4.0,
+                                                              5.0, None]
+    assert [float(o) for o in scalars(v)] == list(range(7))
+    assert scalars(v, [False] * 7) == [None] * 7
+    # one piece per used entry and per run of unused ones
+    split = [e for e in jax.make_jaxpr(lambda v: scalars(v, used))(v).jaxpr.eqns
+             if e.primitive.name == "split"]
+    assert split[0].params["sizes"] == (1, 1, 2, 1, 1, 1)
+
+
+def test_integral_floats_become_integers_with_the_same_value():
+    import sympy as sp
+
+    from models._petab._model import _tidy
+
+    x, k = sp.symbols("x k")
+    e = sp.Float(1.0) * k * x + sp.Float(2.0) * x ** sp.Float(2.0) - sp.Float(2.5e-7) * x / \
+        (k ** sp.Float(-1.0))
+    t = _tidy(e)
+    assert not any(float(a).is_integer() for a in t.atoms(sp.Float))
+    assert sp.count_ops(t) < sp.count_ops(e)
+    for xv, kv in ((0.3, 1.7), (-2.0, 0.01)):
+        assert float(t.subs({x: xv, k: kv})) == pytest.approx(float(e.subs({x: xv, k: kv})),
+                                                             rel=1e-15)
+
+
+def test_the_stiffness_probe_compiles_one_program_for_the_jacobian():
+    # op by op, each operation of the Jacobian was a program of its own (38 for Boehm)
+    from models._petab._solver_choice import probe_explicit
+
+    problem, _, _ = _boehm_field()
+    y0, p, _, jumps = problem._inputs(jax.numpy.asarray(problem.nominal))
+    compiles = []
+
+    def count(event, secs, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(secs)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        solver, why = probe_explicit(problem.vector_field, y0, p, problem.ts, problem._t1,
+                                     jumps, rtol=1e-8, atol=1e-12, budget=2000)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert solver is None and "spectral radius" in why  # Boehm is stiff at t = 0
+    assert len(compiles) <= 2

@@ -186,7 +186,7 @@ class PetabProblem:
             self.solver_reason = ("gs.Rodas5P(): pre-equilibration or moving switch times "
                                   "(not probed)")
             return
-        y0, p, _, jumps = self._inputs(jnp.asarray(self.nominal))
+        y0, p, _, jumps = jax.jit(self._inputs)(jnp.asarray(self.nominal))  # one program
         solver, self.solver_reason = probe_explicit(
             self.vector_field, y0, p, self.ts, self._t1, jumps, rtol=self.rtol,
             atol=self.atol, budget=min(self.EXPLICIT_STEP_BUDGET, self.max_steps))

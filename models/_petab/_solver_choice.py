@@ -31,8 +31,10 @@ def probe_explicit(vector_field: Callable, y0, p, ts, t1: float, jumps, *, rtol:
     # Jacobian spectral radius rho at the start already needing more than the budget
     # over the horizon is stiff without a probe solve (whose kernel build costs
     # a large model a minute).
-    jac = np.asarray(jax.vmap(jax.jacfwd(vector_field, argnums=1), in_axes=(None, 0, 0))(
-        0.0, y0, p))
+    # one compiled program: run op by op, each operation of the Jacobian would be a
+    # program of its own to compile
+    jac = np.asarray(jax.jit(jax.vmap(jax.jacfwd(vector_field, argnums=1),
+                                      in_axes=(None, 0, 0)))(0.0, y0, p))
     if not np.all(np.isfinite(jac)):
         # e.g. an estimated parameter without a nominal value: no point to probe at
         return None, ("gs.Rodas5P(): the stiffness probe needs a finite Jacobian at the "
