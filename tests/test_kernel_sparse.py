@@ -23,7 +23,6 @@ The harness also times a factorisation and the two solves, sparse against dense
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 import time
@@ -301,6 +300,19 @@ class Harness:
         xt = raw[LANES + n * LANES:LANES + 2 * n * LANES].reshape(n, LANES).T
         times = dict(line.split() for line in res.stdout.split("\n") if line)
         return fail, x, xt, int(raw[-1]), {k: float(v) for k, v in times.items()}
+
+
+def timing(pattern, reps: int = 200) -> dict:
+    """ns per lane of a factorisation and of a solve plus a transposed solve, sparse and
+    dense, on random diagonally dominant lanes with ``pattern`` (for measuring, e.g.
+    ``python -c "import sys; sys.path.insert(0, 'tests'); import numpy as np,
+    test_kernel_sparse as t; print(t.timing(np.load('pattern.npy')))"``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        h = Harness(pattern, folder)
+        rng = np.random.default_rng(0)
+        jnz, alpha, beta, _ = _random_w(h.pattern, rng, LANES)
+        out = h.run(jnz, alpha, beta, rng.normal(size=(LANES, h.lu.n)), reps=reps)[4]
+    return {**out, "fill": h.lu.nnz, "order": h.lu.order_name, "use_sparse": h.lu.use_sparse()}
 
 
 needs_compiler = pytest.mark.skipif(kbuild.compiler() is None, reason="no C++ compiler")
