@@ -130,15 +130,7 @@ def _optimizer_of(problem, method, optimizer, steps, n_starts, init, seed, max_t
         what = (f"method={method!r}" if entry.options
                 else f"{_kind(problem)} with method={method!r}")
         _refuse_options(options, what, entry.options, optax_args=False)
-    if "max_generations" in own:
-        gens = own["max_generations"]
-        if steps not in (1000, gens):  # 1000: `steps`' default
-            raise ValueError(f"`steps`={steps!r} and `max_generations`={gens!r}: both "
-                             "count the global search's generations; pass one")
-        _checked_int("max_generations", gens, 1)
-        steps = gens
-    else:
-        _checked_int("steps", steps, 0 if is_optax else 1)
+    _checked_int("steps", steps, 0 if is_optax else 1)
     for name, v, allowed in (("max_time", max_time, entry.max_time),
                              ("checkpoint", checkpoint, entry.checkpoint)):
         if v is not None and not allowed:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ._optimizer import AbstractOptimizer
 
 __all__ = ["FitArgs", "Method", "METHODS", "OPTAX_ONLY", "method_names"]
@@ -84,8 +86,16 @@ def _global(a: FitArgs) -> AbstractOptimizer:
     local = a.options.get("local", "auto")
     if local not in ("auto", "lm", "lbfgs"):
         raise ValueError(f"`local` must be 'auto', 'lm' or 'lbfgs', got {local!r}")
-    # with a time limit the generations are unlimited unless the user counts them
-    gens = a.options.get("max_generations", None if a.steps == 1000 else a.steps)
+    # `max_generations` is another name for `steps` here; with a time limit the
+    # generations are unlimited unless the user counts them (1000: `steps`' default)
+    gens = a.options.get("max_generations")
+    if gens is None:
+        gens = None if a.steps == 1000 else a.steps
+    elif a.steps not in (1000, gens):
+        raise ValueError(f"`steps`={a.steps!r} and `max_generations`={gens!r}: both count "
+                         "the global search's generations; pass one")
+    elif not isinstance(gens, (int, np.integer)) or isinstance(gens, bool) or gens < 1:
+        raise ValueError(f"`max_generations` must be an int >= 1, got {gens!r}")
     return GlobalSearch(seed=a.seed, max_time=a.max_time, max_iter=gens,
                         local=None if local == "auto" else METHODS[local].build(
                             a._replace(steps=1000)),
