@@ -38,14 +38,16 @@ def test_kernel_strings_and_names_map_to_the_sampler_objects(lynx):
 
 
 def test_kernel_string_runs_what_the_object_runs(lynx):
-    """``kernel="hmc"`` is ``sampler=HMC()``: the same draws, the same attributes."""
+    """``kernel="nuts"`` is ``sampler=NUTS(...)``: the same draws, the same attributes
+    (a setting of the object, ``max_tree_depth``, as `sample`'s keyword)."""
     m, data = lynx
     kw = dict(num_warmup=20, num_samples=20, seed=3, progress=False, init=dict(m.defaults))
-    a = inference.sample(m, data, kernel="hmc", **kw)
-    b = inference.sample(m, data, sampler=HMC(), **kw)
+    a = inference.sample(m, data, kernel="nuts", max_tree_depth=3, **kw)
+    b = inference.sample(m, data, sampler=NUTS(max_tree_depth=3), **kw)
     np.testing.assert_array_equal(a.posterior["theta"].values, b.posterior["theta"].values)
-    assert a.posterior.attrs["kernel"] == b.posterior.attrs["kernel"] == "hmc"
-    assert a.posterior["theta"].shape == (2, 20, 4)          # NUTS's and HMC's 2 chains
+    assert a.posterior.attrs["kernel"] == b.posterior.attrs["kernel"] == "nuts"
+    assert a.posterior["theta"].shape == (2, 20, 4)          # NUTS's 2 chains
+    assert b.sample_stats["n_steps"].values.max() <= 2 ** 3 - 1
 
 
 @pytest.fixture(scope="module")
