@@ -7,9 +7,9 @@ record) compiled as a first use compiles them (`gradsolve.drivers.kernel.build`:
 compiler per CPU, the parts grouped as on this machine), into an empty cache folder.
 Printed per model: states, nonzeros, the source's size, the generation's seconds (wall and
 CPU), the compile's wall seconds, the compilers' CPU seconds (user + system of the compiler
-processes: on a loaded machine the wall time grows, the CPU time does not) and the CPU
-seconds of the largest compiler group compiled alone (on a quiet machine with a core per
-group, the first build takes about the generation plus that).
+processes: on a loaded machine the wall time grows, the CPU time does not; with a core
+per compiler group, the compile's wall time on a quiet machine is about the largest
+group's CPU time, a little over half the total with two).
 
 Models: a synthetic chain of ``d`` states (``y_i' = k_{i-1} y_{i-1} / (1 + y_{i-1}) -
 k_i y_i``, the first fed by the last: ``2 d`` nonzeros) at d = 8, 25, 50, 100, and the
@@ -85,17 +85,10 @@ def measure(name, f, y0, p, solver) -> dict:
         build._compile_all(build.compiler(), source, paths, todo, name, folder)
         wall = time.perf_counter() - t
         cpu = _cpu_children() - cpu
-        groups = {}
-        for g in todo:  # each group alone: its compiler's CPU time
-            c = _cpu_children()
-            build._compile(build.compiler(), source, folder / "alone.so", g)
-            groups[g] = _cpu_children() - c
     row = dict(model=name, states=d, nnz=nnz, mb=len(source) / 1e6, gen_s=gen_s,
                gen_cpu=gen_cpu, wall_s=wall, cpu_s=cpu)
-    # On a quiet machine with one core per compiler group, the first use takes about the
-    # generation plus the largest group's compile.
     print(f"| {name} | {d} | {nnz} | {row['mb']:.2f} | {gen_s:.1f} ({gen_cpu:.1f}) | "
-          f"{wall:.1f} | {cpu:.1f} | {max(groups.values()):.1f} |", flush=True)
+          f"{wall:.1f} | {cpu:.1f} |", flush=True)
     return row
 
 
@@ -109,8 +102,8 @@ def main():
     print(f"{args.solver}, {build.usable_cpus()} CPUs, compiler groups "
           f"{build._groups(build._EAGER_PARTS)}")
     print("| model | states | nonzeros | source MB | generate s (CPU) | compile wall s | "
-          "compile CPU s | largest group CPU s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "compile CPU s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     cases = [] if args.no_boehm else [boehm_problem()]
     cases += [chain_problem(int(s)) for s in args.states.split(",")]
     for case in cases:

@@ -403,10 +403,14 @@ class Kernel(AbstractDriver):
     compiled adjoint; forward mode and second derivatives are the batched driver's.
     ``Solution.route == "gradsolve-kernel"``.
 
-    A Rosenbrock step is the solver's own ``step`` translated whole, Jacobian, pivoted LU
-    and stage solves included, and its adjoint the translated VJP of that step
-    (`gradsolve.drivers.kernel.rosenbrock_source`): the XLA replay's arithmetic, so the
-    two agree to rounding.
+    A Rosenbrock step (Rodas5P's tableau form, Rosenbrock23) runs in loop form: the
+    model's ``f``, Jacobian nonzeros and their VJPs generated, the stages, ``W``'s
+    factorisation and solves and the step's exact discrete adjoint fixed C++
+    (`gradsolve.drivers.kernel.rosenbrock_source.LoopRosenbrockSource`): the XLA replay's
+    arithmetic, so the two agree to rounding. A step whose ``W`` cannot be factored (a
+    zero pivot) gives that trajectory NaN values and an infinite ``error_ratio`` (the
+    record rejects such a step and shrinks it). Another Rosenbrock method's ``step`` is
+    translated whole, with its VJP.
 
     Known-time events (``jumps=``, ``tstops=``) run in C++ too: the record lands their
     forced nodes, the replay applies them, its adjoint gives the jump sizes' gradients

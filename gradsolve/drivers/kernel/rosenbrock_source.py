@@ -1,7 +1,20 @@
-"""The C++ of one Rosenbrock step of one lane, forward and reverse, for the kernel's
-templates (`gradsolve.drivers.kernel.source` fills them in).
+"""The C++ of a Rosenbrock step, forward and reverse, for the kernel's templates
+(`gradsolve.drivers.kernel.source` fills them in).
 
-An explicit Runge–Kutta step is written here from its tableau (`source._Source`); a
+Loop form (`LoopRosenbrockSource`, for the tableau form of `AbstractRosenbrock.step`, e.g.
+Rodas5P, and for Rosenbrock23's own step): the generated code is only what depends on the
+model (``Model``: ``f``, the Jacobian's structural nonzeros and ``df/dt``, the VJP of
+``f`` and the VJP of those Jacobian terms), each a function of all lanes; the stages,
+``W``, its factorisation and solves (an elimination policy, `choose_elimination`) and the
+step's exact discrete adjoint are the fixed templates of ``cc/rosenbrock.h``. The
+Jacobian's pattern is read off the translated ``f`` (`_pattern`) and its columns
+coloured (`_colors`), one forward-mode pass per colour, so the source grows with the
+nonzeros. `LoopRosenbrockSource` states the adjoint and why the reverse step recomputes
+its factorisation.
+
+Translated whole (`RosenbrockSource`, for a method with another ``step`` of its own, up
+to `gradsolve.drivers.kernel.driver.ROSENBROCK_MAX_STATES` states): an explicit
+Runge–Kutta step is written here from its tableau (`source._Source`); a
 linearly implicit one is translated whole from the solver's own ``step``
 (`gradsolve._solver.rosenbrock.AbstractRosenbrock.step`, or a subclass's, e.g.
 `gradsolve.Rosenbrock23`'s): its jaxpr holds the Jacobian ``df/dy`` and ``df/dt``
