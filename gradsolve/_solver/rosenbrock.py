@@ -28,7 +28,6 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 
 from .base import AbstractSolver, combine
@@ -57,6 +56,26 @@ def jacobians(f, t0, y0, params):
     f_t = tangents[0]
     jac = tangents[1:].T  # tangents[1 + j] = J[:, j]
     return f0, jac, f_t
+
+
+def _lu_solver(matrix, lu, perm, inverse):
+    """``solve(rhs) = matrix^-1 rhs`` from ``matrix``'s LU factors ``lu`` (unit lower and
+    upper triangles in one ``(d, d)``) with row permutation ``perm`` (``matrix[perm] = L
+    U``) and its ``inverse``; differentiable through `jax.lax.custom_linear_solve`."""
+    tri = jax.lax.linalg.triangular_solve
+
+    def forward(_, b):
+        x = b[perm][:, None]
+        x = tri(lu, x, left_side=True, lower=True, unit_diagonal=True)
+        return tri(lu, x, left_side=True, lower=False)[:, 0]
+
+    def transposed(_, b):
+        x = tri(lu, b[:, None], left_side=True, lower=False, transpose_a=True)
+        x = tri(lu, x, left_side=True, lower=True, unit_diagonal=True, transpose_a=True)
+        return x[:, 0][inverse]
+
+    return lambda rhs: jax.lax.custom_linear_solve(lambda u: matrix @ u, rhs, forward,
+                                                   transposed)
 
 
 class AbstractRosenbrock(AbstractSolver):
@@ -106,13 +125,12 @@ class AbstractRosenbrock(AbstractSolver):
         # solve's derivative is W^-1 (d rhs - dW u) (lax.custom_linear_solve), the same
         # exact derivative for a triangular solve pair per tangent, where differentiating
         # the factorisation costs matrix products per tangent (2x on a stiff replay's
-        # forward-mode Jacobian).
-        lu_piv = jsl.lu_factor(jax.lax.stop_gradient(matrix))
-
-        def solve(rhs):
-            return jax.lax.custom_linear_solve(
-                lambda u: matrix @ u, rhs, lambda _, b: jsl.lu_solve(lu_piv, b),
-                lambda _, b: jsl.lu_solve(lu_piv, b, trans=1))
+        # forward-mode Jacobian). The row permutation and its inverse are formed once per
+        # step, not once per stage solve (jax.scipy's lu_solve converts the pivots each
+        # time: a loop per solve, 8 stages x record, replay and adjoint).
+        lu, _, perm = jax.lax.linalg.lu(jax.lax.stop_gradient(matrix))
+        inverse = jnp.zeros_like(perm).at[perm].set(jnp.arange(n, dtype=perm.dtype))
+        solve = _lu_solver(matrix, lu, perm, inverse)
 
         h2 = h * h
         us = []
