@@ -105,14 +105,17 @@ def run_seed(problem, seed: int, args) -> dict:
 
 def table(rows) -> str:
     """The seeds' Markdown table."""
-    out = ["| seed | best | optimum reached | wall s | generations | restarts (stagnation) "
-           "| runs (population: how it ended, polished best) |",
-           "| ---: | ---: | --- | ---: | ---: | --- | --- |"]
+    out = ["| seed | best | optimum reached | wall s (search s) | generations | restarts "
+           "(by stagnation) | runs (population: how it ended, polished best, at s) | load |",
+           "| --- | ---: | --- | ---: | ---: | --- | --- | --- |"]
     for r in rows:
-        runs = "; ".join(f"{u['popsize']}: {u['why']} {u['polished']:.3f}" for u in r["runs"])
-        out.append(f"| {r['seed']} | {r['best']:.3f} | {'yes' if r['reached'] else 'no'} "
-                   f"| {r['wall_s']:.0f} | {r['generations']} | {r['restarts']} "
-                   f"({r['stagnation_restarts']}) | {runs} |")
+        runs = "; ".join(f"{u['popsize']}: {u['why']} {u['polished']:.3f} at {u['at_s']:.0f}"
+                         for u in r["runs"])
+        out.append(f"| {r.get('label', r['seed'])} | {r['best']:.3f} "
+                   f"| {'yes' if r['reached'] else 'no'} | {r['wall_s']:.0f} "
+                   f"({r['search_s']:.0f}) | {r['generations']} | {r['restarts']} "
+                   f"({r['stagnation_restarts']}) | {runs} "
+                   f"| {r['load'][0]:.0f} |")
     return "\n".join(out)
 
 
