@@ -513,9 +513,15 @@ class LoopRosenbrockSource:
     way, line by line (``cc/rosenbrock.h``, ``backward_ode23s``).
 
     The factorisation is recomputed in the reverse step, not carried from the forward
-    sweep: the reverse step recomputes the stages anyway (they need ``f`` at the stored
-    state), and carrying ``W``'s factors would store ``d**2`` numbers per step instead of
-    ``d``.
+    sweep. Measured (``benchmarks/bench_kernel_rosenbrock.py --reuse-probe --sizes 64
+    --repeats 20``: the reverse sweep as built against a probe build whose reverse step
+    skips its factorisation, one kernel thread, best process CPU time, 2026-12-07 on the
+    shared 2-core VM): Robertson 0.122 against 0.109 us per trajectory-step, Boehm (8
+    states) 0.492 against 0.442: carrying the factors would save at most 10 % of the
+    reverse sweep, before the forward sweep writes ``d**2`` numbers and the pivots per step
+    and the reverse reads them back (at 8 states 512 bytes a step against the state's 72:
+    the stored rows, now ``O(n steps d)``, would grow ``d``-fold), while the stages must be
+    recomputed anyway (they need ``f`` at the stored state).
     """
 
     fsal = False
