@@ -35,8 +35,9 @@ class Auto(AbstractDriver):
     Record: `Kernel` (CPU, explicit solvers and Rosenbrock methods, a translatable field,
     a compiler), else `Batched`. Replay: `Kernel`, else
     `Lanes` (explicit solvers with a small field; GPU and TPU), else `Batched` (stiff
-    solvers off the CPU, Diffrax solvers, anything else); on a TPU `Pallas`
-    (fused kernels: explicit solvers, float32, known-time events included) comes first in both; known-time events
+    solvers off the CPU and the TPU, Diffrax solvers, anything else); on a TPU `Pallas`
+    (fused kernels: explicit solvers, and Rodas5P and Rosenbrock23 up to 8 states; float32,
+    known-time events included) comes first in both; known-time events
     (``jumps=``, ``tstops=``) change nothing in that order. A solve with a solver
     that has no error estimate runs `gradsolve.drivers.Diffrax` in constant steps. Where
     the kernel or the lanes replay is passed over because the vector field uses something

@@ -244,11 +244,12 @@ def fit(
     parameters are estimated), SciPy's L-BFGS-B otherwise; ``steps`` caps the iterations
     per start, ``objective="map"`` adds the priors the parameter table gives, and the
     result's starts are sorted by final objective (`FitResult.plot_waterfall`). With
-    ``method="global"`` it is fitted by a global search instead (where bounds span many
-    decades and local starts stall far from the optimum): CMA-ES restarts with a growing
-    population, every generation one ensemble, each run's best polished by the
-    Levenberg–Marquardt, and the ``n_starts`` best distinct points found refined by it at
-    the end (``inference/petab/_global.py``).
+    ``method="global"`` any problem is fitted by a global search instead (where bounds span
+    many decades and local starts stall far from the optimum): CMA-ES restarts with a
+    growing population, every generation one ensemble, a run ending when it stagnates, each
+    run's best polished by the problem's local optimiser (Levenberg–Marquardt on residuals,
+    else L-BFGS-B), and the ``n_starts`` best distinct points found refined at the end,
+    inside ``max_time`` where it is given (``inference/optimize/_global.py``).
 
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
@@ -373,4 +374,3 @@ def fit(
     return _result(problem, opt, res, x0, objective, time.perf_counter() - t_start)
 
 
-_GLOBAL_OPTIONS = GLOBAL_OPTIONS  # the name `inference.sampling` imported before

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._checkpoint import digest
-from ..problem._abstract import AbstractProblem, _scale_of
+from ..problem._abstract import AbstractProblem, scale_of
 from ..problem._problem import TOLERANCES
 from ._checks import float32_rtol
 from ._population_fit import _objective, _problem
@@ -84,7 +84,7 @@ class PopulationProblem(AbstractProblem):
         """Each coordinate's scale: ``"lin"`` (a real site), ``"log"`` (a positive one,
         e.g. a random effect's scale), else ``"unconstrained"``."""
         return tuple(s for k in self.pb.names
-                     for s in [_scale_of(self.pb.bij[k])] * self.pb.sizes[k])
+                     for s in [scale_of(self.pb.bij[k])] * self.pb.sizes[k])
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """Unbounded: every coordinate is on the real line."""

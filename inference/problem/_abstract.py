@@ -121,7 +121,7 @@ class AbstractProblem(abc.ABC):
         parameter's support, e.g. a logit). Profiles and intervals are on these scales."""
         out = []
         for e in self.space.entries:
-            out.extend([_scale_of(e.transform)] * e.size)
+            out.extend([scale_of(e.transform)] * e.size)
         return tuple(out)
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +224,7 @@ class AbstractProblem(abc.ABC):
         """``(values, dims, coords)`` of the observations, for ``arviz``."""
 
 
-def _scale_of(transform) -> str:
+def scale_of(transform) -> str:
     """``"lin"``, ``"log"`` or ``"unconstrained"``: how a `ParamSpace` coordinate maps to
     its parameter (NumPyro's bijection for the prior's support)."""
     from numpyro.distributions import transforms as T

@@ -204,7 +204,7 @@ def _check_fit_kwargs(fit_kwargs) -> None:
     (checked before the model is traced, not when the MAP fit starts)."""
     import inspect
 
-    from ..optimize._fit import _GLOBAL_OPTIONS, fit
+    from ..optimize._fit import GLOBAL_OPTIONS, fit
 
     if fit_kwargs is None:
         return
@@ -213,7 +213,7 @@ def _check_fit_kwargs(fit_kwargs) -> None:
                          f"arguments, got {type(fit_kwargs).__name__}")
     takes = [k for k in inspect.signature(fit).parameters if k not in ("model", "data",
                                                                         "options")]
-    unknown = sorted(set(fit_kwargs) - set(takes) - set(_GLOBAL_OPTIONS))
+    unknown = sorted(set(fit_kwargs) - set(takes) - set(GLOBAL_OPTIONS))
     if unknown:
         raise ValueError(f"`fit_kwargs` has unknown key(s) {unknown}; inference.fit takes "
                          f"{takes}")
