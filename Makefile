@@ -24,7 +24,10 @@ demo: $(STAMP)
 # quiet 2-core machine, fresh clone, every cache cold, venv included: 17.7-20.2 min with two
 # workers (2026-12-07, 800-807 tests; both cores busy throughout: the suite is bound by XLA
 # compiles and C++ kernel builds); 901 tests, 18.0 min of pytest with a tutorial running
-# beside it (2026-12-07 10:01 UTC, 30.7 CPU-min). One process: `make test XDIST=`.
+# beside it (2026-12-07 10:01 UTC, 30.7 CPU-min); 979 tests, 38.0 min with two workers after
+# stiff solvers moved to the compiled kernel by default (each distinct stiff field now builds
+# a C++ kernel on first use; 2026-12-07 13:09-13:47 UTC, quiet machine but for short runs,
+# kernel cache cold for the new kernels). One process: `make test XDIST=`.
 WORKERS ?= $(shell $(PYTHON) tools/cpus.py 4 2>/dev/null || echo 1)
 XDIST ?= $(if $(filter-out 1,$(WORKERS)),-n $(WORKERS) --dist loadfile,)
 
