@@ -139,6 +139,20 @@ def lane_loops(inputs: dict[str, str], stmts: list[str], tail: list[str],
 _PATCH_LOCK = threading.Lock()
 
 
+
+def _error_norm(R, d: int) -> list[str]:
+    """C++ of a lane's scaled RMS error ``err`` of the step ``y -> y1`` with embedded
+    error ``e`` (per state ``r`` in ``R``, as ``y_r``, ``y1_r``, ``e_r``): infinite where
+    ``y1`` or the norm is not finite, so that the record rejects the step."""
+    tail = ["real acc = 0, bad = 0;"]
+    for r in R:
+        tail.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
+                    f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
+    tail.append(f"real err = std::sqrt(acc / (real){d});")
+    tail.append("bad += err - err;")
+    tail.append("err = (bad == 0) ? err : (real)INFINITY;")
+    return tail
+
 class _Factors(tuple):
     """``(lu, piv)`` of `jax.scipy.linalg.lu_factor`, with the matrix ``a`` they factor."""
 
@@ -283,13 +297,7 @@ class RosenbrockSource:
             + [f"const real e_{r} = {o_e[r]};" for r in R]
         inputs = {**self.inputs, "rtol": "const real rtol = RT[j];",
                   "atol": "const real atol = AT[j];"}
-        tail = ["real acc = 0, bad = 0;"]
-        for r in R:
-            tail.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
-                        f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
-        tail.append(f"real err = std::sqrt(acc / (real){d});")
-        tail.append("bad += err - err;")
-        tail.append("err = (bad == 0) ? err : (real)INFINITY;")
+        tail = _error_norm(R, d)
         rec = tail + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
         fw = tail + ["const bool act = ACT[j] != 0;",
                      "EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];"]
@@ -664,13 +672,7 @@ class LoopRosenbrockSource:
                 "const real rtol = RT[j], atol = AT[j];"]
         head += [f"const real y_{r} = YB[{r} * LANES + j], y1_{r} = GS_Y1[{r} * LANES + j],"
                  f" e_{r} = GS_E[{r} * LANES + j];" for r in R]
-        tail = ["real acc = 0, bad = 0;"]
-        for r in R:
-            tail.append(f"{{ const real sc = atol + rtol * rmax(std::abs(y_{r}), std::abs(y1_{r}));"
-                        f" const real q = e_{r} / sc; acc += q * q; bad += y1_{r} - y1_{r}; }}")
-        tail.append(f"real err = std::sqrt(acc / (real){d});")
-        tail.append("bad += err - err;")
-        tail.append("err = (bad == 0) ? err : (real)INFINITY;")
+        tail = _error_norm(R, d)
         rec = head + tail + [f"Y1[{r} * LANES + j] = y1_{r};" for r in R] + ["ERR[j] = err;"]
         fw = head + tail + ["const bool act = ACT[j] != 0;",
                             "EMAX[j] = act ? rmax(EMAX[j], err) : EMAX[j];"]
