@@ -147,6 +147,35 @@ def write_petab(path, doc, *, observables: dict, measurements: dict, parameters:
     return path / "problem.yaml"
 
 
+
+class ClosedFormProblem:
+    """Mixin for a test problem whose objective is a closed form (no ODE, no mesh): the
+    `inference.AbstractProblem` methods about meshes and data, for subclasses that also
+    subclass `AbstractProblem` and give names, bounds, starts and the objective."""
+
+    space = source = None
+
+    def log_density(self, u, mesh=None, **kw):
+        value, aux = self.objective(u)
+        return -value, aux
+
+    def fingerprint(self):
+        return {"kind": type(self).__name__}
+
+    def record(self, u, tol_factor=1.0):
+        return None
+
+    def ragged_replay(self, u, mesh):
+        return False
+
+    def error_ratio(self, u, mesh):
+        import jax.numpy as jnp
+
+        return jnp.zeros(())
+
+    def observed_data(self):
+        return {}, {}, {}
+
 def killed_then_resumed(monkeypatch, run, path, die_after):
     """``run(path)`` interrupted (``KeyboardInterrupt``) right after the checkpoint whose
     state satisfies ``die_after(state)``, then ``run(path)`` again: the resumed result."""

@@ -15,23 +15,22 @@ import pytest
 
 from inference.optimize._global import CMAKernel, GlobalSearch
 from inference.optimize._scipy import LBFGSB
+from conftest import ClosedFormProblem
 from inference.problem._abstract import AbstractProblem
 
 D = 4
 X_STAR = np.array([0.7, -1.3, 0.4, 1.9])
 
 
-class ClosedForm(AbstractProblem):
+class ClosedForm(ClosedFormProblem, AbstractProblem):
     """A problem whose objective is a closed form of ``u (D,)`` or ``(n, D)`` (no ODE):
     ``f(u) = offset + rastrigin(u - X_STAR) (+ ripple)``, inside ``[-5.12, 5.12]^D`` or
     unbounded (starts then N(0, 2^2))."""
 
-    default_rerecord, default_target_accept = "warmup", 0.8
-    dense_mass_by_default = count_failures_by_default = False
+    count_failures_by_default = False
 
     def __init__(self, bounded: bool = True, offset: float = 0.0, ripple: float = 0.0):
         self.bounded, self.offset, self.ripple = bounded, offset, ripple
-        self.space = self.source = None
         self.n_evals = 0
 
     def names(self):
@@ -54,24 +53,10 @@ class ClosedForm(AbstractProblem):
                                       axis=-1)
         return self.offset + f, None
 
-    def log_density(self, u, mesh=None, **kw):
-        return -self.objective(u)[0], None
-
     def fingerprint(self):
         return dict(kind="closed form", bounded=self.bounded, offset=self.offset,
                     ripple=self.ripple)
 
-    def record(self, u, tol_factor=1.0):
-        return None
-
-    def ragged_replay(self, u, mesh):
-        return False
-
-    def error_ratio(self, u, mesh):
-        return jnp.zeros(())
-
-    def observed_data(self):
-        return {}, {}, {}
 
 
 def _rastrigin_minima_near(x):

@@ -16,6 +16,7 @@ import pytest
 import inference
 import models
 from inference.optimize import BFGS, LBFGSB, AbstractOptimizer, LevenbergMarquardt, Optax
+from conftest import ClosedFormProblem
 from inference.problem._abstract import AbstractProblem
 
 
@@ -23,15 +24,14 @@ class _Aux:
     error_ratio = jnp.zeros(())
 
 
-class Residuals(AbstractProblem):
+class Residuals(ClosedFormProblem, AbstractProblem):
     """A problem with no ODE: objective ``0.5 * sum(r(u)**2) + 3`` inside ``bounds``."""
 
-    default_rerecord, default_target_accept = "warmup", 0.8
-    dense_mass_by_default = count_failures_by_default = False
+    count_failures_by_default = False
     least_squares = True
 
     def __init__(self, r, dim, lower=None, upper=None):
-        self.r, self.dim, self.space, self.source = r, dim, None, None
+        self.r, self.dim = r, dim
         self.lo = np.full(dim, -np.inf) if lower is None else np.asarray(lower, float)
         self.hi = np.full(dim, np.inf) if upper is None else np.asarray(upper, float)
 
@@ -54,24 +54,9 @@ class Residuals(AbstractProblem):
         r, aux = self.residuals(u)
         return 0.5 * jnp.sum(r**2, axis=-1) + 3.0, aux
 
-    def log_density(self, u, mesh=None, *, prior=True, jacobian=True, max_steps=None):
-        f, aux = self.objective(u)
-        return -f, aux
 
     def record(self, u, tol_factor=1.0):
         return jnp.zeros(np.shape(u)[:-1] + (1,))
-
-    def fingerprint(self):
-        return {}
-
-    def ragged_replay(self, u, mesh):
-        return False
-
-    def error_ratio(self, u, mesh):
-        return jnp.zeros(())
-
-    def observed_data(self):
-        return {}, {}, {}
 
 
 def rosenbrock(u):
