@@ -530,3 +530,81 @@ def test_fit_with_a_plain_log_likelihood():
     res = inference.fit(m, data, n_starts=4, steps=1500, progress=False)
     np.testing.assert_allclose([float(res.params["k"]), float(res.params["s"])], ref, rtol=1e-3)
 
+
+
+# ----------------------------------------------------- the compiled loop of Optax steps
+def _per_step(monkeypatch):
+    """Make `fit` take its steps one host round trip at a time (`FitKernel.step`, the
+    loop the compiled one replaces): the reference the chunked loop must reproduce."""
+    from inference.optimize._optax import FitKernel
+
+    monkeypatch.setattr(FitKernel, "advance", lambda self, s, k: self.step(s))
+
+
+def _assert_same_fit(a, b, rtol=1e-12):
+    """Two fits took the same path: iterates, loss histories, final losses and counts."""
+    assert a.n_steps == b.n_steps
+    np.testing.assert_allclose(a.loss_history, b.loss_history, rtol=rtol, atol=0)
+    np.testing.assert_allclose(a.losses, b.losses, rtol=rtol, atol=0)
+    for k in a.all_params:
+        np.testing.assert_allclose(a.all_params[k], b.all_params[k], rtol=rtol, atol=0)
+    np.testing.assert_allclose(a.max_error_ratio, b.max_error_ratio, rtol=rtol, atol=0)
+    assert a.n_records == b.n_records and a.n_grad_evals == b.n_grad_evals
+    np.testing.assert_array_equal(a.n_records_per_start, b.n_records_per_start)
+    np.testing.assert_array_equal(a.status, b.status)
+
+
+def test_the_compiled_loop_takes_the_per_step_loops_path(lynx, monkeypatch):
+    """Lynx–hare at a learning rate whose steps outrun their meshes: starts are
+    re-recorded between steps and some steps are redone on fresh meshes, in the middle of
+    a compiled chunk; chunks of 50 and of 3 steps give the per-step loop's fit."""
+    from inference.optimize import Optax
+
+    m, data = lynx
+    kw = dict(n_starts=4, seed=1, progress=False)
+    chunked = {k: inference.fit(m, data, optimizer=Optax(optax.adam(0.1), max_iter=30,
+                                                          chunk=k), **kw) for k in (50, 3)}
+    _per_step(monkeypatch)
+    ref = inference.fit(m, data, optimizer=Optax(optax.adam(0.1), max_iter=30), **kw)
+    assert ref.n_records > 5                      # re-records on the way
+    assert ref.n_grad_evals > ref.n_steps + 2     # and redone steps (first and final: +2)
+    for res in chunked.values():
+        _assert_same_fit(res, ref)
+
+
+def test_the_compiled_loop_with_a_mask_reaches_the_closed_form_conditional_optimum(
+        monkeypatch):
+    """Exponential decay with LogNormal noise, sigma held at its start (``mask``): the
+    chunked loop follows the per-step loop, keeps sigma, and reaches the closed-form
+    k* = -sum(t log y) / sum(t^2) (for any fixed sigma)."""
+    import numpyro.distributions as dist
+
+    from inference.optimize import Optax
+
+    ts = np.linspace(0.5, 5.0, 10)
+    ys = np.exp(-0.8 * ts + np.array([0.05, -0.03, 0.08, -0.06, 0.02, 0.04, -0.07, 0.01,
+                                      -0.02, 0.03]))
+    k_star = -np.sum(ts * np.log(ys)) / np.sum(ts**2)
+    m = models.ODEModel(
+        name="decay_masked", vector_field=lambda t, y, p: -p["k"] * y,
+        priors={"k": dist.LogNormal(0.0, 1.0), "sigma": dist.LogNormal(-2.0, 1.0)},
+        y0=jnp.array([1.0]), noise=lambda p, y: dist.LogNormal(jnp.log(y), p["sigma"]))
+    data = models.Dataset(ts=ts, ys=ys[:, None])
+    mask = np.array([False, True])  # (k, sigma): sigma held
+
+    class Masked(Optax):
+        def minimize(self, problem, x0, **kw):
+            assert list(problem.space.names) == ["k", "sigma"]
+            return super().minimize(problem, x0, mask=mask, **kw)
+
+    kw = dict(n_starts=3, seed=0, objective="mle", rtol=1e-10, atol=1e-12, progress=False)
+    fits = {k: inference.fit(m, data, optimizer=Masked(optax.adam(0.05), max_iter=40,
+                                                       chunk=k), **kw) for k in (50, 7)}
+    long = inference.fit(m, data, optimizer=Masked(optax.adam(0.05), max_iter=1500), **kw)
+    _per_step(monkeypatch)
+    ref = inference.fit(m, data, optimizer=Masked(optax.adam(0.05), max_iter=40), **kw)
+    for res in fits.values():
+        _assert_same_fit(res, ref)
+    starts = inference.fit(m, data, optimizer=Masked(max_iter=0), **kw)
+    np.testing.assert_array_equal(long.all_params["sigma"], starts.all_params["sigma"])
+    np.testing.assert_allclose(long.all_params["k"], k_star, rtol=1e-6)

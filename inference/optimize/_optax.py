@@ -6,15 +6,19 @@ How it works:
 
 1. The ``n_starts`` starting points form ONE ensemble: a single ``gs.record`` call records
    a mesh for all of them.
-2. Each step (`FitKernel.step`) evaluates the loss and its gradient by replaying the
-   meshes (``gs.replay``; one jitted function, compiled once per mesh capacity, which is
-   rounded up to a power of two so it rarely changes) and applies the Optax update in the
-   same compiled call. The optimisation variable is the flat unconstrained vector of
-   `inference.ParamSpace`, so positive parameters stay positive.
+2. Each step evaluates the loss and its gradient by replaying the meshes (``gs.replay``)
+   and applies the Optax update. The steps run in one compiled loop
+   (`FitKernel.advance`: a ``jax.lax.while_loop``, compiled once per mesh capacity,
+   which is rounded up to a power of two so it rarely changes) of up to ``chunk``
+   steps; the host sees the starts' numbers once per chunk, not once per step, which on
+   an accelerator is most of a step's time. The optimisation variable is the flat
+   unconstrained vector of `inference.ParamSpace`, so positive parameters stay positive.
 3. Each step also measures, per start, the parameter drift since its mesh was recorded and
    the replay's ``error_ratio``; `MeshPolicy` says which starts to re-record before the
-   next step and which steps to redo at once on a fresh mesh (``rerecord="always"``:
-   every start every step, the plain adaptive-solve gradient). Only those starts are
+   next step and which steps to redo at once on a fresh mesh. Either verdict ends the
+   compiled loop (recording is the host's), the redone step not committed there
+   (`FitKernel.step` is the same step taken alone); ``rerecord="always"`` re-records
+   every start every step (the plain adaptive-solve gradient). Only those starts are
    re-recorded, as a sub-ensemble padded to one of a few fixed sizes (``n, n/4, n/16,
    ...``, so few record programs are compiled); the padding slots re-record, for free, the
    starts closest to triggering.
@@ -134,8 +138,9 @@ class FitKernel:
     """
 
     def __init__(self, problem: AbstractProblem, policy: MeshPolicy, optimizer, objective: str,
-                 jacobian: bool, mask: np.ndarray | None = None):
+                 jacobian: bool, mask: np.ndarray | None = None, chunk: int = 50):
         self.problem, self.policy, self.objective = problem, policy, objective
+        self.chunk = int(chunk)
         space = problem.space
         prior = objective == "map"
 
@@ -154,16 +159,90 @@ class FitKernel:
             drift = policy.drift(space.flat_constrained(u), space.flat_constrained(u_rec))
             return u_new, new_state, loss, policy.error_ratio(err), drift
 
-        self._evaluate = jax.jit(evaluate)
+        def steps(u, opt_state, mesh, u_rec, alive, max_err, urgency, k, force):
+            """Up to ``k`` steps on the fixed meshes, stopping after a step whose verdict
+            asks for a re-record, or before committing a step the policy says to redo
+            (its evaluation is returned, for the host to redo it on fresh meshes).
+            ``force``: commit the first step whatever the verdict (a plain evaluation)."""
+            n = u.shape[0]
+
+            def cond(c):
+                return (c["done"] < k) & ~c["stop"]
+
+            def body(c):
+                u_new, opt_new, loss, err, drift = evaluate(c["u"], c["opt"], mesh, u_rec,
+                                                            alive)
+                ok = force | ~jnp.any(policy.redo(alive, loss, err))
+                pending = policy.rerecord_after(alive, drift, err)
+                seen = jnp.where(alive & jnp.isfinite(err), err, 0.0)
+                row = jnp.where(alive, loss, jnp.inf).astype(c["history"].dtype)
+                i = c["done"]
+
+                def keep(new, old):
+                    return jnp.where(ok, new, old)
+
+                return dict(
+                    u=keep(u_new, c["u"]),
+                    opt=jax.tree_util.tree_map(keep, opt_new, c["opt"]),
+                    history=c["history"].at[i].set(keep(row, c["history"][i])),
+                    max_err=keep(jnp.maximum(c["max_err"], seen), c["max_err"]),
+                    pending=keep(pending, c["pending"]),
+                    urgency=keep(policy.urgency(drift, err), c["urgency"]),
+                    done=i + ok.astype(i.dtype), stop=~ok | jnp.any(pending),
+                    redo=~ok, loss=loss, err=err, drift=drift)
+
+            zero = jnp.zeros(n, u.dtype)
+            c = dict(u=u, opt=opt_state, history=jnp.full((self.chunk, n), jnp.inf, u.dtype),
+                     max_err=max_err.astype(u.dtype), pending=jnp.zeros(n, bool),
+                     urgency=urgency.astype(u.dtype), done=jnp.zeros((), jnp.int32),
+                     stop=jnp.zeros((), bool), redo=jnp.zeros((), bool), loss=zero,
+                     err=zero, drift=zero)
+            return jax.lax.while_loop(cond, body, c)
+
+        self._steps = jax.jit(steps)
         self.ragged = False  # set by `init` from the driver the replay runs on
         self.constrained = jax.jit(space.from_unconstrained)
         self.init_optimizer = jax.jit(optimizer.init)
 
+    def _run(self, s: FitState, k: int, force: bool) -> dict:
+        """The compiled loop of up to ``k`` steps from ``s`` (host arrays out)."""
+        c = self._steps(jnp.asarray(s.u), s.opt_state, s.mesh, jnp.asarray(s.u_rec),
+                        jnp.asarray(s.alive), jnp.asarray(s.max_error_ratio),
+                        jnp.asarray(s.urgency), jnp.asarray(k, jnp.int32),
+                        jnp.asarray(force))
+        opt, history = c.pop("opt"), c.pop("history")
+        out = jax.device_get(c)
+        out["opt"], out["history"] = opt, history  # on the device: `advance` reads its rows
+        return out
+
     def evaluate(self, s: FitState) -> _Eval:
-        """Loss, gradient and Optax update at ``s`` (one compiled call)."""
-        u, opt, loss, err, drift = self._evaluate(jnp.asarray(s.u), s.opt_state, s.mesh,
-                                                  jnp.asarray(s.u_rec), jnp.asarray(s.alive))
-        return _Eval(np.array(u), opt, np.asarray(loss), np.asarray(err), np.asarray(drift))
+        """Loss, gradient and Optax update at ``s`` (one compiled call: the loop of
+        `advance` run for one step, committed whatever the policy's verdict)."""
+        c = self._run(s, 1, True)
+        return _Eval(np.array(c["u"]), c["opt"], c["loss"], c["err"], c["drift"])
+
+    def advance(self, s: FitState, k: int) -> FitState:
+        """Up to ``k >= 1`` optimisation steps, the same as ``k`` calls of `step`, in one
+        compiled loop: it runs until the ``k`` steps are done, a step's verdict asks for
+        a re-record (done here, on the host, at the next call), or the policy says a step
+        must be redone on fresh meshes (re-recorded and redone here, as `step` does).
+        At least one step is taken; the host sees each start's numbers once per call,
+        not once per step."""
+        if s.pending.any():
+            s = self.rerecord(s, s.pending, s.urgency)
+        c = self._run(s, min(int(k), self.chunk), False)
+        done = int(c["done"])
+        if done:
+            s = s._replace(
+                u=np.array(c["u"]), opt_state=c["opt"], step=s.step + done,
+                n_grad_evals=s.n_grad_evals + done,
+                history=s.history + tuple(np.asarray(c["history"])[:done]),
+                max_error_ratio=np.asarray(c["max_err"], s.max_error_ratio.dtype),
+                pending=np.asarray(c["pending"]),
+                urgency=np.asarray(c["urgency"], s.urgency.dtype))
+        if c["redo"]:  # the next step's evaluation, not committed: redo it
+            s = self._took(s, _Eval(None, None, c["loss"], c["err"], c["drift"]))
+        return s
 
     def record(self, u: np.ndarray, rows: np.ndarray, fill: np.ndarray | None = None
                ) -> tuple[gs.Mesh, np.ndarray]:
@@ -255,7 +334,11 @@ class FitKernel:
         update, and the policy's verdict for the next step."""
         if s.pending.any():
             s = self.rerecord(s, s.pending, s.urgency)
-        e = self.evaluate(s)
+        return self._took(s, self.evaluate(s))
+
+    def _took(self, s: FitState, e: _Eval) -> FitState:
+        """``s`` after the step whose evaluation at ``s`` is ``e``: redone at once on
+        fresh meshes where the policy says, then committed with the policy's verdict."""
         n_grad = s.n_grad_evals + 1
         redo = self.policy.redo(s.alive, e.loss, e.error_ratio)
         if redo.any():
@@ -345,7 +428,12 @@ class Optax(AbstractOptimizer):
         jacobian: add the coordinates' log-Jacobian to the MAP objective.
         max_redraws: rounds of re-drawing starts whose first record fails; redraw:
             ``False`` never re-draws (a single start the user gave).
-        callback: ``callback(step, info)`` after every step; ``True`` stops the run.
+        callback: ``callback(step, info)`` after every step; ``True`` stops the run (with
+            a callback the steps run one per compiled call, so it sees each of them).
+        chunk: steps per compiled call at most (`FitKernel.advance`): the loop runs on the
+            device and returns to the host only to re-record, checkpoint, report progress
+            or check the deadline (which is therefore checked every ``chunk`` steps at
+            most).
         checkpoint, checkpoint_every: a file the run's `FitState` is saved to every
             ``checkpoint_every`` steps (and resumed from); ``checkpoint_tags``: what else a
             resumed run must share with the saved one (e.g. the seed and ``init``).
@@ -366,7 +454,7 @@ class Optax(AbstractOptimizer):
                  jacobian: bool = False, max_redraws: int = 10, redraw: bool = True,
                  callback: Callable[[int, dict], Any] | None = None, checkpoint=None,
                  checkpoint_every: int = 100, checkpoint_tags: dict | None = None,
-                 seed: int = 0):
+                 seed: int = 0, chunk: int = 50):
         if transformation is None:
             transformation = optax.adam(1e-2)
         if not isinstance(transformation, optax.GradientTransformation):
@@ -375,7 +463,7 @@ class Optax(AbstractOptimizer):
         if not isinstance(jacobian, (bool, np.bool_)):
             raise ValueError(f"`jacobian` must be True or False, got {jacobian!r}")
         for name, v, lo in (("max_iter", max_iter, 0), ("checkpoint_every", checkpoint_every, 1),
-                            ("max_redraws", max_redraws, 0)):
+                            ("max_redraws", max_redraws, 0), ("chunk", chunk, 1)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
                 raise ValueError(f"`{name}` must be an int >= {lo}, got {v!r}")
         if not (isinstance(record_tol_factor, (int, float, np.number))
@@ -389,7 +477,7 @@ class Optax(AbstractOptimizer):
         self.jacobian, self.max_redraws, self.redraw = bool(jacobian), int(max_redraws), redraw
         self.callback, self.checkpoint = callback, checkpoint
         self.checkpoint_every, self.checkpoint_tags = int(checkpoint_every), checkpoint_tags
-        self.seed = int(seed)
+        self.seed, self.chunk = int(seed), int(chunk)
 
     def check(self, problem) -> None:
         """``ValueError`` where ``problem`` has no `ParamSpace` (Optax moves its
@@ -403,7 +491,7 @@ class Optax(AbstractOptimizer):
     def kernel(self, problem, *, prior: bool = True, mask=None) -> FitKernel:
         """The `FitKernel` this optimiser runs on ``problem``."""
         return FitKernel(problem, self.policy, self.transformation,
-                         "map" if prior else "mle", self.jacobian, mask)
+                         "map" if prior else "mle", self.jacobian, mask, chunk=self.chunk)
 
     def minimize(self, problem, x0, *, mask=None, deadline=None, progress=None,
                  prior: bool = True) -> OptimizeResult:
@@ -447,9 +535,13 @@ class Optax(AbstractOptimizer):
         late = False
         try:
             while state.step < steps:
-                state = kernel.step(state)
-                bar.update(1)
-                if state.step % 10 == 0 or state.step == steps:
+                # a chunk ends at the next checkpoint, and after one step for a callback
+                k = min(steps - state.step, 1 if self.callback is not None else self.chunk,
+                        self.checkpoint_every - state.step % self.checkpoint_every)
+                before = state.step
+                state = kernel.advance(state, k)
+                bar.update(state.step - before)
+                if state.step // 10 > before // 10 or state.step == steps:
                     bar.set_postfix(**kernel.summary(state))
                 if state.step % self.checkpoint_every == 0 or state.step == steps:
                     save(state)

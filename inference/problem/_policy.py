@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -58,6 +59,12 @@ def tightened(rtol, factor: float, y0):
     if isinstance(rtol, (int, float, np.floating)):
         return max(float(rtol) * factor, floor)
     return jnp.maximum(rtol * factor, floor)
+
+def _xp(*arrays):
+    """``jax.numpy`` where an argument is a JAX array (the fit's compiled loop asks the
+    policy inside its program), else NumPy (host decisions stay host arrays)."""
+    return jnp if any(isinstance(a, jax.Array) for a in arrays) else np
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshPolicy:
@@ -137,7 +144,7 @@ class MeshPolicy:
 
     def urgency(self, drift: np.ndarray, err: np.ndarray) -> np.ndarray:
         """How close each trajectory is to a re-record (1 = at the bound)."""
-        return np.maximum(drift / self.drift_tol, err / self.error_ratio_max)
+        return _xp(drift, err).maximum(drift / self.drift_tol, err / self.error_ratio_max)
 
     def fill(self, alive: np.ndarray, trig: np.ndarray, urgency: np.ndarray) -> np.ndarray:
         """The rows worth re-recording in the padding of a record of ``trig``: alive, not
@@ -149,9 +156,10 @@ class MeshPolicy:
     # -------------------------------------------------------------- fit decisions
     def redo(self, alive: np.ndarray, loss: np.ndarray, err: np.ndarray) -> np.ndarray:
         """``(n,)`` the trajectories whose step must be redone on a fresh mesh now."""
+        xp = _xp(alive, loss, err)
         if self.rerecord == "never":
-            return np.zeros_like(alive)
-        return alive & (~np.isfinite(loss) | ~(err <= self.redo_factor * self.error_ratio_max))
+            return xp.zeros_like(alive)
+        return alive & (~xp.isfinite(loss) | ~(err <= self.redo_factor * self.error_ratio_max))
 
     def rerecord_after(self, alive: np.ndarray, drift: np.ndarray, err: np.ndarray
                        ) -> np.ndarray:
@@ -159,7 +167,7 @@ class MeshPolicy:
         if self.rerecord == "always":
             return alive.copy()
         if self.rerecord == "never":
-            return np.zeros_like(alive)
+            return _xp(alive, drift, err).zeros_like(alive)
         return alive & ((drift > self.drift_tol) | ~(err <= self.error_ratio_max))
 
     def settled(self, drift: float, err: float) -> bool:
