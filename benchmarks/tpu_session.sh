@@ -29,7 +29,8 @@
 # posterior, float32, $POP_N subjects, $POP_S seconds at most, $POP_ARGS more flags),
 # "defaults" (gs.solve's gradient at its defaults, $DEF_N trajectories, default 1,048,576:
 # route, capacity, second call, peak HBM), "theophylline" (inference.sample of the
-# theophylline population, 4 chains vectorised on the chip, 50 + 50 draws), "samplers"
+# theophylline population, 4 chains vectorised on the chip, 50 + 50 draws), "fitstarts"
+# (inference.fit of lynx-hare at 1,024 and 100,000 starts, chip and host), "samplers"
 # (NUTS against ChEES, benchmarks/bench_samplers.py: $SAMP_MODELS, default lynx; theo in a
 # call of its own; float32; $SAMP_ARGS its flags)); $NS the sizes of the bench step.
 set -u
@@ -127,6 +128,13 @@ for n in [int(x) for x in os.environ.get("FIT_NS", "16 1024").split()]:
         t = time.perf_counter(); r = inference.fit(m, d, n_starts=n, seed=call, progress=False)
         print(f"fit n_starts={n} call={call} {time.perf_counter() - t:.2f} s best={float(min(r.losses)):.6g} evals={r.n_grad_evals}", flush=True)
 ' 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
+    # inference.fit of lynx-hare at ensemble width, chip against its host in one process
+    # (benchmarks/bench_fit_starts.py): $FITSTARTS_NS sizes, $FITSTARTS_ARGS more flags
+    # (e.g. "--host-max-n 1024": the host at 100,000 starts takes about half an hour)
+    fitstarts)
+      PYTHONUNBUFFERED=1 timeout "${FITSTARTS_S:-580}" $PY benchmarks/bench_fit_starts.py \
+        --n "${FITSTARTS_NS:-1024,100000}" --float32 ${FITSTARTS_ARGS:---host-max-n 1024} \
+        --json "$OUT/fit_starts.json" 2>&1 | grep -v "^WARNING" | tee -a "$LOG" ;;
     # NUTS against the lockstep ensemble sampler (ChEES), min bulk ESS per second, first and
     # second run of each in one process; the route printed
     samplers)
