@@ -117,14 +117,17 @@ def summary(idata, pop=POP):
             for k in s.index}
 
 
-def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None):
+def run_gradsolve(model, data, warm, draws, chains, seed, pop=POP, rerecord=None, sampler=None):
     t = time.perf_counter()
     idata = inference.sample(model, data, num_warmup=warm, num_samples=draws,
-                             num_chains=chains, seed=seed, progress=False, rerecord=rerecord)
+                             num_chains=chains, seed=seed, progress=False, rerecord=rerecord,
+                             sampler=sampler)
     total = time.perf_counter() - t
     attrs = idata.posterior.attrs
-    return dict(total_s=total, min_ess=min_ess(idata, pop),
-                target_accept=float(attrs["target_accept"]), retunes=int(attrs["retunes"]),
+    return dict(total_s=total, min_ess=min_ess(idata, pop), sampler=str(sampler or "nuts"),
+                chains=int(idata.posterior.sizes["chain"]),
+                target_accept=float(attrs.get("target_accept", np.nan)),
+                retunes=int(attrs.get("retunes", 0)),
                 ess_per_s=min_ess(idata, pop) / total, policy=idata.posterior.attrs["mesh_policy"],
                 divergences=int(idata.sample_stats["diverging"].sum()),
                 max_error_ratio=float(idata.posterior.attrs["max_error_ratio"]),
@@ -153,7 +156,7 @@ def run_numpyro(program, data, warm, draws, chains, seed, pop=POP, target_accept
                 leapfrog_steps=int(np.sum(ex["num_steps"])), posterior=summary(idata, pop))
 
 
-def study(warm, draws, chains, seed, subjects, sides=None):
+def study(warm, draws, chains, seed, subjects, sides=None, sampler=None):
     """The simulated multiple-dose study (`models.simulated_study`): `inference.sample`
     under its default policy and under ``rerecord="warmup"`` (the mesh reused through
     sampling), and NumPyro + ``gs.solve`` (``sides``: a subset of those rows' names); each
@@ -165,9 +168,11 @@ def study(warm, draws, chains, seed, subjects, sides=None):
           flush=True)
     out = {}
     for name, run in (
-            ("gradsolve", lambda: run_gradsolve(model, data, warm, draws, chains, seed, TWO_CPT)),
+            ("gradsolve", lambda: run_gradsolve(model, data, warm, draws, chains, seed, TWO_CPT,
+                                                sampler=sampler)),
             ("gradsolve_warmup", lambda: run_gradsolve(model, data, warm, draws, chains, seed,
-                                                       TWO_CPT, rerecord="warmup")),
+                                                       TWO_CPT, rerecord="warmup",
+                                                       sampler=sampler)),
             ("numpyro_gs_solve", lambda: run_numpyro(inference.population_program(model), data,
                                                      warm, draws, chains, seed, TWO_CPT))):
         if sides is not None and name not in sides:
@@ -297,6 +302,12 @@ def main(argv=None):
     ap.add_argument("--cpu-devices", type=int, default=1,
                     help="JAX CPU devices (jax_num_cpu_devices): above 1, inference.sample "
                          "runs its chains in parallel over them")
+    ap.add_argument("--sampler", default=None,
+                    help="inference.sample's sampler= (nuts, hmc, chees); default NUTS")
+    ap.add_argument("--chains", type=int, default=None,
+                    help="chains (default 4, as NumPyro's row)")
+    ap.add_argument("--warmup", type=int, default=None, help="warmup draws (overrides)")
+    ap.add_argument("--samples", type=int, default=None, help="kept draws (overrides)")
     ap.add_argument("--float32", action="store_true",
                     help="run in float32 (read at import: jax_enable_x64 stays off)")
     a = ap.parse_args(argv)
@@ -308,18 +319,23 @@ def main(argv=None):
                    gradient=driver_gradient_times(a.study_gradient))
         _write(res, f"bench_population_study_gradient_{a.study_gradient}")
         return
+    nc = a.chains or 4
     if a.study:
         sw, sd = (200, 300) if a.quick else (500, 500)
-        res = dict(config=_config(sw, sd, 4, a.seed, subjects=a.study),
-                   **study(sw, sd, 4, a.seed, a.study, a.sides.split(",")))
-        _write(res, f"bench_population_study_{a.study}{'_quick' if a.quick else ''}")
+        sw, sd = a.warmup or sw, a.samples or sd
+        res = dict(config=_config(sw, sd, nc, a.seed, subjects=a.study, sampler=a.sampler),
+                   **study(sw, sd, nc, a.seed, a.study, a.sides.split(","), a.sampler))
+        tag = f"{'_quick' if a.quick else ''}{'_' + a.sampler if a.sampler else ''}"
+        _write(res, f"bench_population_study_{a.study}{tag}")
         return
-    warm, draws, chains = (200, 300, 4) if a.quick else (500, 1000, 4)
+    warm, draws, chains = (200, 300, nc) if a.quick else (500, 1000, nc)
+    warm, draws = a.warmup or warm, a.samples or draws
     model, data = models.theophylline(), models.load_dataset("theophylline")
     print(f"theophylline, {chains} chains x ({warm} + {draws}), {platform.machine()}, "
           f"jax {jax.__version__}, {jax.devices()[0].platform}", flush=True)
     res = dict(config=_config(warm, draws, chains, a.seed))
-    res["gradsolve"] = run_gradsolve(model, data, warm, draws, chains, a.seed)
+    res["gradsolve"] = run_gradsolve(model, data, warm, draws, chains, a.seed,
+                                     sampler=a.sampler)
     line = ("{total_s:7.1f} s, min ESS {min_ess:6.0f}, {ess_per_s:6.1f} ESS/s, {divergences} "
             "divergences, target_accept {target_accept:g}")
     print("  inference.sample:   " + line.format(**res["gradsolve"]), flush=True)

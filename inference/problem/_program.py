@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
@@ -395,6 +395,7 @@ class ProgramProblem(AbstractProblem):
         self._record_one = jax.jit(self._record_point, static_argnums=1)
         self._record_many = jax.jit(jax.vmap(self._record_point, in_axes=(0, None)),
                                     static_argnums=1)
+        self._record_block: int | None = None  # points a record holds at once (memory)
         self._constrained = jax.jit(self.space.from_unconstrained)
         # latent sites in a plate: random effects (of an ode site's trajectories or not,
         # e.g. eight schools' funnel); or, however the program writes them (a plate, or
@@ -467,8 +468,42 @@ class ProgramProblem(AbstractProblem):
             meshes = {k: m.trim().to_host()
                       for k, m in self._record_one(u, float(tol_factor)).items()}
             return ProgramMesh(meshes, self.sizes, None)
-        return ProgramMesh.from_stack(self._record_many(u, float(tol_factor)), self.sizes,
-                                      u.shape[0])
+        return self._record_chunked(u, float(tol_factor))
+
+    def _record_chunked(self, u, tol_factor: float) -> ProgramMesh:
+        """The ``(n, D)`` record in blocks of points: all ``n`` at once where it fits in the
+        device's memory, else halves (the block size kept for the next record), since a
+        record holds every trajectory at its site's full step capacity until it is trimmed
+        (a population's 200 subjects times 128 chains asks more than a TPU v5e's 16 GB)."""
+        n = u.shape[0]
+        size = min(n, self._record_block or n)
+        while True:
+            try:
+                parts = []
+                for lo in range(0, n, size):
+                    block = u[lo:lo + size]
+                    real = block.shape[0]
+                    if real < size:  # one compiled shape: pad with the last point
+                        block = jnp.concatenate([block, jnp.repeat(block[-1:], size - real, 0)])
+                    part = ProgramMesh.from_stack(self._record_many(block, tol_factor),
+                                                  self.sizes, size)
+                    parts.append(part if real == size else part.select(np.arange(real)))
+                break
+            except jax.errors.JaxRuntimeError as e:
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                if size == 1:
+                    raise MemoryError(
+                        f"{self.name}: recording one point's ode sites does not fit in the "
+                        f"device's memory ({e}); lower the sites' max_steps (the step "
+                        f"capacity every trajectory is recorded at) or run on a device "
+                        f"with more memory") from e
+                size = (size + 1) // 2
+                self._record_block = size
+        if len(parts) == 1:
+            return parts[0]
+        meshes = {k: gs.Mesh.concatenate([p.meshes[k] for p in parts]) for k in self.sites}
+        return ProgramMesh(meshes, dict(self.sizes), n)
 
     def _density(self, u, mesh, prior, jacobian, max_steps):
         # each site solves at its own capacity (a population's subjects need more steps
@@ -617,3 +652,45 @@ def problem_for(model, data, *, solver=None, rtol: float, atol: float,
                               source=model)
     return ProgramProblem(model, data, solver=solver, rtol=rtol, atol=atol,
                           max_steps=max_steps)
+
+
+_KINDS: list[tuple[Callable[[Any], bool], Callable[..., AbstractProblem]]] = []
+"""The kinds of model an importer taught `problem_of`: ``(is_kind, build)`` pairs."""
+
+
+def register_kind(is_kind: Callable[[Any], bool], build: Callable[..., AbstractProblem]
+                  ) -> None:
+    """Teach `problem_of` a kind of model that carries its own problem (an importer's:
+    ``inference/petab`` registers `models.PetabProblem`), so that the methods that call
+    `problem_of` never name it.
+
+    Args:
+        is_kind: ``is_kind(model) -> bool``, whether ``model`` is of this kind.
+        build: ``build(model, data, *, solver, rtol, atol, max_steps, fit)`` -> the
+            `AbstractProblem` every method runs on (with ``fit``: the one fits move in);
+            ``None`` settings are the kind's own. It checks ``data`` itself.
+    """
+    _KINDS.append((is_kind, build))
+
+
+def carries_data(model) -> bool:
+    """Whether ``model`` is of a kind `register_kind` taught `problem_of` (a
+    `models.PetabProblem`: it carries its data and settings)."""
+    return any(is_kind(model) for is_kind, _ in _KINDS)
+
+
+def problem_of(model, data, *, solver=None, rtol=None, atol=None, max_steps=None,
+               fit: bool = False) -> AbstractProblem:
+    """The problem every method runs on: a registered kind's own (`register_kind`; a
+    `models.PetabProblem`'s, which carries its data and settings), else `problem_for`'s
+    (``None`` tolerances: `inference`'s defaults). ``fit``: the problem a fit moves in
+    where its kind has another one than its sampler's."""
+    for is_kind, build in _KINDS:
+        if is_kind(model):
+            return build(model, data, solver=solver, rtol=rtol, atol=atol,
+                         max_steps=max_steps, fit=fit)
+    from ._problem import TOLERANCES
+
+    return problem_for(model, data, solver=solver,
+                       rtol=TOLERANCES.rtol if rtol is None else rtol,
+                       atol=TOLERANCES.atol if atol is None else atol, max_steps=max_steps)
