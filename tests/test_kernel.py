@@ -581,3 +581,16 @@ def test_kernel_threads_fixed_by_the_driver():
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ValueError, match="threads"):
             gs.drivers.Kernel(threads=bad)
+
+
+@requires_compiler
+def test_explicit_kernel_threads_need_sixteen_lane_groups(monkeypatch):
+    """An explicit kernel's call starts a thread for every 16 groups of 8 trajectories (its
+    steps are cheap next to a thread's start), at most the threads allowed, and runs on one
+    below 256 trajectories; the environment variable caps the default."""
+    y0, p = jnp.ones((2, 2)), jnp.ones((2, 4))
+    prefix = kernel_replay_mod.kernel_target(lotka_volterra, gs.Tsit5(), y0, p).prefix
+    assert [build.threads(prefix, n, 8) for n in (1, 8, 64, 255, 256, 384, 5000)] == \
+        [1, 1, 1, 1, 2, 3, 8]
+    monkeypatch.setenv("GRADSOLVE_KERNEL_THREADS", "3")  # read at every call
+    assert build.threads(prefix, 5000) == 3 and build.threads(prefix, 5000, 5) == 5

@@ -164,6 +164,33 @@ def test_solve_with_the_kernel_driver():
         assert np.all(np.isfinite(g[k])) and np.any(g[k] != 0)
 
 
+def test_conditions_spread_over_the_kernel_threads():
+    """A stiff call's trajectories (a PEtab problem's conditions are the lanes of one call)
+    run on a thread per lane group of 8, at most the threads allowed, one where the call
+    has at most 8; values and gradients of the record, replay and adjoint on two threads
+    equal those on one (each trajectory's arithmetic is the same on any lane and thread)."""
+    from gradsolve.drivers.kernel import build
+    from gradsolve.drivers.kernel.driver import kernel_target
+
+    f, t1, y0, p, ts, w = _robertson(20)
+    prefix = kernel_target(f, gs.Rodas5P(), y0, p).prefix
+    assert [build.threads(prefix, 20, k) for k in (1, 2, 3, 8)] == [1, 2, 3, 3]
+    assert [build.threads(prefix, n, 8) for n in (1, 8, 9, 16, 17)] == [1, 1, 2, 2, 3]
+    kw = dict(ts=ts, solver=gs.Rodas5P(), rtol=1e-7, atol=1e-12)
+
+    def value_and_grad(threads):
+        def loss(y, q):
+            sol = gs.solve(f, 0.0, t1, y, q, driver=gs.drivers.Kernel(threads=threads), **kw)
+            return jnp.sum(jnp.log(jnp.abs(sol.ys * w) + 1e-9))
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(y0, p)
+
+    (v1, g1), (v2, g2) = value_and_grad(1), value_and_grad(2)
+    np.testing.assert_allclose(v2, v1, rtol=1e-12)
+    for a, b in zip(jax.tree_util.tree_leaves(g2), jax.tree_util.tree_leaves(g1)):
+        assert np.all(np.isfinite(b)) and np.any(b != 0)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=0)
+
+
 def pk(t, y, p):
     """Absorption and elimination with a zero-order infusion on [p2, p3) (test_events)."""
     rate = jnp.where((t >= p[2]) & (t < p[3]), p[4], 0.0)

@@ -394,6 +394,17 @@ def built(prefix: str) -> Built:
     return _built[prefix]
 
 
+def threads(prefix: str, n: int, requested: int = 0) -> int:
+    """The threads a call of the kernel ``prefix`` (from `load`) on ``n`` trajectories runs
+    on now, with the driver's ``threads`` attribute ``requested`` (``0``: the usable CPUs
+    or ``$GRADSOLVE_KERNEL_THREADS``, read as the call reads it): the kernel's own rule,
+    asked of its loaded library."""
+    lib = ctypes.CDLL(str(_built[prefix].files["fwd"]))  # already loaded: the same handle
+    fn = lib.GsThreads
+    fn.restype, fn.argtypes = ctypes.c_int64, (ctypes.c_int64, ctypes.c_int32)
+    return int(fn(n, requested))
+
+
 def _by_part(files: dict) -> dict:
     return {part: path for group, path in files.items() for part in group}
 

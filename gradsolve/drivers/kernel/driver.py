@@ -420,10 +420,14 @@ class Kernel(AbstractDriver):
     first use, then cached on disk); `Kernel.prebuild` builds it ahead of time.
 
     Args:
-        threads: the most threads one call runs on (an ensemble of fewer than 16 lanes'
-            work per thread runs on fewer). ``None`` (default): the CPUs this process may
-            use (its affinity mask), or ``$GRADSOLVE_KERNEL_THREADS`` where that is set. A
-            number is compiled into the calls, so it holds wherever the program runs.
+        threads: the most threads one call runs on. A thread runs 8 trajectories (lanes)
+            at a time; a Rosenbrock kernel starts a thread for every 8 trajectories of a
+            call (the conditions of a PEtab problem, a multi-start's points), an explicit
+            one for every 128 (its steps are cheap next to a thread's start), and a call of
+            at most 8 runs on one. Values and gradients do not depend on the count.
+            ``None`` (default): the CPUs this process may use (its affinity mask), or
+            ``$GRADSOLVE_KERNEL_THREADS`` where that is set (read at every call). A number
+            is compiled into the calls, so it holds wherever the program runs.
 
     Example:
         >>> sol = gs.solve(f, 0.0, 10.0, y0, p, driver=gs.drivers.Kernel())

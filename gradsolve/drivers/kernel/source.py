@@ -57,6 +57,12 @@ from .codegen import translate
 
 LANES = 8
 
+EXPLICIT_THREAD_GROUPS = 16
+"""Lane groups (`LANES` trajectories each) an explicit Runge–Kutta kernel's call needs per
+thread before it starts another: an explicit step of a small field costs little more than
+a thread's start. A Rosenbrock kernel starts a thread per lane group (at most one per
+usable CPU): its steps factorise a ``d x d`` matrix each."""
+
 # libm functions with SIMD variants in glibc's libmvec (>= 2.35; sin, cos, exp, log, pow
 # since 2.22), one and two arguments, double and float.
 _UNARY = ("sin", "cos", "tan", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",
@@ -313,5 +319,6 @@ def generate(f_flat, d: int, p_size: int, dtype, solver) -> str:
         S=src.s, LANES=LANES, FSAL=int(src.fsal), FORWARD_STEP=forward_step,
         RHS_EVAL=rhs_eval, RECORD_STEP=record_step, ERROR_ORDER=int(solver.error_order),
         BACKWARD_STEP=src.backward(), P_REAL=p_size, VECTOR_MATH=_VECTOR_MATH_DECLS,
+        THREAD_GROUPS=1 if isinstance(solver, AbstractRosenbrock) else EXPLICIT_THREAD_GROUPS,
     )
     return getattr(src, "prefix", "") + _fill(_TEMPLATE, {k: str(v) for k, v in values.items()})

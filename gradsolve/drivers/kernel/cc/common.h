@@ -102,16 +102,29 @@ static int64_t usable_cpus() {
   return std::thread::hardware_concurrency();
 }
 
-// Work is split over threads by striding through the length-sorted order (longest
-// first), so every thread gets a similar mix. `requested` (the driver's `threads`, an FFI
-// attribute) caps the count; 0 means the CPUs this process may use, or
-// GRADSOLVE_KERNEL_THREADS where that is set.
+// The threads a call of n trajectories runs on. `requested` (the driver's `threads`, an
+// FFI attribute) caps the count; 0 means the CPUs this process may use, or
+// GRADSOLVE_KERNEL_THREADS where that is set. A thread runs LANES trajectories at a time,
+// so a call of at most LANES (one lane group) runs on one. A Rosenbrock step (a d x d
+// factorisation, its stage solves) costs far more than a thread's start: a thread per lane
+// group the call fills (THREAD_GROUPS 1: a PEtab problem's 6 conditions run on one thread,
+// its 36 on up to 5). An explicit step of a small field costs little more than a thread's
+// start, so there a thread must have THREAD_GROUPS (16) full groups.
+static int64_t threads_for(int64_t n, int64_t requested) {
+  int64_t cap = usable_cpus();
+  if (const char* env = std::getenv("GRADSOLVE_KERNEL_THREADS")) cap = std::atoi(env);
+  if (requested > 0) cap = requested;
+  const int64_t want = THREAD_GROUPS == 1 ? (n + LANES - 1) / LANES : n / (THREAD_GROUPS * LANES);
+  return std::max<int64_t>(1, std::min<int64_t>(cap > 0 ? cap : 1, want));
+}
+
+// Work is split over threads_for's threads by striding through the length-sorted order
+// (longest first), so every thread gets a similar mix. Trajectories are independent and
+// each is computed by the same code whichever lane and thread runs it, so the results do
+// not depend on the count.
 template <typename Fn>
 void for_threads(int64_t n, int64_t requested, Fn fn) {
-  int64_t hw = usable_cpus();
-  if (const char* env = std::getenv("GRADSOLVE_KERNEL_THREADS")) hw = std::atoi(env);
-  if (requested > 0) hw = requested;
-  int64_t threads = std::min<int64_t>(hw > 0 ? hw : 1, n / (16 * LANES));
+  const int64_t threads = threads_for(n, requested);
   if (threads <= 1) { fn(0, 1); return; }
   std::vector<std::thread> pool;
   for (int64_t w = 0; w < threads; ++w) pool.emplace_back([&, w] { fn(w, threads); });

@@ -1,6 +1,13 @@
 /// Fragment of kernel.cc (see there), after its anonymous namespace. The XLA FFI handlers
-/// Fwd, Bwd and Rec (the symbols build.py registers), each under its part's macro, and the
-/// helpers that read their buffers. @FFI_TYPE@ is F64 or F32, the FFI name of `real`.
+/// Fwd, Bwd and Rec (the symbols build.py registers), each under its part's macro, the
+/// helpers that read their buffers, and GsThreads (in every part: the threads a call runs
+/// on). @FFI_TYPE@ is F64 or F32, the FFI name of `real`.
+
+// The threads a call of n trajectories with the `threads` attribute `requested` runs on
+// now (the environment read as a call reads it), for gradsolve.drivers.kernel.build.threads.
+extern "C" __attribute__((visibility("default"))) int64_t GsThreads(int64_t n, int32_t requested) {
+  return threads_for(n, requested);
+}
 
 // The replay's problem from its buffers, trajectories sorted by step count; false if empty.
 static bool setup(Problem& pr, ffi::Buffer<ffi::@FFI_TYPE@> times, ffi::Buffer<ffi::S32> n_eff,

@@ -10,7 +10,9 @@
 ///      standalone headers: they see the includes, the `real` typedef and the macros below;
 ///   3. each `@NAME@` is replaced by its value, in one pass (values are not rescanned):
 ///      REAL (double or float), D, P (max(P_REAL, 1)), P_REAL (parameters per
-///      trajectory), S (stages), LANES, FSAL (0 or 1), ERROR_ORDER, VECTOR_MATH (the
+///      trajectory), S (stages), LANES, FSAL (0 or 1), ERROR_ORDER, THREAD_GROUPS (lane
+///      groups of work that start a thread: 1 for a Rosenbrock kernel, 16 for an explicit
+///      one; common.h's thread_count), VECTOR_MATH (the
 ///      libmvec declarations), FFI_TYPE (F64 or F32), and the generated straight-line code
 ///      of one lane: RHS_EVAL (lanes.h), FORWARD_STEP (forward.h), BACKWARD_STEP
 ///      (backward.h), RECORD_STEP (record.h); ROSENBROCK: empty for an explicit
@@ -61,6 +63,7 @@ typedef @REAL@ real;
 #define LANES @LANES@
 #define FSAL @FSAL@
 #define ERROR_ORDER @ERROR_ORDER@
+#define THREAD_GROUPS @THREAD_GROUPS@
 
 namespace {
 
