@@ -37,7 +37,8 @@ Default ODE tolerances: `TOLERANCES`, the one place every function takes them fr
 docstring says which pair applies where, and why).
 
 How a fit runs, file by file: `fit` (``optimize/_fit.py``) validates, builds the problem
-(``problem/_program.py``'s `problem_for`, or a PEtab problem's), draws the starts
+(``problem/_program.py``'s ``problem_of``: `problem_for`'s, or the problem of a kind an
+importer registered, a PEtab problem's by ``petab/``), draws the starts
 (``problem/_starts.py``) and hands them to an optimiser object's ``minimize``; the default
 for a model or a program is `inference.optimize.Optax` (``optimize/_optax.py``), which
 builds a `FitState` and advances it with `FitKernel.step`; each step evaluates
@@ -80,6 +81,7 @@ from .problem._program import population_program
 from ._result import FitResult
 from .sampling._sample import sample
 from .problem._space import ParamSpace
+from . import petab  # noqa: F401  (a PEtab problem reaches every method through problem_of)
 
 TOLERANCES = _TOLERANCES
 """The default ODE tolerances of every function of `inference`, in this one place:

@@ -130,6 +130,40 @@ def test_reversed_bounds_and_a_bad_mask_are_refused_naming_them():
         LevenbergMarquardt(0)
 
 
+class _Untouchable(Residuals):
+    """A problem whose evaluation or starts fail the test: `fit` must refuse before them."""
+
+    def residuals(self, u, mesh=None, *, prior=True):
+        raise AssertionError("the problem was evaluated before the bad argument was refused")
+
+    def sample_starts(self, key, n):
+        raise AssertionError("starts were drawn before the bad argument was refused")
+
+
+@pytest.mark.parametrize("method", ["auto", "lm", "lbfgs", "global"])
+def test_fit_of_a_problem_object_names_bad_input_before_any_work(method):
+    """Reversed bounds, an unknown parameter and zero starts are refused by `fit` with the
+    coordinate or argument named, before a start is drawn or the objective evaluated."""
+    reversed_ = _Untouchable(linear, 3, lower=[0.0, 1.0, -1.0], upper=[1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match=r"the bounds of 'x\[1\]' are \[1, 0\]: the lower"):
+        inference.fit(reversed_, method=method, progress=False)
+    ok = _Untouchable(linear, 3)
+    with pytest.raises(ValueError, match=r"`init` has unknown key\(s\) \['nope'\] and "
+                       r"missing parameters \['x\[0\]', 'x\[1\]', 'x\[2\]'\]"):
+        inference.fit(ok, init={"nope": 1.0}, method=method, progress=False)
+    with pytest.raises(ValueError, match="`n_starts` must be an int >= 1, got 0"):
+        inference.fit(ok, n_starts=0, method=method, progress=False)
+
+
+def test_fit_of_a_problem_object_starts_at_a_given_dict():
+    """``init`` by coordinate name on a problem without a ParamSpace: the first start,
+    the LM's result the least-squares solution (the linear system's ``C``)."""
+    init = {"x[0]": 0.1, "x[1]": 0.2, "x[2]": 0.3}
+    res = inference.fit(Residuals(linear, 3), init=init, method="lm", progress=False)
+    np.testing.assert_allclose(res.starts[0], [0.1, 0.2, 0.3])
+    np.testing.assert_allclose([res.params[f"x[{i}]"] for i in range(3)], C, atol=1e-6)
+
+
 def test_a_deadline_stops_an_optimiser_with_its_best_point():
     res = LevenbergMarquardt(10_000, gtol=0.0, ftol=0.0).minimize(
         Residuals(rosenbrock, 2), np.array([[-1.2, 1.0]]), deadline=0.0, progress=False)

@@ -26,12 +26,12 @@ import gradsolve as gs
 
 from .. import _checkpoint
 from .._result import FAILED, FitResult
-from ..petab._problem import problem_of
 from ..problem._abstract import AbstractProblem
+from ..problem._program import problem_of
 from ..problem._starts import fit_starts
 from ._methods import METHODS, OPTAX_ONLY, FitArgs, method_names
 from ._optax import FitKernel, FitState
-from ._optimizer import AbstractOptimizer, OptimizeResult
+from ._optimizer import AbstractOptimizer, OptimizeResult, checked_bounds
 
 __all__ = ["fit", "FitState", "FitKernel", "GLOBAL_OPTIONS"]
 
@@ -156,14 +156,24 @@ def _starts(problem, init, n_starts: int, seed: int) -> np.ndarray:
     _, k0 = jax.random.split(jax.random.PRNGKey(seed))
     if problem.space is not None:
         return fit_starts(problem.model, problem.space, init, n_starts, k0)
-    x = np.asarray(problem.sample_starts(k0, n_starts), float)
-    if init is not None:
-        given = np.atleast_2d(np.asarray(problem.start_point(init), float))
-        if len(given) > n_starts:
-            raise ValueError(f"`init` holds {len(given)} starts, more than "
-                             f"n_starts={n_starts}")
+    given = _given(problem, init, n_starts)
+    x = np.array(problem.sample_starts(k0, n_starts), float)  # a writable copy
+    if given is not None:
         x[: len(given)] = given
     return x
+
+
+def _given(problem, init, n_starts: int) -> np.ndarray | None:
+    """``init`` as rows ``(k, D)`` of a problem that draws its own starts without a
+    `ParamSpace` (``ValueError`` naming unknown or missing parameters, or too many rows);
+    ``None`` where the problem checks ``init`` itself or none is given."""
+    if init is None or getattr(problem, "fit_starts", None) is not None or \
+            problem.space is not None:
+        return None
+    given = np.atleast_2d(np.asarray(problem.start_point(init), float))
+    if len(given) > n_starts:
+        raise ValueError(f"`init` holds {len(given)} starts, more than n_starts={n_starts}")
+    return given
 
 
 def _params(problem, x: np.ndarray) -> dict:
@@ -358,6 +368,11 @@ def fit(
                          f"and update), e.g. optax.adam(1e-2); got {optimizer!r}")
     opt = _optimizer_of(problem, method, optimizer, steps, n_starts, init, seed, max_time,
                         checkpoint, checkpoint_every, optax_args, options)
+    # reversed bounds and an unknown parameter named before the optimiser looks at the
+    # problem or a start is drawn
+    if problem.space is not None or type(problem).bounds is not AbstractProblem.bounds:
+        checked_bounds(problem)
+    _given(problem, init, int(n_starts))
     opt.check(problem)
     gs.ensure_compilation_cache()
     x0 = _starts(problem, init, int(n_starts), int(seed))

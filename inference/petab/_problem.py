@@ -36,10 +36,10 @@ from numpyro.distributions import constraints
 from .._checkpoint import digest
 from ..problem._abstract import AbstractProblem, ResidualTerms
 from ..problem._ode import ode
-from ..problem._program import ProgramProblem, problem_for
+from ..problem._program import ProgramProblem, problem_of, register_kind  # noqa: F401
 
 __all__ = ["is_petab", "petab_program", "PetabProgramProblem", "PetabFitProblem",
-           "problem_of", "finite_bounds"]
+           "finite_bounds", "problem_of"]
 
 
 def is_petab(model) -> bool:
@@ -418,25 +418,22 @@ class PetabFitProblem(AbstractProblem):
                 {"measurement": ["measurement_row"]}, {})
 
 
-def problem_of(model, data, *, solver=None, rtol=None, atol=None, max_steps=None,
-               fit: bool = False):
-    """The problem every method runs on: a PEtab problem's `PetabProgramProblem` (it
-    carries its data: ``data`` must be ``None``; ``None`` settings are the problem's own),
-    or with ``fit`` its `PetabFitProblem` (the coordinates fits move in, built without
-    tracing the sampler's program), else `problem_for`'s (``None`` tolerances:
-    `inference`'s defaults)."""
-    if is_petab(model):
-        if data is not None:
-            raise ValueError("`data` does not apply to a PEtab problem (it carries its "
-                             "measurements); pass data=None")
-        if jnp.result_type(float) != jnp.float64:
-            raise ValueError("a PEtab problem is fitted, sampled and profiled in 64-bit "
-                             "floats, as it was loaded: call gs.enable_x64() again (import "
-                             "gradsolve as gs)")
-        kind = PetabFitProblem if fit else PetabProgramProblem
-        return kind(model, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
-    from ..problem._problem import TOLERANCES
+def _petab_problem(model, data, *, solver=None, rtol=None, atol=None, max_steps=None,
+                   fit: bool = False):
+    """A PEtab problem's `PetabProgramProblem` (sampling), or with ``fit`` its
+    `PetabFitProblem` (the coordinates fits move in, built without tracing the sampler's
+    program); it carries its data (``data`` must be ``None``) and ``None`` settings are the
+    problem's own. `problem_of` reaches it through `register_kind`."""
+    if data is not None:
+        raise ValueError("`data` does not apply to a PEtab problem (it carries its "
+                         "measurements); pass data=None")
+    if jnp.result_type(float) != jnp.float64:
+        raise ValueError("a PEtab problem is fitted, sampled and profiled in 64-bit "
+                         "floats, as it was loaded: call gs.enable_x64() again (import "
+                         "gradsolve as gs)")
+    kind = PetabFitProblem if fit else PetabProgramProblem
+    return kind(model, solver=solver, rtol=rtol, atol=atol, max_steps=max_steps)
 
-    return problem_for(model, data, solver=solver,
-                       rtol=TOLERANCES.rtol if rtol is None else rtol,
-                       atol=TOLERANCES.atol if atol is None else atol, max_steps=max_steps)
+
+# every method finds a PEtab problem's problems through `problem_of`, none names them
+register_kind(is_petab, _petab_problem)

@@ -22,7 +22,7 @@ mesh to record and replay).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -106,8 +106,21 @@ class AbstractProblem(abc.ABC):
     def start_point(self, params) -> jax.Array:
         """The unconstrained ``u (D,)`` (or ``(n, D)``) of a constrained parameter dict
         (a fit's best point, or the user's ``init``, already checked) that the chains
-        start at or around."""
-        return self.space.to_unconstrained(params)
+        start at or around. A problem without a `ParamSpace` moves in its parameters
+        themselves: a dict by `names` (``ValueError`` naming unknown and missing keys), or
+        an array of coordinates."""
+        if self.space is not None:
+            return self.space.to_unconstrained(params)
+        names = self.names()
+        if not isinstance(params, Mapping):
+            return jnp.asarray(params, float)
+        unknown, missing = sorted(set(params) - set(names)), [p for p in names
+                                                               if p not in params]
+        if unknown or missing:
+            what = " and ".join(([f"unknown key(s) {unknown}"] if unknown else [])
+                                + ([f"missing parameters {missing}"] if missing else []))
+            raise ValueError(f"`init` has {what}; the parameters are {list(names)}")
+        return jnp.stack([jnp.asarray(params[p], float) for p in names], axis=-1)
 
     # ------------------------------------------------------------ what methods read
     def names(self) -> tuple[str, ...]:

@@ -241,8 +241,8 @@ def _problem_and_point(problem, result, data, solver, rtol, atol):
     """The `AbstractProblem` a fit ran on, its objective (``"map"`` / ``"mle"``), the fit's
     point ``u (D,)``, the objective the fit reported there and the relative tolerance it is
     checked to."""
-    from ..petab._problem import PetabFitProblem, is_petab, problem_of
     from ..population._population_fit import PopulationFit
+    from ..problem._program import carries_data, problem_of
 
     if isinstance(result, PopulationFit):
         from ..population._problem import PopulationProblem
@@ -268,11 +268,12 @@ def _problem_and_point(problem, result, data, solver, rtol, atol):
                          "profiles are of a 'map' or 'mle' fit's objective")
     if isinstance(problem, AbstractProblem):
         pp, f_tol = problem, 1e-4
-    elif is_petab(problem):
+    elif carries_data(problem):
         if data is not None:
             raise ValueError("inference.profile: `data` does not apply to a PEtab problem "
                              "(it carries its measurements); pass data=None")
-        pp, f_tol = PetabFitProblem(problem, solver=solver, rtol=rtol, atol=atol), 1e-6
+        pp = problem_of(problem, None, solver=solver, rtol=rtol, atol=atol, fit=True)
+        f_tol = 1e-6
     else:
         from ..problem._problem import InferenceModel
 

@@ -142,8 +142,8 @@ from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState, chain_devices
 from ._samplers import Sampler, sampler_of
 from ._idata import inference_data
 from ..problem._policy import MeshPolicy
-from ..petab._problem import problem_of
 from ..problem._problem import InferenceModel
+from ..problem._program import problem_of
 from .._progress import progress_bar
 from ._warmup import RETUNE_ITERATIONS, Run, respond_to_draws, start, warm_up
 
