@@ -88,3 +88,38 @@ def test_sample_reports_its_initial_metric():
     r = inference.sample(m, data, num_warmup=50, num_samples=20, num_chains=2, seed=1,
                          init="prior", progress=False)
     assert "initial metric" not in r.sample_stats.attrs["init"]
+
+
+class _NormalPrior:
+    """Priors ``N(0, sd^2)`` on every coordinate, drawn as `inference.sample` draws them."""
+
+    def __init__(self, sd):
+        self.sd = np.asarray(sd, dtype=float)
+
+    def sample_prior(self, key, n):
+        import jax
+
+        return self.sd * np.asarray(jax.random.normal(key, (n, self.sd.size)))
+
+
+class _Identity:
+    def __init__(self, dim):
+        self.dim = dim
+
+    def to_unconstrained(self, x):
+        return x
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_flat_direction_is_capped_at_its_prior_variance(dense):
+    """A parameter the data leave flat (curvature 1e-6: the inverse Hessian would say a
+    variance of 1e6, clipped to 100) gets its prior's variance (2^2); the identified one
+    keeps the inverse curvature (1/4)."""
+    problem = _Quadratic(np.diag([4.0, 1e-6]))
+    problem.model, problem.space = _NormalPrior([3.0, 2.0]), _Identity(2)
+    metric, how = curvature_metric(problem, np.zeros(2), dense=dense)
+    var = np.diag(metric) if dense else metric
+    np.testing.assert_allclose(var, [0.25, 4.0], rtol=0.1)   # 1,024 prior draws
+    if dense:
+        assert metric[0, 1] == 0.0
+    assert "1 of 2 parameters' variances capped at their prior's" in how
