@@ -279,6 +279,27 @@ def test_where_the_kernel_refuses_a_rosenbrock_method():
     assert KERNEL.replay_reason(f, gs.Tsit5(), y0, p) is None  # explicit solvers: any size
 
 
+def test_a_jacobian_too_large_to_translate_is_refused_early():
+    """A stiff field whose Jacobian's column groups (one forward-mode pass each) form arrays
+    past the translator's limits (a PEtab model of 504 states: 4,602 nonzeros in 145
+    groups; here 64 states coupled densely: 64 groups of 64) is refused, with the counts
+    and what is missing, once ``f`` is translated: no build starts, Auto takes the XLA
+    replay without a warning about the field."""
+    d = 64
+    f = lambda t, y, p: p * y - y * jnp.sum(y) / d  # every state reaches every output
+    y0, p = jnp.full((2, d), 0.5), jnp.ones((2, d))
+    reason = KERNEL.replay_reason(f, gs.Rodas5P(), y0, p)
+    assert reason is not None
+    for what in ("64 states", "4,096 structural nonzeros in 64 column groups",
+                 "an array of 4,160 entries", "4,096 entries an array",
+                 "no translation of the Jacobian group by group"):
+        assert what in reason, reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        auto = gs.drivers.Auto()
+        assert auto.choose("replay", f, gs.Rodas5P(), y0, p).name == "gradsolve-batched"
+
+
 def chain(t, y, k):
     """A chain of ``d`` states, the first fed by the last (``2 d`` Jacobian nonzeros),
     non-autonomous through a forcing of the first."""

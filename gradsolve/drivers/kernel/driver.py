@@ -394,9 +394,10 @@ class Kernel(AbstractDriver):
 
     Applies on CPU to explicit Runge–Kutta solvers (`gradsolve.Tsit5`, `gradsolve.Dopri5`,
     `gradsolve.Vern7`) and to Rosenbrock methods (`gradsolve.Rodas5P`,
-    `gradsolve.Rosenbrock23` on any number of states; another `gradsolve.AbstractRosenbrock`
-    with a ``step`` of its own on at most `ROSENBROCK_MAX_STATES`), with float32/float64
-    states and a vector field the
+    `gradsolve.Rosenbrock23` on any number of states whose Jacobian's column groups the
+    translator takes: not, e.g., a 504-state PEtab model with 145 groups; another
+    `gradsolve.AbstractRosenbrock` with a ``step`` of its own on at most
+    `ROSENBROCK_MAX_STATES`), with float32/float64 states and a vector field the
     translator handles (no ``while`` loops; see `gradsolve._jaxpr`), where a C++ compiler
     is found. Several times faster than the XLA drivers (``benchmarks/README.md``;
     ``benchmarks/bench_kernel_rosenbrock.py`` for the stiff solvers). ``grad`` runs the
