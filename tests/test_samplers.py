@@ -17,6 +17,7 @@ import models
 from conftest import REF_MEAN, REF_SD, killed_then_resumed
 from inference.problem._problem import Problem
 from inference.sampling import HMC, NUTS, ChEES
+from inference.sampling._ensemble import EnsembleKernel
 from inference.sampling._samplers import sampler_of
 from inference.sampling._warmup import windows
 
@@ -53,25 +54,30 @@ def test_kernel_string_runs_what_the_object_runs(lynx):
 @pytest.fixture(scope="module")
 def chees_lynx(lynx):
     """ChEES on lynx–hare, 8 chains x (150 + 150), with every `Problem.record` call's
-    points noted."""
+    points noted, and the kernels that ran."""
     m, data = lynx
-    calls = []
-    record = Problem.record
+    calls, kernels = [], []
+    record, run = Problem.record, EnsembleKernel.run
 
     def noted(self, u, *a, **k):
         calls.append(np.shape(u))
         return record(self, u, *a, **k)
 
+    def ran(self, *a, **k):
+        kernels.append(self)
+        return run(self, *a, **k)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Problem, "record", noted)
+        mp.setattr(EnsembleKernel, "run", ran)
         idata = inference.sample(m, data, sampler=ChEES(num_chains=8), num_warmup=150,
                                  num_samples=150, seed=0, progress=False,
                                  init=dict(m.defaults))
-    return idata, calls
+    return idata, calls, kernels
 
 
 def test_chees_chains_share_one_mesh_and_step_in_lockstep(chees_lynx):
-    idata, calls = chees_lynx
+    idata, calls, _ = chees_lynx
     C, D = 8, 8
     # one record for all C chains at the start and at every re-record between warmup
     # windows; then the frozen sampling mesh, recorded once at the chains' mean (and,
@@ -89,8 +95,18 @@ def test_chees_chains_share_one_mesh_and_step_in_lockstep(chees_lynx):
     assert np.all(idata.sample_stats["error_ratio"].values <= 1.0)
 
 
+def test_chees_loop_compiles_once(chees_lynx):
+    """The whitening re-estimated between warmup windows keeps the loop's compiled
+    program: the adaptation state it hands back has the dtypes and strong types of the
+    one the loop was compiled for (a weakly typed counter compiled it again, seconds a
+    run)."""
+    (kernel,) = set(chees_lynx[2])
+    assert kernel.num_warmup == 150 and not kernel.retune
+    assert kernel._loop._cache_size() == 1
+
+
 def test_chees_lynx_hare_matches_stans_posterior(chees_lynx):
-    idata, _ = chees_lynx
+    idata, _, _ = chees_lynx
     post = idata.posterior
     for k in REF_MEAN:
         v = post[k].values.reshape(-1, post[k].shape[-1])
@@ -171,3 +187,4 @@ def test_chees_posterior_matches_nuts(case):
     nuts = inference.sample(m, data, num_chains=nuts_chains, **kw)
     assert int(chees.sample_stats["diverging"].sum()) == 0
     _agree(chees, nuts)
+

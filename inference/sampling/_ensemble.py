@@ -211,7 +211,7 @@ class EnsembleKernel(ChainKernel):
                          step=jnp.asarray(1, jnp.int32))
         return jax.tree_util.tree_map(
             lambda v: jnp.asarray(v, f) if jnp.issubdtype(jnp.result_type(v), jnp.floating)
-            else jnp.asarray(v), ch)
+            else jnp.asarray(v, jnp.int32), ch)
 
     def init(self, u0: np.ndarray, key, s: SampleState, tuned=None, metric=None):
         """The chains at ``u0 (C, D)``, the whitening from ``metric`` (an inverse mass
@@ -300,7 +300,9 @@ class EnsembleKernel(ChainKernel):
         # a step size in the new coordinates: dual averaging starts again from the
         # current one (NumPyro and Stan restart it at every metric update too)
         ch = a.chees
-        da = jax.tree_util.tree_map(lambda new, old: jnp.asarray(new, jnp.result_type(old)),
+        # the same dtypes, all strongly typed, as the state the loop was compiled for (a
+        # weakly typed leaf would compile the loop again: seconds of a short run)
+        da = jax.tree_util.tree_map(lambda new, old: jnp.asarray(new, jnp.dtype(old.dtype)),
                                     self._da_init(ch.step_size), ch.da_state)
         ch = ch._replace(da_state=da)
         return chains._replace(adapt_state=self._adapt(np.mean(z, axis=0), L, ch,
