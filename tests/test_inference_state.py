@@ -252,3 +252,28 @@ def test_sample_a_user_model_against_quadrature():
         assert abs(row["mean"] - mean) < 4 * row["mcse_mean"] + 1e-12, (name, row, mean)
         assert abs(row["sd"] / sd - 1) < 0.15, (name, row["sd"], sd)
     assert int(idata.sample_stats["diverging"].sum()) == 0
+
+
+def test_inference_imports_have_no_cycle_and_generic_methods_never_name_the_importer():
+    """tools/walks.py's import graph of inference/, from the source: no import cycle
+    between modules or folders, no private name imported from another folder, and the
+    folders of generic methods (optimize/, sampling/, population/, profiles/) never import
+    the PEtab importer (a PEtab problem reaches them through ``problem_of``)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "walks.py"
+    spec = importlib.util.spec_from_file_location("walks", path)
+    walks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(walks)
+    g = walks.imports()
+    assert g["cycles"] == [] and g["folder_cycles"] == []
+    assert g["private"] == []
+    assert g["importer"] == []
+    for generic in walks.GENERIC:
+        assert "petab" not in g["folders"].get(generic, set()), generic
+    # the registration the generic methods rely on: a PEtab problem is a known kind
+    from inference.problem._program import _KINDS
+    from inference.petab._problem import is_petab
+
+    assert any(is_kind is is_petab for is_kind, _ in _KINDS)

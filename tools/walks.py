@@ -16,8 +16,9 @@ PEtab problem's import) runs untraced.
 
 ``--imports`` lists, from the source alone (``ast``), every import between modules of
 ``inference/`` (marking those made inside a function), the edges between its folders,
-the import cycles (between modules and between folders), and the private names (a
-leading underscore) one folder imports from another.
+the import cycles (between modules and between folders), the private names (a leading
+underscore) one folder imports from another, and any import of the PEtab importer
+(``petab/``) by a folder of generic methods.
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ def imports(root: str = ROOT) -> dict:
     ``lazy`` where the import sits inside a function), ``folders`` (folder -> folders it
     imports), ``cycles`` (module cycles, all imports counted), ``folder_cycles`` and
     ``private`` (``(from, to, name)`` where a folder imports a leading-underscore name
-    from another folder)."""
+    from another folder) and ``importer`` (``(from, to)`` where a folder of `GENERIC`
+    imports ``petab/``)."""
     import ast
 
     base = os.path.join(root, "inference")
@@ -235,8 +237,15 @@ def imports(root: str = ROOT) -> dict:
     graph = {}
     for a, b, _, _ in edges:
         graph.setdefault(a, set()).add(b)
+    importer = sorted({(a, b) for a, b, _, _ in edges
+                       if folder(b) == "petab" and folder(a) in GENERIC})
     return dict(edges=edges, folders=folders, cycles=_cycles(graph),
-                folder_cycles=_cycles(folders), private=private)
+                folder_cycles=_cycles(folders), private=private, importer=importer)
+
+
+GENERIC = ("optimize", "sampling", "population", "profiles")
+"""The folders of generic methods: they reach an importer's problems (``petab/``) only
+through ``problem_of``, never by importing the importer."""
 
 
 def _cycles(graph: dict) -> list[list[str]]:
@@ -283,6 +292,8 @@ def print_imports() -> None:
     print(f"folder cycles: {g['folder_cycles'] or 'none'}")
     print("private names imported across folders: "
           + (", ".join(f"{a} <- {b}.{n}" for a, b, n in g["private"]) or "none"))
+    print(f"generic folders ({', '.join(GENERIC)}) importing petab/: "
+          + (", ".join(f"{a} -> {b}" for a, b in g["importer"]) or "none"))
 
 
 def main(argv):
