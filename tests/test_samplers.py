@@ -188,3 +188,38 @@ def test_chees_posterior_matches_nuts(case):
     assert int(chees.sample_stats["diverging"].sum()) == 0
     _agree(chees, nuts)
 
+
+def _settled_options(model, data, **kw):
+    """`sample`'s options for a call with ``kw``, its defaults settled as the call would
+    settle them (the sampler chosen, its chains and targets), before any fit or trace."""
+    import inspect
+
+    from inference.sampling._sample import _checked_sample_args, _settled
+
+    o = {k: p.default for k, p in inspect.signature(inference.sample).parameters.items()
+         if k not in ("model", "data")}
+    o.update(kw)
+    _checked_sample_args(o)
+    return _settled(model, data, o)[2]
+
+
+def test_default_sampler_is_chees_without_random_effects_and_nuts_where_asked(lynx):
+    """No sampler named: ChEES on its 16 chains for lynx–hare, settled exactly as
+    ``sampler="chees"``; NUTS where the call sets NUTS's settings (chains, tree depth,
+    chain method) and for a random-effects hierarchy, settled exactly as
+    ``sampler="nuts"`` with those settings."""
+    m, data = lynx
+    keys = ("kernel", "num_chains", "target_accept", "dense_mass", "rerecord", "init",
+            "max_tree_depth", "devices")
+    default = _settled_options(m, data)
+    chees = _settled_options(m, data, sampler="chees")
+    assert {k: default[k] for k in keys} == {k: chees[k] for k in keys}
+    assert default["kernel"] == "chees" and default["num_chains"] == 16
+    for kw in (dict(num_chains=2), dict(max_tree_depth=5), dict(chain_method="vectorized")):
+        got = _settled_options(m, data, **kw)
+        nuts = _settled_options(m, data, kernel="nuts", **kw)
+        assert {k: got[k] for k in keys} == {k: nuts[k] for k in keys}, kw
+        assert got["kernel"] == "nuts"
+    theo, tdata = models.theophylline(), models.load_dataset("theophylline")
+    got = _settled_options(theo, tdata)
+    assert got["kernel"] == "nuts" and got["num_chains"] == 2 and got["max_tree_depth"] == 10

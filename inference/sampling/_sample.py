@@ -139,7 +139,7 @@ import gradsolve as gs
 
 from .. import _checkpoint
 from ._chains import CHUNK, ChainKernel, SampleInfo, SampleState, chain_devices
-from ._samplers import Sampler, sampler_of
+from ._samplers import MAX_TREE_DEPTH, Sampler, default_sampler, sampler_of
 from ._idata import inference_data
 from ..problem._policy import MeshPolicy
 from ..problem._problem import InferenceModel
@@ -223,11 +223,14 @@ def _checked_sample_args(o: dict) -> None:
     """``ValueError`` naming the first bad argument of `sample` (its arguments ``o``)."""
     num_warmup, target_accept, init_jitter, init, max_steps = (
         o[k] for k in ("num_warmup", "target_accept", "init_jitter", "init", "max_steps"))
-    o["sampler"] = sampler_of(o["sampler"], o["kernel"])
+    # no sampler named: chosen with the problem (`default_sampler`)
+    o["sampler"] = (None if o["sampler"] is None and o["kernel"] is None
+                    else sampler_of(o["sampler"], o["kernel"]))
     for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", o["num_samples"], 1),
                         ("num_chains", 1 if o["num_chains"] is None else o["num_chains"], 1),
                         ("checkpoint_every", o["checkpoint_every"], 1),
-                        ("max_tree_depth", o["max_tree_depth"], 1),
+                        ("max_tree_depth", 1 if o["max_tree_depth"] is None
+                         else o["max_tree_depth"], 1),
                         ("max_retunes", o["max_retunes"], 0),
                         ("max_steps", 1 if max_steps is None else max_steps, 1)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < lo:
@@ -267,9 +270,13 @@ def _settled(model, data, o: dict) -> tuple[Any, MeshPolicy, dict]:
     problem = problem_of(model, data, solver=o["solver"], rtol=o["rtol"], atol=o["atol"],
                          max_steps=None if isinstance(model, InferenceModel) else o["max_steps"])
     sampler = o.get("sampler")
-    if not isinstance(sampler, Sampler):
+    if sampler is None and o.get("kernel") is None:
+        sampler = default_sampler(problem, o)
+    elif not isinstance(sampler, Sampler):
         sampler = sampler_of(sampler, o.get("kernel"))
     o = dict(o, sampler=sampler)
+    if o.get("max_tree_depth") is None:
+        o["max_tree_depth"] = MAX_TREE_DEPTH
     o = sampler.settle(problem, o)
     o["kernel"] = sampler.name
     # lockstep chains are one ensemble: split over devices they would wait for each other
@@ -346,7 +353,7 @@ def sample(
     progress: bool | None = None, target_accept: float | None = None,
     rtol: float | None = None, atol: float | None = None, solver=None,
     max_steps: int | None = None, frozen_tol_factor: float = 0.1, dense_mass: bool | None = None,
-    max_tree_depth: int = 10, init_jitter: float = 0.05,
+    max_tree_depth: int | None = None, init_jitter: float = 0.05,
     fit_kwargs: Mapping[str, Any] | None = None, count_failures: bool | None = None,
     max_retunes: int = 3, chain_method: str = "auto",
 ):
@@ -363,7 +370,8 @@ def sample(
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
             `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
         num_warmup, num_samples, num_chains: as NumPyro's ``MCMC`` (``num_chains=None``:
-            the sampler's default, 2 for NUTS and HMC, 16 for ChEES).
+            the sampler's default, 2 for NUTS and HMC, 16 for ChEES; a number given with
+            ``sampler=None`` runs NUTS).
         chain_method: ``"vectorized"`` (all chains in one ``jax.vmap`` on one device),
             ``"parallel"`` (the chains split over the local devices, each device
             vectorising its share; on a CPU, one device per core: call
@@ -373,19 +381,21 @@ def sample(
             The draws are the same either way; apart, each device waits only for its
             own chains' trees and runs on a core of its own (theophylline, 4 chains on 2
             CPU devices: sampling 1.7x faster).
-        sampler: ``None`` (NUTS), a name (``"nuts"``, ``"hmc"``, ``"chees"``) or a sampler
-            object of `inference.sampling` (``NUTS(...)``, ``HMC(...)``, ``ChEES(...)``):
-            its kernel and adaptation, and its defaults for the settings below left at
-            ``None``. Every sampler runs in the same loop (meshes recorded for all
-            chains at once, re-recorded in warmup, frozen and checked while sampling,
-            checkpoints). NUTS is the default, with its 2 chains: ChEES adapts its step
-            size and trajectory length from statistics across the chains and wants many
-            (16 by default); with them it gave more ESS per second on a 2-core CPU
-            (``benchmarks/bench_samplers.py``, second runs: lynx-hare 944 against NUTS's
-            70 at 2 chains and 509 at 16; eight schools 282 against 40 and 267; in the
-            sampling phase alone 5-12 times NUTS's at 16 chains), so ask for it
-            (``sampler="chees"``) where many chains are wanted, on an accelerator above
-            all.
+        sampler: ``None`` (chosen with the problem, below), a name (``"nuts"``,
+            ``"hmc"``, ``"chees"``) or a sampler object of `inference.sampling`
+            (``NUTS(...)``, ``HMC(...)``, ``ChEES(...)``): its kernel and adaptation, and
+            its defaults for the settings below left at ``None``. Every sampler runs in
+            the same loop (meshes recorded for all chains at once, re-recorded in warmup,
+            frozen and checked while sampling, checkpoints). ``None`` runs ChEES on its
+            16 chains for a posterior without random effects (an `ODEModel`, a PEtab
+            problem, a program without latent sites in a plate) when the call sets none
+            of ``num_chains``, ``max_tree_depth`` and ``chain_method``; NUTS otherwise
+            (a random-effects hierarchy, or a call written for NUTS). ChEES adapts its
+            step size and trajectory length from statistics across the chains and wants
+            many; with them it gave more effective draws per gradient and per second on
+            a 2-core CPU (lynx–hare: 6.4 leapfrog steps per unit of min bulk ESS against
+            NUTS's 10.9 on its 2 chains; second runs of ``benchmarks/bench_samplers.py``
+            944 ESS/s against 70; eight schools 282 against 40).
         kernel: ``"nuts"`` or ``"hmc"`` (the older spelling of ``sampler``).
         rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
             for an `ODEModel` or a program with no latent site in a plate, ``"always"``
@@ -418,7 +428,7 @@ def sample(
             (why: the module docstring). A dense metric whose late warmup diverges is
             replaced by its diagonal when the step size is re-adapted; the attribute
             ``mass_matrix`` is the metric the draws were made with.
-        max_tree_depth: NumPyro NUTS/HMC's.
+        max_tree_depth: NumPyro NUTS/HMC's (``None``: 10, NumPyro's).
         max_retunes: how many times the step size may be re-adapted at a higher
             ``target_accept`` when the end of warmup or the first draws (on a dense metric:
             any draws) diverge (``0``:

@@ -24,7 +24,7 @@ import dataclasses
 
 from ..problem._abstract import AbstractProblem
 
-__all__ = ["Sampler", "NUTS", "HMC", "ChEES", "sampler_of"]
+__all__ = ["Sampler", "NUTS", "HMC", "ChEES", "sampler_of", "default_sampler", "MAX_TREE_DEPTH"]
 
 
 def _hierarchical(problem: AbstractProblem) -> bool:
@@ -212,6 +212,30 @@ class ChEES(Sampler):
 
 
 _BY_NAME = {"nuts": NUTS, "hmc": HMC, "chees": ChEES}
+
+MAX_TREE_DEPTH = 10
+"""NUTS's tree depth where neither `sample` nor the `NUTS` object gives one (NumPyro's)."""
+
+
+def default_sampler(problem: AbstractProblem, o: dict) -> Sampler:
+    """The sampler of a call that names none (`sample`'s options ``o``): `ChEES` with its
+    16 chains for a posterior without random effects where the call sets nothing that
+    only NUTS reads (``num_chains``, ``max_tree_depth``, ``chain_method``); `NUTS`
+    otherwise, as before.
+
+    Why: on a CPU the lockstep ensemble buys more effective draws per gradient and per
+    second. Lynx–hare, 500 + 1,000 iterations, seed 0, shared 2-core machine: NUTS on its
+    2 chains gave a min bulk ESS of 2,051 from 22,263 leapfrog steps (10.9 per unit of
+    ESS), ChEES on 16 chains 17,947 from 115,408 (6.4), at 47.6 against 842 ESS per
+    second of the whole call. A random-effects hierarchy keeps NUTS: its funnel wants a
+    step size per chain and trajectories that adapt per draw, and its defaults
+    (``rerecord="always"``, the ADVI start, target 0.97) were measured there. A call that
+    asks for a number of chains or a tree depth gets the sampler those settings were
+    written for."""
+    if (_hierarchical(problem) or o.get("num_chains") is not None
+            or o.get("max_tree_depth") is not None or o.get("chain_method", "auto") != "auto"):
+        return NUTS()
+    return ChEES()
 
 
 def sampler_of(sampler, kernel) -> Sampler:
