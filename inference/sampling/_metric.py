@@ -120,8 +120,10 @@ def _capped_at_prior(problem: AbstractProblem, cov: np.ndarray) -> tuple[np.ndar
     there is nearly zero and the inverse Hessian's variance is the clip, 100: ten
     times the posterior's sd, which the step size must then resolve. Measured on Boehm
     (two such parameters): NUTS's first warmup windows took trees of ~200 leapfrog steps
-    at step sizes 0.016-0.03 on the uncapped metric. The posterior is no wider than its
-    prior in a parameter the likelihood leaves flat."""
+    at step sizes 0.016-0.03 on the uncapped metric; ChEES's first window (16 chains)
+    settled at a step size of 0.021 and 29.9 leapfrog steps a chain-iteration uncapped,
+    0.21 and 10.1 capped. The posterior is no wider than its prior in a parameter the
+    likelihood leaves flat."""
     pv = prior_variance(problem)
     if pv is None:
         return cov, 0
