@@ -19,6 +19,7 @@ Usage::
     python benchmarks/bench_samplers.py                                 # lynx, schools
     python benchmarks/bench_samplers.py --models lynx,schools,theo --repeat 2
     python benchmarks/bench_samplers.py --models boehm --samplers chees --warmup 500
+    python benchmarks/bench_samplers.py --models boehm --samplers default   # sample(problem)
     python benchmarks/bench_samplers.py --platform tpu --float32 --models lynx,theo \\
         --nuts-chains 64 --chees-chains 128                             # on the chip
 
@@ -40,7 +41,8 @@ def _args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--platform", choices=("cpu", "tpu", "gpu"), default="cpu")
     ap.add_argument("--models", default="lynx,schools")
-    ap.add_argument("--samplers", default="nuts,chees")
+    ap.add_argument("--samplers", default="nuts,chees",
+                    help="comma-separated: nuts, chees, default (no sampler named)")
     ap.add_argument("--nuts-chains", type=int, default=None, help="default: NUTS's (2)")
     ap.add_argument("--chees-chains", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=500)
@@ -120,10 +122,14 @@ def route(m, data) -> str:
 
 def run(m, data, sampler: str, a) -> dict:
     kw = dict(num_warmup=a.warmup, num_samples=a.samples, seed=a.seed, progress=False)
-    if sampler == "chees":
+    if sampler == "default":
+        pass  # what sample picks where the call names no sampler
+    elif sampler == "chees":
         kw["sampler"] = ChEES(num_chains=a.chees_chains)
-    elif a.nuts_chains:
-        kw["num_chains"] = a.nuts_chains
+    else:
+        kw["sampler"] = "nuts"
+        if a.nuts_chains:
+            kw["num_chains"] = a.nuts_chains
     t = time.perf_counter()
     idata = inference.sample(m, data, **kw)
     wall = time.perf_counter() - t
@@ -131,7 +137,8 @@ def run(m, data, sampler: str, a) -> dict:
     at = idata.posterior.attrs
     ess = float(s.ess_bulk.min())
     ss = idata.sample_stats
-    return dict(sampler=sampler, chains=int(at["num_chains"]), wall_s=wall,
+    return dict(sampler=sampler if sampler != "default" else f"default ({at['kernel']})",
+                chains=int(at["num_chains"]), wall_s=wall,
                 warmup_s=float(at["warmup_time_s"]), sampling_s=float(at["sampling_time_s"]),
                 min_ess_bulk=ess, ess_per_s=ess / wall,
                 ess_per_s_sampling=ess / float(at["sampling_time_s"]),
@@ -161,7 +168,8 @@ def main() -> None:
             for sampler in a.samplers.split(","):
                 x = dict(run(m, data, sampler, a), run=i + 1)
                 rows["runs"].append(x)
-                print(f"{name:<8} {sampler:<6} {i + 1:>3} {x['chains']:>6} {x['wall_s']:7.1f} "
+                print(f"{name:<8} {x['sampler']:<6} {i + 1:>3} {x['chains']:>6} "
+                      f"{x['wall_s']:7.1f} "
                       f"{x['warmup_s']:7.1f} {x['sampling_s']:7.2f} {x['min_ess_bulk']:7.0f} "
                       f"{x['ess_per_s']:7.1f} {x['ess_per_s_sampling']:10.1f} "
                       f"{x['max_rhat']:5.3f} {x['divergences']:4d} "
