@@ -274,6 +274,27 @@ def test_petab_multistart_reaches_the_closed_form_optimum(decay, decay_fit):
     assert len(res.exit_reasons) == 6 and set(res.exit_reasons) <= {"ftol", "gtol"}
 
 
+def test_a_petab_fit_reaches_its_solves_through_fit_the_lm_and_the_problem(decay):
+    """The call stack of `inference.fit` of a PEtab problem at every ODE step
+    (tools/walks.py): `fit`, the Levenberg–Marquardt and the PEtab problem's own file
+    (models/), then gradsolve (record or replay, the driver: 2 files on the compiled kernel,
+    as Boehm's walk shows), the final values included (recorded and replayed like the
+    iterations, not through the importer's adapter and `gs.solve`)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    try:
+        from walks import summary, walk
+    finally:
+        sys.path.pop(0)
+    jax.clear_caches()  # a fresh trace: the walk sees the Python frames of every solve
+    stacks = walk(lambda: inference.fit(decay, n_starts=2, steps=2, progress=False))
+    ours = {f for stack in stacks for f, _ in stack if not f.startswith("gradsolve/")}
+    assert ours == {"inference/optimize/_fit.py", "inference/optimize/_lm.py",
+                    "models/_petab/_problem.py"}, sorted(ours)
+    assert all(summary(stack)[2] == 0 for stack in stacks)  # no return to a file left
+
+
 def test_petab_waterfall_is_sorted_and_each_loss_is_the_log_likelihood_there(decay,
                                                                               decay_fit):
     res = decay_fit

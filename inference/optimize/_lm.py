@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._progress import progress_bar
+from ..problem._abstract import ResidualTerms
 from ..problem._policy import MeshPolicy
 from ._optimizer import AbstractOptimizer, OptimizeResult, checked_bounds, checked_mask
 
@@ -519,10 +520,10 @@ class LevenbergMarquardt(AbstractOptimizer):
         failed = (np.asarray(passes[0][0].code) == FAILED_START) | (
             np.asarray(s.code) == FAILED_START)
         # the reported values are fresh solves' (the iterations' came from replays of kept
-        # meshes, equal to within the tolerances)
+        # meshes, equal to within the tolerances): each final point recorded at the
+        # problem's tolerances and replayed on its own mesh, as `gs.solve` does
         xs = np.asarray(s.x)
-        value = np.asarray(jax.jit(lambda u: problem.objective(u, None, prior=prior)[0])(
-            jnp.asarray(xs)), float)
+        value = np.asarray(_fresh_values(rt)(jnp.asarray(xs)), float)
         value = np.where(failed | ~np.isfinite(value), np.inf, value)
         reasons = np.asarray(REASONS, dtype=object)[np.asarray(s.reason)]
         if late:
@@ -536,6 +537,20 @@ class LevenbergMarquardt(AbstractOptimizer):
             n_records_per_start=sum(np.asarray(p[0].records) for p in passes).astype(np.int64),
             n_evals=sum(p[2].n_evals for p in passes),
             max_error_ratio=np.zeros(len(xs)))
+
+
+def _fresh_values(rt: ResidualTerms):
+    """``values(x (n, D)) -> (n,)``: the objective of `ResidualTerms` ``rt`` at each point
+    from a record at the problem's tolerances and its replay (a fresh solve), compiled."""
+    lap = None if rt.laplace is None else jnp.asarray(rt.laplace, bool)
+
+    def one(x):
+        z, s, _ = rt.terms(x, rt.record(x, 1.0))
+        rho = 0.5 * z**2 if lap is None else jnp.where(lap, jnp.abs(z), 0.5 * z**2)
+        f = jnp.sum(rho + s) + rt.constant
+        return f if rt.penalty is None else f + rt.penalty(x)
+
+    return jax.jit(jax.vmap(one))
 
 
 def _label(problem) -> str:
