@@ -215,7 +215,9 @@ def test_default_sampler_is_chees_without_random_effects_and_nuts_where_asked(ly
     chees = _settled_options(m, data, sampler="chees")
     assert {k: default[k] for k in keys} == {k: chees[k] for k in keys}
     assert default["kernel"] == "chees" and default["num_chains"] == 16
-    for kw in (dict(num_chains=2), dict(max_tree_depth=5), dict(chain_method="vectorized")):
+    per_chain = {k: np.stack([np.asarray(v)] * 2) for k, v in m.defaults.items()}
+    for kw in (dict(num_chains=2), dict(max_tree_depth=5), dict(chain_method="vectorized"),
+               dict(init=per_chain)):
         got = _settled_options(m, data, **kw)
         nuts = _settled_options(m, data, kernel="nuts", **kw)
         assert {k: got[k] for k in keys} == {k: nuts[k] for k in keys}, kw

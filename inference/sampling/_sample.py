@@ -389,8 +389,9 @@ def sample(
             frozen and checked while sampling, checkpoints). ``None`` runs ChEES on its
             16 chains for a posterior without random effects (an `ODEModel`, a PEtab
             problem, a program without latent sites in a plate) when the call sets none
-            of ``num_chains``, ``max_tree_depth`` and ``chain_method``; NUTS otherwise
-            (a random-effects hierarchy, or a call written for NUTS). ChEES adapts its
+            of ``num_chains``, ``max_tree_depth``, ``chain_method`` and a per-chain
+            ``init``; NUTS otherwise (a random-effects hierarchy, or a call written for
+            NUTS). ChEES adapts its
             step size and trajectory length from statistics across the chains and wants
             many; with them it gave more effective draws per gradient and per second on
             a 2-core CPU (lynx–hare: 6.4 leapfrog steps per unit of min bulk ESS against

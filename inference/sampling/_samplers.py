@@ -21,6 +21,7 @@ The defaults that depend on the problem ask it one structural question,
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from ..problem._abstract import AbstractProblem
 
@@ -220,8 +221,8 @@ MAX_TREE_DEPTH = 10
 def default_sampler(problem: AbstractProblem, o: dict) -> Sampler:
     """The sampler of a call that names none (`sample`'s options ``o``): `ChEES` with its
     16 chains for a posterior without random effects where the call sets nothing that
-    only NUTS reads (``num_chains``, ``max_tree_depth``, ``chain_method``); `NUTS`
-    otherwise, as before.
+    only NUTS reads (``num_chains``, ``max_tree_depth``, ``chain_method``, an ``init``
+    with a point per chain); `NUTS` otherwise, as before.
 
     Why: on a CPU the lockstep ensemble buys more effective draws per gradient and per
     second. Lynx–hare, 500 + 1,000 iterations, seed 0, shared 2-core machine: NUTS on its
@@ -233,9 +234,21 @@ def default_sampler(problem: AbstractProblem, o: dict) -> Sampler:
     asks for a number of chains or a tree depth gets the sampler those settings were
     written for."""
     if (_hierarchical(problem) or o.get("num_chains") is not None
-            or o.get("max_tree_depth") is not None or o.get("chain_method", "auto") != "auto"):
+            or o.get("max_tree_depth") is not None or o.get("chain_method", "auto") != "auto"
+            or _per_chain_init(problem, o.get("init"))):
         return NUTS()
     return ChEES()
+
+
+def _per_chain_init(problem: AbstractProblem, init) -> bool:
+    """Whether ``init`` gives a point per chain (a parameter with a leading axis more
+    than its shape): their number is the chains the call was written for."""
+    import numpy as np
+
+    shapes = getattr(getattr(problem, "space", None), "shapes", None)
+    if not isinstance(init, Mapping) or not shapes:
+        return False
+    return any(np.ndim(v) > len(shapes[k]) for k, v in init.items() if k in shapes)
 
 
 def sampler_of(sampler, kernel) -> Sampler:
