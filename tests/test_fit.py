@@ -572,6 +572,30 @@ def test_the_compiled_loop_takes_the_per_step_loops_path(lynx, monkeypatch):
         _assert_same_fit(res, ref)
 
 
+def test_rerecorded_rows_scattered_on_the_device_give_the_host_merges_fit(lynx, monkeypatch):
+    """A re-record sends only its rows to the device mesh; the fit equals the one whose
+    every re-record rebuilds the whole mesh on the host (`gs.Mesh.scatter` there)."""
+    from inference.optimize import Optax
+    from inference.optimize._optax import FitKernel
+
+    m, data = lynx
+    kw = dict(n_starts=4, seed=1, progress=False)
+    puts = []
+    put = FitKernel.merge
+
+    def counted(self, s, rows, sub):
+        out = put(self, s, rows, sub)
+        puts.append(out["mesh_host"] is None)
+        return out
+
+    monkeypatch.setattr(FitKernel, "merge", counted)
+    res = inference.fit(m, data, optimizer=Optax(optax.adam(0.1), max_iter=30), **kw)
+    assert sum(puts) > 5  # rows scattered on the device
+    monkeypatch.setattr(FitKernel, "_capacity", lambda self, *a: -1)  # always on the host
+    ref = inference.fit(m, data, optimizer=Optax(optax.adam(0.1), max_iter=30), **kw)
+    _assert_same_fit(res, ref, rtol=0)
+
+
 def test_the_compiled_loop_with_a_mask_reaches_the_closed_form_conditional_optimum(
         monkeypatch):
     """Exponential decay with LogNormal noise, sigma held at its start (``mask``): the

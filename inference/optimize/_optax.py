@@ -69,8 +69,9 @@ class FitState(NamedTuple):
         u_rec: ``(n, D)`` the parameters each start's mesh was recorded at.
         opt_state: the Optax state.
         mesh: the ensemble's mesh (JAX arrays).
-        mesh_host: the same mesh on the host (NumPy): re-records are merged into it, so a
-            re-record copies only the new rows to the device, not the whole mesh back.
+        mesh_host: the same mesh on the host (NumPy) in a saved or returned state;
+            ``None`` while a run keeps it on the device only (a re-record sends its new
+            rows there, not the whole mesh: at 100,000 starts the mesh is hundreds of MB).
         alive: ``(n,)`` False for starts frozen after a failed record.
         pending: ``(n,)`` starts to re-record before the next step (the policy's verdict
             on the last step).
@@ -92,7 +93,7 @@ class FitState(NamedTuple):
     u_rec: Float[np.ndarray, "n D"]
     opt_state: Any
     mesh: gs.Mesh
-    mesh_host: gs.Mesh
+    mesh_host: gs.Mesh | None
     alive: Bool[np.ndarray, " n"]
     pending: Bool[np.ndarray, " n"]
     urgency: Float[np.ndarray, " n"]
@@ -200,6 +201,9 @@ class FitKernel:
             return jax.lax.while_loop(cond, body, c)
 
         self._steps = jax.jit(steps)
+        self._row = jax.jit(lambda h, i: jax.lax.dynamic_index_in_dim(h, i, keepdims=False))
+        # rows of a device mesh replaced (row counts padded to `_buckets`: few programs)
+        self._put = jax.jit(lambda mesh, rows, sub: mesh.scatter(rows, sub))
         self.ragged = False  # set by `init` from the driver the replay runs on
         self.constrained = jax.jit(space.from_unconstrained)
         self.init_optimizer = jax.jit(optimizer.init)
@@ -214,6 +218,14 @@ class FitKernel:
         out = jax.device_get(c)
         out["opt"], out["history"] = opt, history  # on the device: `advance` reads its rows
         return out
+
+    def _rows(self, history: jax.Array, done: int) -> tuple:
+        """The first ``done`` rows of the loop's ``(chunk, n)`` loss buffer, as host rows:
+        one at a time where the chunk ended early (at ensemble width a re-record ends
+        most chunks after a step: the whole buffer would be ``chunk`` times the data)."""
+        if done == len(history):
+            return tuple(np.asarray(history))
+        return tuple(np.asarray(self._row(history, i)) for i in range(done))
 
     def evaluate(self, s: FitState) -> _Eval:
         """Loss, gradient and Optax update at ``s`` (one compiled call: the loop of
@@ -236,7 +248,7 @@ class FitKernel:
             s = s._replace(
                 u=np.array(c["u"]), opt_state=c["opt"], step=s.step + done,
                 n_grad_evals=s.n_grad_evals + done,
-                history=s.history + tuple(np.asarray(c["history"])[:done]),
+                history=s.history + self._rows(c["history"], done),
                 max_error_ratio=np.asarray(c["max_err"], s.max_error_ratio.dtype),
                 pending=np.asarray(c["pending"]),
                 urgency=np.asarray(c["urgency"], s.urgency.dtype))
@@ -257,12 +269,39 @@ class FitKernel:
         return mesh.select(np.arange(len(distinct))), distinct
 
     def merge(self, s: FitState, rows: np.ndarray, sub: gs.Mesh) -> dict:
-        """The meshes of ``s`` (host and device) with rows ``rows`` replaced by host mesh
-        ``sub``, as `FitState` fields."""
+        """The meshes of ``s`` with rows ``rows`` replaced by host mesh ``sub``, as
+        `FitState` fields. Where the capacity stays (almost always) only ``sub``'s rows
+        go to the device, scattered there into the device mesh (``mesh_host`` is then
+        ``None``: `hosted` brings it back); a capacity change rebuilds the mesh on the
+        host once."""
         if not len(rows):
             return dict(mesh=s.mesh, mesh_host=s.mesh_host)
-        host = self.sized(s.mesh_host.scatter(rows, sub), s.mesh_host.capacity)
+        cap = s.mesh.capacity
+        steps = np.array(s.mesh.n_steps if s.mesh_host is None else s.mesh_host.n_steps)
+        steps[rows] = np.asarray(sub.n_steps)
+        if self._capacity(steps, max(cap, sub.capacity), cap) == cap:
+            size = next(b for b in _buckets(len(steps)) if b >= len(rows))
+            pad = np.zeros(size - len(rows), np.int64)  # repeats of the first row
+            idx = np.concatenate([rows, rows[pad]])
+            sub = sub.select(np.concatenate([np.arange(len(rows)), pad])).with_capacity(cap)
+            return dict(mesh=self._put(s.mesh, jnp.asarray(idx), sub.to_device()),
+                        mesh_host=None)
+        host = s.mesh.to_host() if s.mesh_host is None else s.mesh_host
+        host = self.sized(host.scatter(rows, sub), cap)
         return dict(mesh=host.to_device(), mesh_host=host)
+
+    @staticmethod
+    def hosted(s: FitState) -> FitState:
+        """``s`` with its ``mesh_host`` (for a checkpoint or a returned state)."""
+        return s if s.mesh_host is not None else s._replace(mesh_host=s.mesh.to_host())
+
+    def _capacity(self, n_steps: np.ndarray, merged: int, current: int) -> int:
+        """The capacity `sized` gives a mesh of ``merged`` slots whose rows take
+        ``n_steps`` steps, the compiled step's being ``current`` (`gs.Mesh.trim`'s rule)."""
+        used = max(int(np.max(n_steps, initial=0)), 1)
+        used = max(16, 1 << (used - 1).bit_length())
+        trimmed = merged if used >= merged else used
+        return trimmed if not self.ragged or trimmed >= current else current
 
     def sized(self, mesh: gs.Mesh, current: int | None = None) -> gs.Mesh:
         """``mesh`` at the step capacity the compiled step runs it at: trimmed to a power
@@ -528,7 +567,7 @@ class Optax(AbstractOptimizer):
             if self.checkpoint is not None:
                 _checkpoint.save_or_warn(
                     self.checkpoint, fingerprint,
-                    s._replace(elapsed=elapsed + time.perf_counter() - t_start))
+                    kernel.hosted(s)._replace(elapsed=elapsed + time.perf_counter() - t_start))
 
         bar = progress_bar(progress, total=steps, done=state.step,
                            desc=f"fit {getattr(problem.source, 'name', '')}".rstrip())
@@ -557,6 +596,7 @@ class Optax(AbstractOptimizer):
         finally:
             bar.close()
         state, losses, status = kernel.final(state)
+        state = kernel.hosted(state)
         n = len(state.u)
         history = np.stack(state.history) if state.history else np.zeros((0, n))
         return OptimizeResult(
