@@ -7,10 +7,12 @@ in the same process, each called twice: the first call compiles (or loads the pe
 compilation cache), the second runs the same starts on compiled programs. For each size
 and side it prints the seconds of both calls, the best loss, the starts ending within 0.1
 of it (the waterfall's plateau), the failed starts, the records and gradient evaluations,
-then the host/device ratio of the second calls. Usage::
+the device's peak memory where it reports one, then the host/device ratio of the second
+calls. Usage::
 
     python benchmarks/bench_fit_starts.py --n 1024,100000 --float32 --json out.json
     python benchmarks/bench_fit_starts.py --n 64 --steps 20      # a check that it runs
+    python benchmarks/bench_fit_starts.py --n 100000 --sides device --profile  # where time goes
 
 ``--host-max-n`` skips the host above a size (its time grows with N: 1,024 starts took
 20 s on 13 host cores, so 100,000 take about half an hour). Writes ``--json`` where given.
@@ -39,8 +41,35 @@ def _args(argv=None):
     ap.add_argument("--host-max-n", type=int, default=None,
                     help="run the host side only up to this many starts")
     ap.add_argument("--float32", action="store_true", help="single precision (the chip's)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time the fit's parts: compiled chunks, re-records, merges")
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
+
+
+_PARTS = {}
+
+
+def _profiled() -> None:
+    """Wrap `FitKernel`'s parts to add up their calls and seconds in `_PARTS` (the compiled
+    loop waited for, so its seconds are the device's)."""
+    from inference.optimize._optax import FitKernel
+
+    def timed(name):
+        inner = getattr(FitKernel, name)
+
+        def wrapper(self, *args, **kwargs):
+            t = time.perf_counter()
+            out = inner(self, *args, **kwargs)
+            if name == "_run":
+                jax.block_until_ready(out["history"])
+            calls, seconds = _PARTS.get(name, (0, 0.0))
+            _PARTS[name] = (calls + 1, seconds + time.perf_counter() - t)
+            return out
+        setattr(FitKernel, name, wrapper)
+
+    for name in ("advance", "_run", "rerecord", "record", "merge", "init", "final"):
+        timed(name)
 
 
 def run(m, data, n: int, steps: int, seed: int, chunk: int | None, device) -> list[dict]:
@@ -56,21 +85,30 @@ def run(m, data, n: int, steps: int, seed: int, chunk: int | None, device) -> li
         if chunk is not None:
             kw = dict(optimizer=inference.optimize.Optax(optax.adam(1e-2), max_iter=steps,
                                                          chunk=chunk, seed=seed))
+        _PARTS.clear()
         with jax.default_device(device):
             t = time.perf_counter()
             res = inference.fit(m, data, n_starts=n, seed=seed, progress=False, **kw)
             seconds = time.perf_counter() - t
+        stats = device.memory_stats() or {}  # None on the host CPU
         losses = np.asarray(res.losses)
         best = float(np.min(losses))
         rows.append(dict(
             side=device.platform, device=str(device), n=n, call=call, seconds=seconds,
             best_loss=best, at_best=int(np.sum(losses <= best + 0.1)),
             failed=int(np.sum(np.asarray(res.status) != 0)), n_records=int(res.n_records),
-            n_grad_evals=int(res.n_grad_evals), n_steps=int(res.n_steps)))
+            n_grad_evals=int(res.n_grad_evals), n_steps=int(res.n_steps),
+            peak_bytes=stats.get("peak_bytes_in_use")))
         r = rows[-1]
+        peak = "" if r["peak_bytes"] is None else f"  peak {r['peak_bytes'] / 2**30:.2f} GiB"
         print(f"{r['side']:>4} n={n:>7} call {call}: {seconds:9.2f} s  best {best:.6g}  "
               f"within 0.1 of best {r['at_best']}  failed {r['failed']}  records "
-              f"{r['n_records']}  evals {r['n_grad_evals']}", flush=True)
+              f"{r['n_records']}  evals {r['n_grad_evals']}{peak}", flush=True)
+        if _PARTS:
+            r["parts"] = {k: dict(calls=c, seconds=t) for k, (c, t) in _PARTS.items()}
+            print("      " + ", ".join(f"{k} {c}x {t:.2f} s" for k, (c, t) in _PARTS.items()),
+                  flush=True)
+            _PARTS.clear()
     return rows
 
 
@@ -81,6 +119,8 @@ def main(argv=None) -> dict:
     import models
 
     m, data = models.lynx_hare(), models.load_dataset("lynx_hare")
+    if a.profile:
+        _profiled()
     sides = [s.strip() for s in a.sides.split(",") if s.strip()]
     devices = {"device": jax.devices()[0], "cpu": jax.devices("cpu")[0]}
     print(f"jax {jax.__version__}, default device {devices['device']}, "
