@@ -22,6 +22,11 @@ leapfrog steps, divergences, ESS/s; then the posteriors side by side. Usage::
     python benchmarks/bench_vs_stan.py                    # both models
     python benchmarks/bench_vs_stan.py --models lynx_hare --quick
     python benchmarks/bench_vs_stan.py --cpu-devices 1     # our chains on one device
+    python benchmarks/bench_vs_stan.py --sampler chees     # ours: ChEES-HMC, 16 chains
+
+``--sampler chees`` samples our side with the lockstep ensemble (``--chees-chains``, 16 by
+default) instead of NUTS on Stan's number of chains: the same draws per chain, more
+chains; the ratio compares min bulk ESS per second of the whole call, as for NUTS.
 
 gradsolve's worker gives JAX one CPU device per core (``--cpu-devices``, default
 ``os.cpu_count()``), the one line a user adds (``jax.config.update("jax_num_cpu_devices",
@@ -286,7 +291,8 @@ def _iterations(model: str, quick: bool, iterations: str | None) -> tuple[int, i
 
 
 def worker_gradsolve(model: str, quick: bool, seed: int, cpu_devices: int = 1,
-                     iterations: str | None = None) -> dict:
+                     iterations: str | None = None, sampler: str = "nuts",
+                     chees_chains: int = 16) -> dict:
     t0 = time.perf_counter()
     import jax
 
@@ -303,15 +309,21 @@ def worker_gradsolve(model: str, quick: bool, seed: int, cpu_devices: int = 1,
     s = SETTINGS[model]
     warm, draws = _iterations(model, quick, iterations)
     t1 = time.perf_counter()
-    idata = inference.sample(m, data, num_warmup=warm, num_samples=draws,
-                             num_chains=s["chains"], seed=seed, progress=False)
+    if sampler == "chees":
+        # the lockstep ensemble wants many chains (it adapts from statistics across them)
+        kw = dict(sampler="chees", num_chains=int(chees_chains))
+    else:
+        kw = dict(sampler="nuts", num_chains=s["chains"])
+    idata = inference.sample(m, data, num_warmup=warm, num_samples=draws, seed=seed,
+                             progress=False, **kw)
     total = time.perf_counter() - t1
     a = idata.posterior.attrs
     out = _summary(idata, PARAMS[model], 0.0, a["warmup_time_s"], a["sampling_time_s"], total,
                    idata.sample_stats["n_steps"].sum(), idata.sample_stats["diverging"].sum())
     out.update(import_s=t_import, init_fit_s=a.get("init_fit_wall_time_s", 0.0),
                mass_matrix=a.get("mass_matrix", ""), chain_method=a.get("chain_method", ""),
-               chain_devices=int(a.get("chain_devices", 1)))
+               chain_devices=int(a.get("chain_devices", 1)), sampler=a.get("kernel", ""),
+               chains=int(a["num_chains"]), draws=int(a["num_chains"]) * draws)
     return out
 
 
@@ -395,14 +407,17 @@ def worker_stan(model: str, quick: bool, seed: int, iterations: str | None = Non
     # PyStan does not time warmup and sampling apart: split its wall time by leapfrog
     # steps is not possible either (warmup steps are not kept), so both are reported whole
     out = _summary(idata, PARAMS[model], t_build, float("nan"), t_samp_all, total, steps, div)
+    out.update(chains=s["chains"], draws=s["chains"] * draws)
     return out
 
 
 def _spawn(side: str, model: str, quick: bool, seed: int, env: dict,
-           cpu_devices: int = 1, iterations: str | None = None) -> dict:
+           cpu_devices: int = 1, iterations: str | None = None, sampler: str = "nuts",
+           chees_chains: int = 16) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side, "--models", model,
            "--seed", str(seed), "--cpu-devices", str(cpu_devices),
-           "--subjects", str(STUDY_SUBJECTS)] + (["--quick"] if quick else []) + (
+           "--subjects", str(STUDY_SUBJECTS), "--sampler", sampler,
+           "--chees-chains", str(chees_chains)] + (["--quick"] if quick else []) + (
                ["--iterations", iterations] if iterations else [])
     proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -410,7 +425,7 @@ def _spawn(side: str, model: str, quick: bool, seed: int, env: dict,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _table(rows: dict, draws: int) -> None:
+def _table(rows: dict) -> None:
     cols = list(rows)
     fields = [("build (s)", lambda r: f"{r['build_s']:.1f}"),
               ("warmup (s)", lambda r: f"{r['warmup_s']:.1f}"),
@@ -418,9 +433,11 @@ def _table(rows: dict, draws: int) -> None:
               ("total from the call (s)", lambda r: f"{r['total_s']:.1f}"),
               ("min bulk ESS", lambda r: f"{r['min_ess']:.0f}"),
               ("ESS/s, total", lambda r: f"{r['min_ess'] / r['total_s']:.1f}"),
-              ("leapfrog steps a draw", lambda r: f"{r['leapfrog_steps'] / draws:.1f}"),
+              ("chains x draws", lambda r: f"{r['chains']} x {r['draws'] // r['chains']}"),
+              ("leapfrog steps a draw", lambda r: f"{r['leapfrog_steps'] / r['draws']:.1f}"),
               ("divergences", lambda r: str(r["divergences"])),
-              ("chains", lambda r: (f"{r['chain_method']} on {r['chain_devices']} devices"
+              ("chains", lambda r: (f"{r['sampler']}, {r['chain_method']} on "
+                                    f"{r['chain_devices']} devices"
                                     if "chain_method" in r else "parallel processes"))]
     out = [[""] + cols]
     for name, fn in fields:
@@ -451,13 +468,18 @@ def main() -> None:
                     help="only time one log-density gradient of the simulated study, Stan's "
                          "and ours, at the truth (--subjects; a posterior of it from Stan "
                          "takes hours here)")
+    ap.add_argument("--sampler", choices=["nuts", "chees"], default="nuts",
+                    help="gradsolve's sampler: NUTS on the model's chains (as Stan), or the "
+                         "lockstep ensemble ChEES-HMC on --chees-chains")
+    ap.add_argument("--chees-chains", type=int, default=16,
+                    help="chains of --sampler chees (default 16, ChEES's own)")
     ap.add_argument("--worker", choices=["gradsolve", "stan"], help=argparse.SUPPRESS)
     args = ap.parse_args()
     STUDY_SUBJECTS = int(args.subjects)
     if args.worker:
         if args.worker == "gradsolve":
             out = worker_gradsolve(args.models, args.quick, args.seed, args.cpu_devices,
-                                   args.iterations)
+                                   args.iterations, args.sampler, args.chees_chains)
         else:
             out = worker_stan(args.models, args.quick, args.seed, args.iterations)
         print(json.dumps(out))
@@ -477,7 +499,6 @@ def main() -> None:
     for model in args.models.split(","):
         s = SETTINGS[model]
         warm, per_chain = _iterations(model, args.quick, args.iterations)
-        draws = per_chain * s["chains"]
         with tempfile.TemporaryDirectory() as gs_dir, tempfile.TemporaryDirectory() as st_dir:
             gs_env = {"GRADSOLVE_KERNEL_CACHE": os.path.join(gs_dir, "kernels"),
                       "GRADSOLVE_XLA_CACHE": os.path.join(gs_dir, "xla")}
@@ -487,13 +508,16 @@ def main() -> None:
                 if "gradsolve" in args.sides:
                     rows[f"gradsolve {run}"] = _spawn("gradsolve", model, args.quick,
                                                       args.seed, gs_env, args.cpu_devices,
-                                                      args.iterations)
+                                                      args.iterations, args.sampler,
+                                                      args.chees_chains)
                 if have_stan and "stan" in args.sides:
                     rows[f"Stan {run}"] = _spawn("stan", model, args.quick, args.seed, st_env,
                                                  iterations=args.iterations)
-        print(f"\n{model}: {s['chains']} chains x ({warm} warmup + {per_chain} draws), "
-              "2-core CPU")
-        _table(rows, draws)
+        ours = (f"{args.chees_chains} ChEES chains" if args.sampler == "chees"
+                else f"{s['chains']} NUTS chains")
+        print(f"\n{model}: ours {ours}, Stan {s['chains']} chains, each ({warm} warmup + "
+              f"{per_chain} draws), 2-core CPU")
+        _table(rows)
         for k, r in rows.items():
             if "error" in r:
                 print(f"{k} failed:\n{r['error']}")
@@ -520,6 +544,7 @@ def main() -> None:
     path = os.path.join(dd, "vs_stan.json")
     with open(path, "w") as fh:
         json.dump(dict(results=results, quick=args.quick, seed=args.seed,
+                       sampler=args.sampler, chees_chains=args.chees_chains,
                        date=time.strftime("%Y-%m-%d %H:%M:%S"), cpus=os.cpu_count()), fh,
                   indent=1, default=float)
     print(f"\nwrote {path}")
