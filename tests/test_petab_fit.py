@@ -274,6 +274,8 @@ def test_petab_multistart_reaches_the_closed_form_optimum(decay, decay_fit):
     assert len(res.exit_reasons) == 6 and set(res.exit_reasons) <= {"ftol", "gtol"}
 
 
+@pytest.mark.slow  # every program traced and compiled afresh (jax.clear_caches); the cheap
+# siblings: the waterfall test below (the values) and test_inference_state's import rules
 def test_a_petab_fit_reaches_its_solves_through_fit_the_lm_and_the_problem(decay):
     """The call stack of `inference.fit` of a PEtab problem at every ODE step
     (tools/walks.py): `fit`, the Levenberg–Marquardt and the PEtab problem's own file

@@ -27,7 +27,7 @@ import models  # noqa: E402
 from inference.optimize import _global  # noqa: E402
 from inference.optimize._global import CMAKernel, GlobalSearch, mirror  # noqa: E402
 from inference.optimize._scipy import LBFGSB  # noqa: E402
-from inference.petab._petab import latin_hypercube  # noqa: E402
+from inference.petab._problem import latin_hypercube  # noqa: E402
 from inference.petab._problem import PetabFitProblem  # noqa: E402
 from conftest import write_petab  # noqa: E402
 from test_petab_fit import _decay_mle, _decay_problem  # noqa: E402
