@@ -113,10 +113,14 @@ class ProgramMesh(eqx.Module):
     # ------------------------------------------------------------------ rows = points
     def _rows(self, name: str, points) -> np.ndarray:
         S = self.sizes[name]
-        p = np.asarray(points)
-        return p if S is None else (p[:, None] * S + np.arange(S)[None]).reshape(-1)
+        # a JAX array of points (e.g. traced in a jitted scatter) stays one
+        xp = jnp if isinstance(points, jax.Array) else np
+        p = xp.asarray(points)
+        return p if S is None else (p[:, None] * S + xp.arange(S)[None]).reshape(-1)
 
     def _points(self, rows) -> np.ndarray:
+        if isinstance(rows, jax.Array) and rows.dtype != bool:
+            return rows.astype(jnp.int32).reshape(-1)
         r = np.asarray(rows)
         return np.flatnonzero(r) if r.dtype == bool else r.astype(np.int64).reshape(-1)
 
