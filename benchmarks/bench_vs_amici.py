@@ -211,14 +211,15 @@ def amici_side(job: dict) -> dict:
     t = time.perf_counter()
     folder = tempfile.mkdtemp(prefix="amici_model_")
     petab_problem = petab.Problem.from_yaml(yaml)
+    # the comparison is of the likelihood (our side's `log_likelihood`): a table's objective
+    # priors (Bachmann, Isensee) would make pyPESTO add them in an aggregate objective
+    petab_problem.parameter_df = petab_problem.parameter_df.drop(
+        columns=[c for c in ("objectivePriorType", "objectivePriorParameters")
+                 if c in petab_problem.parameter_df.columns])
     importer = pypesto.petab.PetabImporter(petab_problem, output_folder=folder,
                                            model_name="m_" + Path(yaml).stem.replace("-", "_"))
     problem = importer.create_problem()
     obj = problem.objective
-    if not hasattr(obj, "amici_solver"):
-        # a table with priors: pyPESTO adds them to the likelihood in an aggregate; the
-        # comparison is of the likelihood (our side's `log_likelihood`), AMICI's part alone
-        obj = next(o for o in obj._objectives if hasattr(o, "amici_solver"))
     solver = obj.amici_solver
 
     def configure(method):
