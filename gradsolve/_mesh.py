@@ -430,6 +430,13 @@ class Mesh(eqx.Module):
         """
         return _rows.trim(self, exact)
 
+    @staticmethod
+    def trimmed_capacity(n_steps, capacity: int, exact: bool = False) -> int:
+        """The capacity `trim` would give a mesh of ``capacity`` slots whose rows take
+        ``n_steps`` steps (host numbers), without building it: e.g. to tell whether rows
+        merged into a mesh keep its compiled capacity."""
+        return _rows.trimmed_capacity(n_steps, capacity, exact)
+
     def padded(self) -> "Mesh":
         """The same mesh with the slots past ``n_steps`` filled with the last time.
 

@@ -408,10 +408,17 @@ def trim(mesh: "Mesh", exact: bool) -> "Mesh":
     ``exact``)."""
     if isinstance(mesh.n_steps, jax.core.Tracer):
         raise ValueError("Mesh.trim() needs concrete `n_steps`; call it outside jax.jit.")
-    used = int(np.max(host(mesh.n_steps))) if np.size(mesh.n_steps) else 0
-    used = max(used, 1)
-    if not exact:
-        used = max(16, 1 << (used - 1).bit_length())
+    used = trimmed_capacity(host(mesh.n_steps), mesh.capacity, exact)
     if used >= mesh.capacity:
         return mesh
     return mesh.with_capacity(used)
+
+
+def trimmed_capacity(n_steps, capacity: int, exact: bool = False) -> int:
+    """The capacity `Mesh.trim` gives a mesh of ``capacity`` slots whose rows take
+    ``n_steps`` (host) steps: the longest row, rounded up to a power of two >= 16 unless
+    ``exact``, never more than ``capacity``."""
+    used = max(int(np.max(n_steps, initial=0)), 1)
+    if not exact:
+        used = max(16, 1 << (used - 1).bit_length())
+    return min(used, int(capacity))

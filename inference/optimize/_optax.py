@@ -298,9 +298,7 @@ class FitKernel:
     def _capacity(self, n_steps: np.ndarray, merged: int, current: int) -> int:
         """The capacity `sized` gives a mesh of ``merged`` slots whose rows take
         ``n_steps`` steps, the compiled step's being ``current`` (`gs.Mesh.trim`'s rule)."""
-        used = max(int(np.max(n_steps, initial=0)), 1)
-        used = max(16, 1 << (used - 1).bit_length())
-        trimmed = merged if used >= merged else used
+        trimmed = gs.Mesh.trimmed_capacity(n_steps, merged)
         return trimmed if not self.ragged or trimmed >= current else current
 
     def sized(self, mesh: gs.Mesh, current: int | None = None) -> gs.Mesh:
