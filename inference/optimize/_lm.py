@@ -198,7 +198,7 @@ class LMKernel:
             m = v.shape[0] // 2
             z, s, jz, js = v[:m], v[m:], jac[:m], jac[m:]
             is_lap = jnp.zeros(m, bool) if lap is None else lap
-            f = jnp.sum(jnp.where(is_lap, jnp.abs(z), 0.5 * z**2) + s)
+            f = _sum_of_terms(z, s, is_lap)
             dz = jnp.where(is_lap, jnp.sign(z), z)
             g = jz.T @ dz + jnp.sum(js, axis=0)
             jh = jz + z[:, None] * js
@@ -546,8 +546,7 @@ def _fresh_values(rt: ResidualTerms):
 
     def one(x):
         z, s, _ = rt.terms(x, rt.record(x, 1.0))
-        rho = 0.5 * z**2 if lap is None else jnp.where(lap, jnp.abs(z), 0.5 * z**2)
-        f = jnp.sum(rho + s) + rt.constant
+        f = _sum_of_terms(z, s, lap) + rt.constant
         return f if rt.penalty is None else f + rt.penalty(x)
 
     return jax.jit(jax.vmap(one))
@@ -557,3 +556,10 @@ def _label(problem) -> str:
     """A problem's name for progress lines."""
     names = getattr(problem, "source", None)
     return getattr(names, "name", None) or type(problem).__name__
+
+
+def _sum_of_terms(z, s, laplace):
+    """The objective's sum over residuals (module docstring): ``z**2 / 2 + s``, or
+    ``|z| + s`` where ``laplace`` (``(m,)`` bool, or ``None``: all normal)."""
+    rho = 0.5 * z**2 if laplace is None else jnp.where(laplace, jnp.abs(z), 0.5 * z**2)
+    return jnp.sum(rho + s)
