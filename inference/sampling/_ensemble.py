@@ -20,6 +20,17 @@ from the pooled draws of every chain in the latest window (Stan's regularisation
 a small multiple of the identity), dense under the same rule as NUTS. BlackJAX's own
 ChEES metric is diagonal; whitening by a dense estimate keeps the correlated rates of an
 ODE (lynx-hare) from forcing short steps along their ridges.
+
+Memory: the loop evaluates the chains in blocks of ``chain_block`` (`blocked`: ``jax.vmap``
+over a block, ``lax.map`` over the blocks), so its temporaries are those of one block, not
+of all ``C`` chains. Under ``rerecord="always"`` each evaluation of a population program is
+a ``gs.solve`` whose record and replay hold every trajectory at the site's full step
+capacity (16,384 by default), and on a TPU each chain's ensemble is padded to at least
+1,024 trajectories (8 x 128 lanes) under ``jax.vmap``: theophylline (12 subjects, 2
+states) asks ~270 MB of temporaries per chain, 33 GB at 128 chains in one block. By default
+the block is all chains; where the compiled loop does not fit in the device's memory
+(``RESOURCE_EXHAUSTED``) `run` halves it (a divisor of ``C``) and runs again. The draws do
+not depend on the block: every chain's transition is the same arithmetic in any block.
 """
 
 from __future__ import annotations
@@ -66,6 +77,33 @@ class EnsembleChains(NamedTuple):
     rng_key: Any
 
 
+def blocked(fn, block: int):
+    """``jax.vmap(fn)`` over the leading (chain) axis of every leaf of its arguments,
+    ``block`` chains at a time: ``lax.map`` over ``C / block`` blocks, each a ``jax.vmap``
+    of ``fn``, so the temporaries are one block's. ``block`` must divide ``C``; a block of
+    ``C`` or more is the plain ``jax.vmap``."""
+    vf = jax.vmap(fn)
+
+    def run(*args):
+        C = jax.tree_util.tree_leaves(args)[0].shape[0]
+        if block >= C:
+            return vf(*args)
+        nb = C // block
+        split = jax.tree_util.tree_map(lambda a: a.reshape((nb, block) + a.shape[1:]), args)
+        out = jax.lax.map(lambda a: vf(*a), split)
+        return jax.tree_util.tree_map(lambda a: a.reshape((C,) + a.shape[2:]), out)
+
+    return run
+
+
+def _divisor_block(C: int, block: int | None) -> int:
+    """The largest divisor of ``C`` that is at most ``block`` (``None``: ``C``)."""
+    b = C if block is None else max(1, min(int(block), C))
+    while C % b:
+        b -= 1
+    return b
+
+
 HALTON_BITS = 20
 """Bits of the Halton sequence that jitters the trajectory length (period 2**20)."""
 
@@ -94,12 +132,16 @@ class EnsembleKernel(ChainKernel):
         learning_rate, max_leapfrog_steps, jitter_amount: the ChEES adaptation's.
         retune: a re-adaptation: `init` starts from a previous adaptation (``tuned``),
             keeping its whitening's diagonal.
+        chain_block: how many chains the loop evaluates at once (`blocked`; ``None``: all,
+            halved where the compiled loop runs out of device memory); a number that does
+            not divide ``C`` is lowered to one that does. The draws are the same for any.
     """
 
     def __init__(self, problem, policy, *, num_chains: int, num_warmup: int,
                  target_accept: float, dense_mass: bool, count_failures: bool,
                  solve_max_steps: int, learning_rate: float, max_leapfrog_steps: int,
-                 jitter_amount: float, retune: bool = False, devices: int = 1):
+                 jitter_amount: float, retune: bool = False, devices: int = 1,
+                 chain_block: int | None = None):
         import optax
         from blackjax.adaptation import chees_adaptation
         from blackjax.mcmc import dynamic_hmc
@@ -114,6 +156,10 @@ class EnsembleKernel(ChainKernel):
                              jitter_amount=jitter_amount)
         self.failures = _FailureCounter()
         self._sharding = None
+        if chain_block is not None and (isinstance(chain_block, bool) or not isinstance(
+                chain_block, (int, np.integer)) or chain_block < 1):
+            raise ValueError(f"`chain_block` must be None or an int >= 1, got {chain_block!r}")
+        self.chain_block = _divisor_block(self.C, chain_block)
         solve = policy.solves_each_evaluation
         D = problem.space.dim
 
@@ -139,15 +185,30 @@ class EnsembleKernel(ChainKernel):
             return lp
 
         ones = jnp.ones(D)
+        self._log_p, self._step_fn, self._chees_update, self._ones = (
+            log_p, step_fn, chees_update, ones)
+        self._solves = solve
+        self._loop = self._build_loop(self.chain_block)
+        self._own_error_ratio = jax.jit(jax.vmap(problem.error_ratio))
+        self._error_ratio = jax.jit(lambda u, m: jax.vmap(
+            lambda uu: problem.error_ratio(uu, m))(u))
+
+    def _build_loop(self, block: int):
+        """The compiled loop of ``n`` lockstep iterations, the chains evaluated ``block``
+        at a time (`blocked`)."""
+        log_p, step_fn, chees_update, ones = (self._log_p, self._step_fn,
+                                              self._chees_update, self._ones)
 
         def loop(chains: EnsembleChains, meshes, n, buf):
+            if self._solves:  # the potential solves: the meshes are not read
+                meshes = None
             a = chains.adapt_state
             mu, L = a.mu, a.L
             # the meshes or the whitening may have just changed: the current points'
             # density and gradient on them, so every transition uses one target
             x = jax.scipy.linalg.solve_triangular(L, (chains.z - mu).T, lower=True).T
-            lp, g = jax.vmap(jax.value_and_grad(
-                lambda xx, m: log_p(xx, m, mu, L)))(x, meshes)
+            lp, g = blocked(jax.value_and_grad(
+                lambda xx, m: log_p(xx, m, mu, L)), block)(x, meshes)
             hmc = chains.hmc._replace(position=x, logdensity=lp, logdensity_grad=g)
 
             def body(i, carry):
@@ -159,9 +220,9 @@ class EnsembleKernel(ChainKernel):
                                    jnp.exp(ch.log_trajectory_length_moving_average))
                 split = jax.vmap(jax.random.split)(keys)
                 keys, step_keys = split[:, 0], split[:, 1]
-                new, info = jax.vmap(lambda k, s, m: step_fn(
+                new, info = blocked(lambda k, s, m: step_fn(
                     k, s, lambda xx: log_p(xx, m, mu, L), eps, ones,
-                    integration_steps_params=(length / eps,)))(step_keys, st, meshes)
+                    integration_steps_params=(length / eps,)), block)(step_keys, st, meshes)
                 updated = chees_update(ch, info.proposal.position, info.proposal.momentum,
                                        st.position, info.acceptance_rate,
                                        info.is_divergent, ones)
@@ -182,10 +243,7 @@ class EnsembleKernel(ChainKernel):
             z = mu + st.position @ L.T
             return EnsembleChains(z, st, adapt, keys), buf
 
-        self._loop = jax.jit(loop)
-        self._own_error_ratio = jax.jit(jax.vmap(problem.error_ratio))
-        self._error_ratio = jax.jit(lambda u, m: jax.vmap(
-            lambda uu: problem.error_ratio(uu, m))(u))
+        return jax.jit(loop)
 
     # ------------------------------------------------------------------ state
     def _adapt(self, mu, L, chees, left) -> EnsembleAdapt:
@@ -252,22 +310,40 @@ class EnsembleKernel(ChainKernel):
               if k not in ("num_warmup", "algo", "dense_mass", "devices")}
         return EnsembleKernel(self.problem, self.policy, num_chains=self.C,
                               num_warmup=int(iterations), target_accept=target_accept,
-                              dense_mass=False, retune=True, **kw)
+                              dense_mass=False, retune=True, chain_block=self.chain_block,
+                              **kw)
 
     # ------------------------------------------------------------------ steps
     def run(self, s: SampleState, n: int):
         """``n <= CHUNK`` lockstep iterations of every chain: ``(state, Draws (host),
         failed evaluations counted)``. A call that ends inside warmup's middle (after its
         first tenth, before its terminal window) re-estimates the whitening from its
-        pooled draws."""
-        self.failures.count = 0
+        pooled draws. Where the loop does not fit in the device's memory
+        (``RESOURCE_EXHAUSTED``), the chains' block is halved (`chain_block`, kept for the
+        next calls) and the call runs again from the same state."""
         f = jnp.result_type(float)
         C, D = self.C, self.problem.space.dim
         left0 = int(s.chains.adapt_state.left)
         buf = Draws(jnp.zeros((C, CHUNK, D), f), jnp.zeros((C, CHUNK), bool),
                     jnp.zeros((C, CHUNK), jnp.int32), *(jnp.zeros((C, CHUNK), f),) * 4)
-        chains, out = self._loop(s.chains, self.meshes(s), n, buf)
-        jax.block_until_ready(chains.z)
+        meshes = self.meshes(s)
+        while True:
+            self.failures.count = 0
+            try:
+                chains, out = self._loop(s.chains, meshes, n, buf)
+                jax.block_until_ready(chains.z)
+                break
+            except jax.errors.JaxRuntimeError as e:
+                if "RESOURCE_EXHAUSTED" not in str(e):
+                    raise
+                if self.chain_block == 1:
+                    raise MemoryError(
+                        f"inference.sample: one chain's transition does not fit in the "
+                        f"device's memory ({e}); lower the ode sites' max_steps (the step "
+                        f"capacity of the solve inside the potential) or run on a device "
+                        f"with more memory") from e
+                self.chain_block = _divisor_block(self.C, self.chain_block // 2)
+                self._loop = self._build_loop(self.chain_block)
         draws = Draws(*(np.asarray(b)[:, :n] for b in out))
         chains = self._rewhitened(chains, draws, left0, n)
         return (s._replace(chains=chains, iteration=s.iteration + n), draws,
