@@ -17,6 +17,8 @@ run (the lanes replay: what a GPU runs; the compiled CPU kernel is switched off)
 
 ``--block B`` evaluates the chains ``B`` at a time (`ChEES(chain_block=B)`); without it
 the loop holds all chains at once (the default before a device runs out of memory).
+``--max-steps K`` gives the ode sites a step capacity of ``K`` (`inference.sample`'s
+``max_steps``; default 16,384): the solve's buffers scale with it.
 
 Usage::
 
@@ -60,7 +62,7 @@ def force_pallas_interpret() -> None:
     auto.Auto._choose = first_pallas
 
 
-def problem_and_point(name: str):
+def problem_and_point(name: str, max_steps: int | None = None):
     import models
     from inference.problem._program import problem_of
 
@@ -71,7 +73,7 @@ def problem_and_point(name: str):
         data, _ = models.simulated_study(n_subjects=int(name[5:]), seed=0)
     else:
         raise SystemExit(f"--model must be theophylline or studyS (e.g. study200), got {name}")
-    problem = problem_of(model, data)
+    problem = problem_of(model, data, max_steps=max_steps)
     u = np.asarray(problem.space.to_unconstrained(problem.model.defaults))
     return problem, u
 
@@ -111,12 +113,14 @@ def main():
                     help="chains evaluated at once (default: all)")
     ap.add_argument("--pallas", action="store_true",
                     help="the TPU's Pallas kernels, interpreted (see the docstring)")
+    ap.add_argument("--max-steps", type=int, default=None,
+                    help="the ode sites' step capacity (default 16,384)")
     ap.add_argument("--x64", action="store_true")
     a = ap.parse_args()
     gs.use_compiled_kernel(False)
     if a.pallas:
         force_pallas_interpret()
-    problem, u = problem_and_point(a.model)
+    problem, u = problem_and_point(a.model, a.max_steps)
     print(f"{a.model}: D={problem.space.dim}, sites {problem.sizes}, site capacity "
           f"{problem.max_steps} steps, {'Pallas (interpreted)' if a.pallas else 'XLA'} "
           f"drivers, {jnp.dtype(jnp.result_type(float)).name}; loop of 100 iterations", flush=True)
