@@ -110,9 +110,10 @@ def test_sampler_defaults_follow_the_programs_structure():
 
 
 def test_a_small_hierarchy_gets_a_dense_metric_at_a_higher_target():
-    """The sampler's settled options: theophylline's 30 parameters are within the dense
+    """NUTS's settled options: theophylline's 30 parameters are within the dense
     bound at the default warmup (dense, 0.97) and past it at 100 warmup iterations
-    (diagonal, 0.9); a target or metric the user gives is kept."""
+    (diagonal, 0.9); a target or metric the user gives is kept. With no sampler named
+    (ChEES), the same metric rule and start, and BlackJAX's ChEES target."""
     import inspect
 
     from inference.sampling._sample import _settled
@@ -120,7 +121,11 @@ def test_a_small_hierarchy_gets_a_dense_metric_at_a_higher_target():
     base = {k: p.default for k, p in inspect.signature(inference.sample).parameters.items()
             if p.default is not inspect.Parameter.empty}
     model, data = models.theophylline(), models.load_dataset("theophylline")
-    settle = lambda **kw: _settled(model, data, {**base, **kw})[2]  # noqa: E731
+    default = _settled(model, data, dict(base))[2]
+    from blackjax.adaptation.chees_adaptation import OPTIMAL_TARGET_ACCEPTANCE_RATE
+    assert (default["kernel"], default["dense_mass"], default["target_accept"],
+            default["init"]) == ("chees", True, OPTIMAL_TARGET_ACCEPTANCE_RATE, "advi")
+    settle = lambda **kw: _settled(model, data, {**base, "sampler": "nuts", **kw})[2]  # noqa: E731
     o = settle()
     assert (o["dense_mass"], o["target_accept"], o["init"]) == (True, 0.97, "advi")
     assert settle(init="map")["init"] == "map"

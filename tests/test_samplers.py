@@ -203,25 +203,30 @@ def _settled_options(model, data, **kw):
     return _settled(model, data, o)[2]
 
 
-def test_default_sampler_is_chees_without_random_effects_and_nuts_where_asked(lynx):
-    """No sampler named: ChEES on its 16 chains for lynx–hare, settled exactly as
-    ``sampler="chees"``; NUTS where the call sets NUTS's settings (chains, tree depth,
-    chain method) and for a random-effects hierarchy, settled exactly as
-    ``sampler="nuts"`` with those settings."""
+def test_default_sampler_is_chees_and_nuts_where_asked(lynx):
+    """No sampler named: ChEES on its 16 chains x 250 draws (Stan's 4,000 draws in all) for
+    lynx–hare and for a random-effects hierarchy, settled exactly as ``sampler="chees"``
+    (the hierarchy keeps its own mesh policy and start); NUTS where the call sets NUTS's
+    settings (chains, tree depth, chain method), settled exactly as ``sampler="nuts"``
+    with those settings, with NumPyro's 1,000 draws a chain."""
     m, data = lynx
-    keys = ("kernel", "num_chains", "target_accept", "dense_mass", "rerecord", "init",
-            "max_tree_depth", "devices")
+    keys = ("kernel", "num_chains", "num_samples", "target_accept", "dense_mass",
+            "rerecord", "init", "max_tree_depth", "devices")
     default = _settled_options(m, data)
     chees = _settled_options(m, data, sampler="chees")
     assert {k: default[k] for k in keys} == {k: chees[k] for k in keys}
     assert default["kernel"] == "chees" and default["num_chains"] == 16
+    assert default["num_chains"] * default["num_samples"] == 4000
+    assert _settled_options(m, data, sampler="chees", num_samples=7)["num_samples"] == 7
     per_chain = {k: np.stack([np.asarray(v)] * 2) for k, v in m.defaults.items()}
     for kw in (dict(num_chains=2), dict(max_tree_depth=5), dict(chain_method="vectorized"),
                dict(init=per_chain)):
         got = _settled_options(m, data, **kw)
         nuts = _settled_options(m, data, kernel="nuts", **kw)
         assert {k: got[k] for k in keys} == {k: nuts[k] for k in keys}, kw
-        assert got["kernel"] == "nuts"
+        assert got["kernel"] == "nuts" and got["num_samples"] == 1000
     theo, tdata = models.theophylline(), models.load_dataset("theophylline")
     got = _settled_options(theo, tdata)
-    assert got["kernel"] == "nuts" and got["num_chains"] == 2 and got["max_tree_depth"] == 10
+    assert {k: got[k] for k in keys} == {
+        k: v for k, v in _settled_options(theo, tdata, sampler="chees").items() if k in keys}
+    assert got["kernel"] == "chees" and got["rerecord"] == "always" and got["init"] == "advi"

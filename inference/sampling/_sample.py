@@ -226,7 +226,8 @@ def _checked_sample_args(o: dict) -> None:
     # no sampler named: chosen with the problem (`default_sampler`)
     o["sampler"] = (None if o["sampler"] is None and o["kernel"] is None
                     else sampler_of(o["sampler"], o["kernel"]))
-    for name, v, lo in (("num_warmup", num_warmup, 0), ("num_samples", o["num_samples"], 1),
+    for name, v, lo in (("num_warmup", num_warmup, 0),
+                        ("num_samples", 1 if o["num_samples"] is None else o["num_samples"], 1),
                         ("num_chains", 1 if o["num_chains"] is None else o["num_chains"], 1),
                         ("checkpoint_every", o["checkpoint_every"], 1),
                         ("max_tree_depth", 1 if o["max_tree_depth"] is None
@@ -346,7 +347,7 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
 
 
 def sample(
-    model, data=None, *, num_warmup: int = 500, num_samples: int = 1000,
+    model, data=None, *, num_warmup: int = 500, num_samples: int | None = None,
     num_chains: int | None = None, kernel: str | None = None, sampler: Any = None,
     rerecord: str | None = None, seed: int = 0, init: Any = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
@@ -369,9 +370,10 @@ def sample(
     Args:
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
             `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
-        num_warmup, num_samples, num_chains: as NumPyro's ``MCMC`` (``num_chains=None``:
-            the sampler's default, 2 for NUTS and HMC, 16 for ChEES; a number given with
-            ``sampler=None`` runs NUTS).
+        num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``; ``None``: the
+            sampler's defaults, 2 chains x 1,000 draws for NUTS and HMC, 16 chains x 250
+            draws for ChEES (Stan's 4,000 draws in all: the lockstep chains share them);
+            a ``num_chains`` given with ``sampler=None`` runs NUTS.
         chain_method: ``"vectorized"`` (all chains in one ``jax.vmap`` on one device),
             ``"parallel"`` (the chains split over the local devices, each device
             vectorising its share; on a CPU, one device per core: call
@@ -387,16 +389,15 @@ def sample(
             its defaults for the settings below left at ``None``. Every sampler runs in
             the same loop (meshes recorded for all chains at once, re-recorded in warmup,
             frozen and checked while sampling, checkpoints). ``None`` runs ChEES on its
-            16 chains for a posterior without random effects (an `ODEModel`, a PEtab
-            problem, a program without latent sites in a plate) when the call sets none
-            of ``num_chains``, ``max_tree_depth``, ``chain_method`` and a per-chain
-            ``init``; NUTS otherwise (a random-effects hierarchy, or a call written for
-            NUTS). ChEES adapts its
+            16 chains (any problem: an `ODEModel`, a PEtab problem, a program, a
+            population) when the call sets none of ``num_chains``, ``max_tree_depth``,
+            ``chain_method`` and a per-chain ``init``; NUTS otherwise (a call written
+            for NUTS). ChEES adapts its
             step size and trajectory length from statistics across the chains and wants
             many; with them it gave more effective draws per gradient and per second on
-            a 2-core CPU (lynx–hare: 6.4 leapfrog steps per unit of min bulk ESS against
-            NUTS's 10.9 on its 2 chains; second runs of ``benchmarks/bench_samplers.py``
-            944 ESS/s against 70; eight schools 282 against 40).
+            a 2-core CPU (against Stan's ESS/s, second runs: lynx–hare 50.3x, NUTS
+            10.2x; theophylline 32.0x, NUTS 7.7x; eight schools, second runs of
+            ``benchmarks/bench_samplers.py``: 282 ESS/s against NUTS's 40).
         kernel: ``"nuts"`` or ``"hmc"`` (the older spelling of ``sampler``).
         rerecord: mesh policy, ``"warmup"``, ``"always"`` or ``"never"``; ``None``: ``"warmup"``
             for an `ODEModel` or a program with no latent site in a plate, ``"always"``
@@ -475,7 +476,8 @@ def sample(
     problem, policy, o = _settled(model, data, o)
     fingerprint = _fingerprint(problem, policy, o)
     base, retuned, state, info = _first_state(problem, policy, data, o, fingerprint)
-    total = int(num_warmup) + int(num_samples)
+    num_samples = int(o["num_samples"])
+    total = int(num_warmup) + num_samples
     bar = progress_bar(progress, total=total, done=state.iteration,
                        desc=f"sample {problem.model.name} ({o['num_chains']} chains)",
                        phases=(("warmup", int(num_warmup)), ("sampling", int(num_samples))))

@@ -42,13 +42,19 @@ class Sampler:
             whether its metric is dense; ``None``: the sampler's default for the problem
             (`settle`). `sample`'s arguments of the same names take precedence.
 
-    ``default_chains`` is the number of chains where `sample` is not given one.
+    ``default_chains`` is the number of chains where `sample` is not given one, and
+    `default_samples` the draws a chain makes where it is given no ``num_samples``.
     """
 
     name = "sampler"
     default_chains = 2
     target_accept: float | None = None
     dense_mass: bool | None = None
+
+    def default_samples(self, num_chains: int) -> int:
+        """Draws per chain where `sample` is given no ``num_samples``: NumPyro's and
+        Stan's 1,000."""
+        return 1000
 
     def default_init(self, problem: AbstractProblem) -> str:
         """Where the chains start: a random-effects hierarchy's joint mode lies far from
@@ -76,6 +82,8 @@ class Sampler:
         o = dict(o)
         if o["num_chains"] is None:
             o["num_chains"] = self.default_chains
+        if o.get("num_samples") is None:
+            o["num_samples"] = self.default_samples(int(o["num_chains"]))
         if o["init"] is None:
             o["init"] = self.default_init(problem)
         if o["rerecord"] is None:
@@ -206,6 +214,14 @@ class ChEES(Sampler):
     def default_chains(self) -> int:  # type: ignore[override]
         return int(self.num_chains)
 
+    def default_samples(self, num_chains: int) -> int:
+        """Stan's default total of draws, 4 chains x 1,000, shared by the ensemble's
+        chains (250 each of the default 16), at least 100 a chain: lockstep chains make
+        about as many effective draws per draw as NUTS (Boehm, 16 chains x 1,000: min bulk
+        ESS 8,000), so 1,000 each would give 4x the draws and the wait of Stan's default
+        for nothing a summary needs."""
+        return max(100, -(-4000 // int(num_chains)))
+
     def default_target(self, problem, dense: bool) -> float:
         from blackjax.adaptation.chees_adaptation import OPTIMAL_TARGET_ACCEPTANCE_RATE
 
@@ -237,21 +253,20 @@ MAX_TREE_DEPTH = 10
 
 def default_sampler(problem: AbstractProblem, o: dict) -> Sampler:
     """The sampler of a call that names none (`sample`'s options ``o``): `ChEES` with its
-    16 chains for a posterior without random effects where the call sets nothing that
-    only NUTS reads (``num_chains``, ``max_tree_depth``, ``chain_method``, an ``init``
-    with a point per chain); `NUTS` otherwise, as before.
+    16 chains where the call sets nothing that only NUTS reads (``num_chains``,
+    ``max_tree_depth``, ``chain_method``, an ``init`` with a point per chain); `NUTS`
+    otherwise, as written for it.
 
     Why: on a CPU the lockstep ensemble buys more effective draws per gradient and per
-    second. Lynx–hare, 500 + 1,000 iterations, seed 0, shared 2-core machine: NUTS on its
-    2 chains gave a min bulk ESS of 2,051 from 22,263 leapfrog steps (10.9 per unit of
-    ESS), ChEES on 16 chains 17,947 from 115,408 (6.4), at 47.6 against 842 ESS per
-    second of the whole call. A random-effects hierarchy keeps NUTS: its funnel wants a
-    step size per chain and trajectories that adapt per draw, and its defaults
-    (``rerecord="always"``, the ADVI start, target 0.97) were measured there. A call that
-    asks for a number of chains or a tree depth gets the sampler those settings were
-    written for."""
-    if (_hierarchical(problem) or o.get("num_chains") is not None
-            or o.get("max_tree_depth") is not None or o.get("chain_method", "auto") != "auto"
+    second, and its chains are one ODE ensemble. Quiet 2-core machine, second runs
+    against Stan's in the same script (`benchmarks/bench_vs_stan.py`): lynx–hare ChEES
+    50.3x Stan's min bulk ESS per second, NUTS 10.2x (4.3 against 34.8 leapfrog steps a
+    draw); the theophylline population (a random-effects hierarchy, ``rerecord="always"``,
+    the ADVI start) ChEES 32.0x, NUTS 7.7x, the same posterior within 0.04 of Stan's sd.
+    A call that asks for a number of chains or a tree depth gets the sampler those
+    settings were written for."""
+    if (o.get("num_chains") is not None or o.get("max_tree_depth") is not None
+            or o.get("chain_method", "auto") != "auto"
             or _per_chain_init(problem, o.get("init"))):
         return NUTS()
     return ChEES()
