@@ -46,7 +46,9 @@ def _args():
     ap.add_argument("--nuts-chains", type=int, default=None, help="default: NUTS's (2)")
     ap.add_argument("--chees-chains", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=500)
-    ap.add_argument("--samples", type=int, default=1000)
+    ap.add_argument("--samples", type=int, default=None,
+                    help="draws a chain (default: 1,000 for a named sampler; sample's own "
+                         "default, the sampler's, for 'default')")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--float32", action="store_true", help="single precision (the chip's)")
@@ -121,7 +123,9 @@ def route(m, data) -> str:
 
 
 def run(m, data, sampler: str, a) -> dict:
-    kw = dict(num_warmup=a.warmup, num_samples=a.samples, seed=a.seed, progress=False)
+    kw = dict(num_warmup=a.warmup, seed=a.seed, progress=False)
+    if a.samples is not None or sampler != "default":
+        kw["num_samples"] = 1000 if a.samples is None else a.samples
     if sampler == "default":
         pass  # what sample picks where the call names no sampler
     elif sampler == "chees":
