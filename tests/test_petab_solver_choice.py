@@ -2,13 +2,14 @@
 against `gradsolve.record`'s Tsit5 record on the XLA driver (an independent implementation of
 the same steps), and its decision on a stiff and a non-stiff field."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import lotka_volterra, robertson
 
 import gradsolve as gs
-from models._petab._solver_choice import probe_explicit, tsit5_steps
+from models._petab._solver_choice import _host_field, _jacobian, probe_explicit, tsit5_steps
 
 N = 4
 Y0 = jnp.array([[1.0, 1.0], [2.0, 0.5], [0.5, 2.0], [1.0, 3.0]])
@@ -75,3 +76,15 @@ def test_host_tsit5_names_a_bad_argument():
     with pytest.raises(ValueError, match="y0"):
         tsit5_steps(lotka_volterra, 0.0, 1.0, Y0[0], P[0], rtol=1e-6, atol=1e-9,
                     max_steps=10)
+
+
+def test_the_forward_difference_jacobian_places_the_spectral_radius_as_autodiff_does():
+    y0 = jnp.array([[1.0, 1e-3, 0.0], [0.5, 2e-5, 0.3]])
+    k = jnp.array([[0.04, 3e7, 1e4], [0.05, 3e7, 1e4]])
+    exact = np.asarray(jax.vmap(jax.jacfwd(robertson, argnums=1), in_axes=(None, 0, 0))(
+        0.0, y0, k))
+    approx = _jacobian(_host_field(robertson, k), np.asarray(y0))
+    rho = lambda j: np.max(np.abs(np.linalg.eigvals(j)))
+    # forward differences: truncation error ~ sqrt(eps) * f'' (7e-6 relative here)
+    assert rho(approx) == pytest.approx(rho(exact), rel=1e-4)
+    np.testing.assert_allclose(approx, exact, rtol=1e-4, atol=1e-5 * np.abs(exact).max())

@@ -6,12 +6,13 @@ bounds the explicit step), a non-stiff one tens to hundreds. `probe_explicit` de
 point (the nominal parameters): first by the Jacobian's spectral radius, then by a bounded
 Tsit5 solve (`tsit5_steps`).
 
-The probe solve runs on the host, in NumPy, around one compiled call of the vector field on
-the whole ensemble: the same steps as ``gradsolve.record(..., solver=gs.Tsit5())`` (the same
-tableau, error norm, I-controller, initial step, forced nodes at save and jump times, step
-budget), but without compiling a record program that loading would only throw away (for a
-34-state model that compile took ~15 s of a ~17 s load; the field call compiles in well under
-a second, and the solve's few thousand calls of it take about as long).
+Both run on the host, in NumPy, around one compiled call of the vector field on the whole
+ensemble: the Jacobian by forward differences, the solve with the same steps as
+``gradsolve.record(..., solver=gs.Tsit5())`` (the same tableau, error norm, I-controller,
+initial step, forced nodes at save and jump times, step budget). Loading then compiles no
+program it would throw away: a Tsit5 record of a 34-state model took ~15 s of its ~17 s
+load, and its ``jax.jacfwd`` program ~1.5 s; the field compiles in under a second, and the
+solve's few thousand calls of it take about as long.
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ def probe_explicit(vector_field: Callable, y0, p, ts, t1: float, jumps, *, rtol:
     # below ~3.5 (Tsit5's stability interval on the negative real axis), so a
     # Jacobian spectral radius rho at the start already needing more than the budget
     # over the horizon is stiff without a probe solve.
-    # one compiled program: run op by op, each operation of the Jacobian would be a
-    # program of its own to compile
-    jac = np.asarray(jax.jit(jax.vmap(jax.jacfwd(vector_field, argnums=1),
-                                      in_axes=(None, 0, 0)))(0.0, y0, p))
+    f = _host_field(vector_field, p)
+    jac = _jacobian(f, np.asarray(y0, np.float64))
     if not np.all(np.isfinite(jac)):
         # e.g. an estimated parameter without a nominal value: no point to probe at
         return None, ("gs.Rodas5P(): the stiffness probe needs a finite Jacobian at the "
@@ -53,8 +52,8 @@ def probe_explicit(vector_field: Callable, y0, p, ts, t1: float, jumps, *, rtol:
     if not np.isfinite(rho) or rho * t1 / 3.5 > budget:
         return None, (f"gs.Rodas5P(): stiff (the Jacobian's spectral radius {rho:.3g} at "
                       f"t = 0 needs more than {budget} explicit steps over [0, {t1:g}])")
-    steps, ok = tsit5_steps(vector_field, 0.0, t1, y0, p, ts=ts, jumps=jumps, rtol=rtol,
-                            atol=atol, max_steps=budget)
+    steps, ok = _tsit5_steps(f, 0.0, t1, y0, ts=ts, jumps=jumps, rtol=rtol, atol=atol,
+                             max_steps=budget)
     if bool(np.all(ok)):
         return gs.Tsit5(), (f"gs.Tsit5(): not stiff at the nominal parameters (at most "
                             f"{int(np.max(steps))} explicit steps per condition)")
@@ -78,16 +77,50 @@ def tsit5_steps(vector_field: Callable, t0: float, t1: float, y0, p, *, ts=None,
     """
     if max_steps < 1:
         raise ValueError(f"tsit5_steps: `max_steps` must be positive, got {max_steps}.")
-    y = np.array(y0, dtype=np.float64)
-    if y.ndim != 2:
-        raise ValueError(f"tsit5_steps: `y0` must have shape (n, d), got {y.shape}.")
-    n, d = y.shape
+    if np.ndim(y0) != 2:
+        raise ValueError(f"tsit5_steps: `y0` must have shape (n, d), got {np.shape(y0)}.")
+    return _tsit5_steps(_host_field(vector_field, p), t0, t1, y0, ts=ts, jumps=jumps,
+                        rtol=rtol, atol=atol, max_steps=max_steps)
+
+
+def _host_field(vector_field: Callable, p) -> Callable:
+    """``f(t (n,), y (n, d)) -> (n, d)`` NumPy: ``vector_field`` on every trajectory at its
+    parameters ``p`` (leading axis ``n``), one compiled program (compiled at the first
+    call, one shape: every call is on the whole ensemble)."""
     field = jax.jit(jax.vmap(vector_field))
     p = jax.tree_util.tree_map(jax.numpy.asarray, p)
 
     def f(t, y):
         return np.asarray(field(t, y, p), dtype=np.float64)
 
+    return f
+
+
+def _jacobian(f: Callable, y: np.ndarray) -> np.ndarray:
+    """``(n, d, d)`` forward-difference Jacobians of the host field ``f`` at ``t = 0``,
+    ``y (n, d)``: ``d + 1`` calls of the field's one compiled program (a ``jax.jacfwd``
+    program of its own took longer to compile than the whole probe then runs). Steps
+    ``sqrt(eps) max(|y_j|, 1)`` upward (a state at 0 stays non-negative); the result only
+    has to place the spectral radius against a bound that stiff and non-stiff problems
+    miss by orders of magnitude."""
+    n, d = y.shape
+    t = np.zeros(n)
+    with np.errstate(all="ignore"):
+        f0 = f(t, y)
+        jac = np.empty((n, d, d))
+        h = np.sqrt(np.finfo(np.float64).eps) * np.maximum(np.abs(y), 1.0)
+        for j in range(d):
+            yj = y.copy()
+            yj[:, j] += h[:, j]
+            jac[:, :, j] = (f(t, yj) - f0) / (yj[:, j] - y[:, j])[:, None]
+    return jac
+
+
+def _tsit5_steps(f: Callable, t0: float, t1: float, y0, *, ts, jumps, rtol: float,
+                 atol: float, max_steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """`tsit5_steps` on the host field ``f`` (`_host_field`)."""
+    y = np.array(y0, dtype=np.float64)
+    n, d = y.shape
     ts = np.zeros((n, 0)) if ts is None else np.broadcast_to(
         np.asarray(ts, np.float64), (n, np.shape(ts)[-1]))
     k = ts.shape[1]
