@@ -88,7 +88,9 @@ class Measurements(NamedTuple):
             ``obs_expr``, ``noise_expr``, ``phs`` (the formulas as SymPy expressions in
             ``__theta_<id>`` and placeholder symbols, and the observable's and noise
             placeholder symbols: what `_hierarchical` reads to find scalings, offsets and
-            noise parameters).
+            noise parameters); ``used`` (which states, model parameters, ``theta``
+            entries, observable and noise placeholders the two formulas read: one bool
+            array each).
     """
 
     ts: np.ndarray
@@ -207,11 +209,15 @@ def read_measurements(problem: petab.Problem, odes: SbmlOdes, theta_ids: list[st
         if trans != "lin" and (m <= 0).any():
             raise ValueError(f"observable '{o}' is {trans}-transformed but has "
                              "measurements <= 0")
+        # by name, as lambdify matches its arguments
+        free = {s.name for s in exprs[0].free_symbols | exprs[1].free_symbols}
+        used = tuple(np.array([s.name in free for s in syms], bool)
+                     for syms in (ysyms, psyms, thsyms, phs[0], phs[1]))
         groups.append(dict(
             id=o, rows=rows, traj=traj_of_row[rows], tidx=tidx[rows],
             t=times[rows], meas=m, trans=trans, dist=dist, obs_fn=obs_fn,
             noise_fn=noise_fn, oph=cells[0], nph=cells[1], obs_expr=exprs[0],
-            noise_expr=exprs[1], phs=phs))
+            noise_expr=exprs[1], phs=phs, used=used))
     return Measurements(ts, float(ts[-1]) if ts[-1] > 0 else 1.0, at_steady_state, groups)
 
 
@@ -238,14 +244,30 @@ def observe(groups: list[dict], ys, p, theta) -> list[tuple[jax.Array, jax.Array
     parameters ``p (n, n_p)`` and the parameter table's linear values ``theta``.
     Jittable and differentiable."""
     out = []
-    for g in groups:
-        yr = ys[g["traj"], g["tidx"]]
-        pr = p[g["traj"]]
-        oph = fill((*g["oph"], None), theta)
-        nph = fill((*g["nph"], None), theta)
+    # every group's rows in one gather (one scatter-add in reverse mode), not one per group
+    traj = np.concatenate([g["traj"] for g in groups])
+    tidx = np.concatenate([g["tidx"] for g in groups])
+    ys_rows, p_rows = ys[traj, tidx], p[traj]
+    # and every group's placeholder values in one fill (one gather from theta)
+    cells = [c for g in groups for c in (g["oph"], g["nph"])]
+    flat = fill(tuple(np.concatenate([np.ravel(c[i]) for c in cells]) for i in range(3))
+                + (None,), theta)
+    ends = np.cumsum([np.size(c[0]) for c in cells])
+    filled = [flat[e - np.size(c[0]):e].reshape(np.shape(c[0])) for c, e in zip(cells, ends)]
+    start = 0
+    for gi, g in enumerate(groups):
+        rows = slice(start, start + len(g["traj"]))
+        start = rows.stop
+        yr, pr = ys_rows[rows], p_rows[rows]
+        oph, nph = filled[2 * gi], filled[2 * gi + 1]
 
         def one(t, y, pp, o, n, g=g):
-            args = (t, *map(scalars, (y, pp, theta, o, n)))
+            # only the entries the formulas read: a formula reads a few of the states and
+            # parameters, and every entry split off costs the traced program a slice (and
+            # its gradient a zero cotangent) per group; Bachmann's 12 groups of 181 entries
+            # took most of its objective's ~6 s compile
+            args = (t, *(scalars(v, used) for v, used in
+                         zip((y, pp, theta, o, n), g["used"])))
             return (jnp.asarray(g["obs_fn"](*args), dtype=ys.dtype),
                     jnp.asarray(g["noise_fn"](*args), dtype=ys.dtype))
 
