@@ -166,6 +166,61 @@ def test_lm_grouped_by_mesh_cost_takes_the_same_path_as_one_batch():
     np.testing.assert_allclose(np.asarray(grouped.f), ref.cost, rtol=1e-8)
 
 
+def test_lm_run_of_shrinking_batches_takes_the_full_batch_path():
+    # 16 starts: run() moves to batches of 4 (gathered from and scattered back into the
+    # state by one compiled program a size) once at most 4 run; each start's iterations
+    # are its own, so the path equals the full batch stepped to the end, and every start
+    # reaches SciPy's optimum
+    def terms(x):
+        r = (Y - _model(x)) / 0.05
+        return r, jnp.zeros_like(r)
+
+    def on_mesh(x, mesh):
+        return (*terms(x), jnp.zeros(1))
+
+    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
+    starts = np.random.default_rng(3).uniform([0.5, 0.2, -1.0], [4.0, 4.0, 1.0], (16, 3))
+    kernel = LMKernel(None, lower=lower, upper=upper,
+                      mesh_terms=MeshTerms(lambda x: x, on_mesh))
+    run, _ = kernel.run(starts, 300)
+    full = kernel.init(starts)
+    while np.any(np.asarray(full.code) == RUNNING):
+        full = kernel.step(full)
+    iters = np.sort(np.asarray(run.iters))
+    assert iters[-1] > iters[-5]  # iterations with at most 4 running: the small batch
+    np.testing.assert_allclose(np.asarray(run.x), np.asarray(full.x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(run.iters), np.asarray(full.iters))
+    np.testing.assert_array_equal(np.asarray(run.records), np.asarray(full.records))
+    ref = optimize.least_squares(lambda x: (Y - _model(x)) / 0.05, starts[0], xtol=1e-15,
+                                 ftol=1e-15, gtol=1e-15)
+    np.testing.assert_allclose(np.asarray(run.f), ref.cost, rtol=1e-8)
+
+
+def test_lm_with_record_shares_the_evaluation_and_runs_as_a_fresh_kernel():
+    # a second pass at other record tolerances (here: another "mesh", the recording point
+    # moved) and ftol: the copy keeps the compiled evaluation and counts afresh, and its
+    # run equals that of a kernel built for it
+    def on_mesh(x, mesh):
+        r = (Y - _model(x)) / 0.05
+        return r, jnp.zeros_like(r), jnp.zeros(1)
+
+    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
+    starts = np.array([[1.0, 1.0, 0.0], [5.0, 3.0, -1.0], [0.1, 0.1, 0.1]])
+    first = LMKernel(None, lower=lower, upper=upper, ftol=1e-4,
+                     mesh_terms=MeshTerms(lambda x: x, on_mesh))
+    first.run(starts, 300)
+    second = first.with_record(lambda x: x + 1.0, ftol=1e-10)
+    fresh = LMKernel(None, lower=lower, upper=upper, ftol=1e-10,
+                     mesh_terms=MeshTerms(lambda x: x + 1.0, on_mesh))
+    assert second._local_jit is first._local_jit and second.n_evals == 0
+    a, b = second.run(starts, 300)[0], fresh.run(starts, 300)[0]
+    np.testing.assert_array_equal(np.asarray(a.x), np.asarray(b.x))
+    np.testing.assert_array_equal(np.asarray(a.iters), np.asarray(b.iters))
+    np.testing.assert_allclose(np.asarray(a.x_rec), np.asarray(b.x_rec))
+    assert second.n_evals == fresh.n_evals and second.n_records == fresh.n_records
+    assert first.ftol == 1e-4  # the first kernel is left as it was
+
+
 def _why(s):
     return [REASONS[i] for i in np.asarray(s.reason)]
 

@@ -52,6 +52,7 @@ requested tolerances there (then that evaluation is redone on the new mesh: ``re
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -168,12 +169,15 @@ class LMKernel:
         profiled: ``(m,)`` bool, where ``s`` is a noise parameter optimised in closed
             form at each ``x`` (hierarchical optimisation; ``None``: nowhere): its
             derivative enters the gradient but not the curvature.
+        data_columns: the last ``data_columns`` coordinates of ``x`` are data the terms
+            read (a profile's held coordinate's index), not parameters: no derivative is
+            taken in them (zero gradient and curvature), so the LM never moves them.
     """
 
     def __init__(self, terms: Callable, laplace=None, penalty: Callable | None = None, *,
                  lower, upper, ftol: float = 1e-10, gtol: float = 1e-6, xtol: float = 0.0,
                  lam_max: float = 1e12, mesh_terms: MeshTerms | None = None,
-                 policy: MeshPolicy = LM_POLICY, profiled=None):
+                 policy: MeshPolicy = LM_POLICY, profiled=None, data_columns: int = 0):
         self.lower = jnp.asarray(lower, float)
         self.upper = jnp.asarray(upper, float)
         self.ftol, self.gtol, self.xtol, self.lam_max = ftol, gtol, xtol, lam_max
@@ -194,7 +198,13 @@ class LMKernel:
                     err = jnp.max(jnp.where(jnp.isfinite(err), err, jnp.inf))
                 return jnp.concatenate([z, s]), err
 
-            (v, err), jac = zs(x), jax.jacfwd(zs, has_aux=True)(x)[0]
+            # forward mode over the differentiated columns only, the values from the same
+            # pass (``jax.jacfwd`` drops its values: a second, separate solve)
+            k = x.shape[0] - data_columns
+            basis = jnp.eye(k, x.shape[0], dtype=x.dtype)  # (k, D) unit tangents
+            v, jt, err = jax.vmap(lambda t: jax.jvp(zs, (x,), (t,), has_aux=True),
+                                  out_axes=(None, 0, None))(basis)
+            jac = jnp.zeros((v.shape[0], x.shape[0]), jt.dtype).at[:, :k].set(jt.T)
             m = v.shape[0] // 2
             z, s, jz, js = v[:m], v[m:], jac[:m], jac[m:]
             is_lap = jnp.zeros(m, bool) if lap is None else lap
@@ -219,13 +229,20 @@ class LMKernel:
         self._local_jit = jax.jit(jax.vmap(local))
         if mesh_terms is not None:
             self._record_jit = jax.jit(jax.vmap(mesh_terms.record))
-        self._trial_jit = jax.jit(self._trial)
-        self._update_jit = jax.jit(self._update)
+        self._bounds = _Bounds(self.lower, self.upper, *(
+            jnp.asarray(v, float) for v in (ftol, gtol, xtol, lam_max)))
 
-    def _free(self, x, g):
-        at_lo = (x <= self.lower) & (g > 0)
-        at_hi = (x >= self.upper) & (g < 0)
-        return ~(at_lo | at_hi)
+    def with_record(self, record: Callable, *, ftol: float) -> "LMKernel":
+        """This kernel with another ``mesh_terms.record`` (e.g. the same solves at other
+        tolerances) and ``ftol``, sharing its compiled evaluation: a second pass of the
+        same residuals costs no second trace or compile of them. Counts start at zero."""
+        out = copy.copy(self)
+        out.mesh_terms = self.mesh_terms._replace(record=record)
+        out._record_jit = jax.jit(jax.vmap(record))
+        out.ftol = ftol
+        out._bounds = self._bounds._replace(ftol=jnp.asarray(ftol, float))
+        out.n_records = out.n_evals = 0
+        return out
 
     def init(self, x) -> LMState:
         """The state at the starts ``x (n, D)`` (clipped into the bounds): one evaluation."""
@@ -238,7 +255,9 @@ class LMKernel:
         f, g, h, _ = self._local_jit(x, mesh)
         self.n_evals += 1
         code = jnp.where(jnp.isfinite(f), RUNNING, FAILED_START)
-        return LMState(x=x, f=f, g=g, h=h, lam=jnp.full(n, 1e-3), nu=jnp.full(n, 2.0),
+        # (strong float64, as `_update` returns them: one compiled step, not two)
+        return LMState(x=x, f=f, g=g, h=h, lam=jnp.full(n, 1e-3, float),
+                       nu=jnp.full(n, 2.0, float),
                        code=code, iters=jnp.zeros(n, int), accepted=jnp.zeros(n, int),
                        mesh=mesh, x_rec=x_rec, records=jnp.ones(n, int),
                        reason=jnp.where(jnp.isfinite(f), 0, _NOT_FINITE))
@@ -248,11 +267,8 @@ class LMKernel:
         new = self._record_jit(x)
         self.n_records += 1
         rows_j = jnp.asarray(rows)
-        mesh = jax.tree_util.tree_map(
-            lambda a, b: jnp.where(rows_j.reshape(rows_j.shape + (1,) * (a.ndim - 1)), a, b),
-            new, s.mesh)
-        return s._replace(mesh=mesh, x_rec=jnp.where(rows_j[:, None], x, s.x_rec),
-                          records=s.records + rows_j)
+        mesh, x_rec = _where_rows(rows_j, (new, x), (s.mesh, s.x_rec))
+        return s._replace(mesh=mesh, x_rec=x_rec, records=s.records + rows_j)
 
     def _evaluate(self, s: LMState, x_new):
         """(state with refreshed meshes, F, gradient, curvature) at the trial points."""
@@ -274,65 +290,19 @@ class LMKernel:
             s = self._rerecord(s, x_new, coarse)
             self.n_evals += 1
             f2, g2, h2, _ = self._local_jit(x_new, s.mesh)
-            c = jnp.asarray(coarse)
-            f, g, h = (jnp.where(c.reshape(c.shape + (1,) * (a.ndim - 1)), a, b)
-                       for a, b in ((f2, f), (g2, g), (h2, h)))
+            f, g, h = _where_rows(jnp.asarray(coarse), (f2, g2, h2), (f, g, h))
         return s, f, g, h
-
-    def _trial(self, s: LMState):
-        """Each start's projected damped step ``d (n, D)`` and its predicted decrease."""
-        free = self._free(s.x, s.g)
-        mask = free[:, :, None] & free[:, None, :]
-        diag = jnp.diagonal(s.h, axis1=1, axis2=2)
-        scale = jnp.maximum(diag, 1e-12 * (1.0 + jnp.max(diag, axis=1, keepdims=True)))
-        a = jnp.where(mask, s.h, 0.0) + jax.vmap(jnp.diag)(
-            jnp.where(free, s.lam[:, None] * scale, 1.0))
-        step = -jnp.linalg.solve(a, jnp.where(free, s.g, 0.0)[..., None])[..., 0]
-        x_new = jnp.clip(s.x + step, self.lower, self.upper)
-        d = x_new - s.x
-        pred = -(jnp.sum(s.g * d, axis=1) + 0.5 * jnp.einsum("ni,nij,nj->n", d, s.h, d))
-        return x_new, d, pred
-
-    def _update(self, s: LMState, x_new, d, pred, f_new, g_new, h_new) -> LMState:
-        """Each start's acceptance of its trial point, new damping and convergence."""
-        running = s.code == RUNNING
-        decrease = s.f - f_new
-        rho = decrease / jnp.where(pred > 0, pred, jnp.inf)
-        accept = running & jnp.isfinite(f_new) & (decrease > 0) & (rho > 1e-4)
-        lam_acc = s.lam * jnp.maximum(_LAM_DOWN, 1.0 - (2.0 * rho - 1.0) ** 3)
-        lam = jnp.where(accept, lam_acc, jnp.where(running, s.lam * s.nu, s.lam))
-        nu = jnp.where(accept, 2.0, jnp.where(running, s.nu * 2.0, s.nu))
-        pick = lambda new, old: jnp.where(  # noqa: E731
-            accept.reshape(accept.shape + (1,) * (new.ndim - 1)), new, old)
-        x, f, g, h = pick(x_new, s.x), pick(f_new, s.f), pick(g_new, s.g), pick(h_new, s.h)
-        pg = jnp.where(self._free(x, g), g, 0.0)
-        # a small decrease (or step) means converged only where the step was not damped far
-        # below a Gauss-Newton step (a heavily damped step is short wherever it is)
-        gn = accept & (s.lam <= _CONVERGED_LAM)
-        small_f = gn & (decrease <= self.ftol * (1.0 + jnp.abs(f)))
-        small_g = jnp.max(jnp.abs(pg), axis=1) <= self.gtol
-        step = jnp.max(jnp.abs(d), axis=1)
-        small_x = gn & (step <= self.xtol * (1.0 + jnp.max(jnp.abs(x), axis=1)))
-        no_move = running & ~accept & (step == 0.0)
-        why = jnp.where(small_g, _GTOL, jnp.where(small_f, _FTOL, _XTOL))
-        stop = running & (small_f | small_g | small_x | no_move)
-        code = jnp.where(stop, CONVERGED, s.code)
-        reason = jnp.where(stop, why, s.reason)
-        stalled = (code == RUNNING) & (lam > self.lam_max)
-        code = jnp.where(stalled, STALLED, code)
-        reason = jnp.where(stalled, _DAMPING, reason)
-        return s._replace(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code, reason=reason,
-                          iters=s.iters + running, accepted=s.accepted + accept)
 
     def step(self, s: LMState) -> LMState:
         """One iteration of every running start (one evaluation of all trial points)."""
-        x_new, d, pred = self._trial_jit(s)
+        x_new, d, pred = _trial(self._bounds, s._replace(mesh=None))
         s, f, g, h = self._evaluate(s, x_new)
         # the meshes stay out of the update's program (nothing to copy there)
-        out = self._update_jit(s._replace(mesh=None), x_new, d, pred, f, g, h)
+        out = _update(self._bounds, s._replace(mesh=None), x_new, d, pred, f, g, h)
         return out._replace(mesh=s.mesh)
 
-    def run(self, x, max_iter: int, callback: Callable | None = None) -> tuple[LMState, list]:
+    def run(self, x, max_iter: int, callback: Callable | None = None, *,
+            shrink: bool = True) -> tuple[LMState, list]:
         """Iterate from ``x (n, D)`` until no start is running, ``max_iter`` iterations, or
         ``callback(state)`` (after each iteration) returns ``True``; returns the final state
         (starts still running have reason ``"max_iter"``) and the
@@ -345,11 +315,21 @@ class LMKernel:
         the smallest of these sizes, sorted by the cost of their kept meshes, wherever one
         batch would cost more than twice the groups (a batched replay runs every row to
         its longest: on Fujita_SciSignal2010's 20 Latin hypercube starts, meshes of 15-835
-        steps, one batch cost 2.7x the 20 starts one at a time)."""
+        steps, one batch cost 2.7x the 20 starts one at a time).
+
+        A smaller batch's rows are gathered from the state and scattered back by one
+        compiled program per size (not one per array of the state and number of rows:
+        Boehm_JProteomeRes2014's profile compiled 250 of those).
+
+        ``shrink=False`` runs every iteration on the full batch (finished starts held by
+        their codes): one compiled evaluation, for callers of many short runs (a
+        profile's rounds), where a smaller batch's compile costs more than its rows save
+        (Boehm_JProteomeRes2014's profile: 9.4 s CPU to compile the 4-row evaluation,
+        against 6.6 s CPU of rows saved over the profile's 185 evaluations)."""
         x = jnp.clip(jnp.asarray(x, float), self.lower, self.upper)
         n = int(x.shape[0])
         sizes, m = [n], n // 4
-        while m >= 4:
+        while shrink and m >= 4:
             sizes.append(m)
             m //= 4
         sizes.sort()
@@ -396,13 +376,106 @@ class LMKernel:
                 # than gathering and scattering the kept meshes)
                 s = fn(s)
             else:
-                sub = fn(jax.tree_util.tree_map(lambda a: a[idx], s))
-                s = jax.tree_util.tree_map(
-                    lambda a, b, part=part: a.at[part].set(b[:len(part)]), s, sub)
+                # one compiled gather and scatter per group size, not one per array and
+                # number of rows (the padding rows are dropped: written to row ``n``)
+                sub = fn(_gather_rows(s, jnp.asarray(idx)))
+                back = np.concatenate([part, np.full(size - len(part), s.x.shape[0])])
+                s = _scatter_rows(s, jnp.asarray(back), sub)
         if scatter:
             return s
         return out[0] if len(out) == 1 else jax.tree_util.tree_map(
             lambda *a: jnp.concatenate(a), *out)
+
+
+@jax.jit
+def _where_rows(rows, new, old):
+    """``new``'s rows where ``rows (n,)`` (bool), else ``old``'s, in every array of two
+    pytrees of the same structure (leading axis ``n``): one compiled program, not one per
+    array."""
+    return jax.tree_util.tree_map(
+        lambda a, b: jnp.where(rows.reshape(rows.shape + (1,) * (a.ndim - 1)), a, b),
+        new, old)
+
+
+@jax.jit
+def _gather_rows(s, rows):
+    """The rows ``rows (k,)`` of every array of the state ``s`` (leading axis ``n``)."""
+    return jax.tree_util.tree_map(lambda a: a[rows], s)
+
+
+@jax.jit
+def _scatter_rows(s, rows, sub):
+    """``s`` with its rows ``rows (k,)`` replaced by ``sub``'s (leading axis ``k``); an
+    index past the end writes nothing."""
+    return jax.tree_util.tree_map(lambda a, b: a.at[rows].set(b, mode="drop"), s, sub)
+
+
+class _Bounds(NamedTuple):
+    """What the step's algebra reads of an `LMKernel`, as data (not constants of the
+    program): every kernel of the same shapes runs the same two compiled programs."""
+
+    lower: jax.Array
+    upper: jax.Array
+    ftol: jax.Array
+    gtol: jax.Array
+    xtol: jax.Array
+    lam_max: jax.Array
+
+
+def _free(b: _Bounds, x, g):
+    """``(n, D)``: the coordinates not held on a bound by a gradient pointing out."""
+    at_lo = (x <= b.lower) & (g > 0)
+    at_hi = (x >= b.upper) & (g < 0)
+    return ~(at_lo | at_hi)
+
+
+@jax.jit
+def _trial(b: _Bounds, s: LMState):
+    """Each start's projected damped step ``d (n, D)`` and its predicted decrease."""
+    free = _free(b, s.x, s.g)
+    mask = free[:, :, None] & free[:, None, :]
+    diag = jnp.diagonal(s.h, axis1=1, axis2=2)
+    scale = jnp.maximum(diag, 1e-12 * (1.0 + jnp.max(diag, axis=1, keepdims=True)))
+    a = jnp.where(mask, s.h, 0.0) + jax.vmap(jnp.diag)(
+        jnp.where(free, s.lam[:, None] * scale, 1.0))
+    step = -jnp.linalg.solve(a, jnp.where(free, s.g, 0.0)[..., None])[..., 0]
+    x_new = jnp.clip(s.x + step, b.lower, b.upper)
+    d = x_new - s.x
+    pred = -(jnp.sum(s.g * d, axis=1) + 0.5 * jnp.einsum("ni,nij,nj->n", d, s.h, d))
+    return x_new, d, pred
+
+
+@jax.jit
+def _update(b: _Bounds, s: LMState, x_new, d, pred, f_new, g_new, h_new) -> LMState:
+    """Each start's acceptance of its trial point, new damping and convergence."""
+    running = s.code == RUNNING
+    decrease = s.f - f_new
+    rho = decrease / jnp.where(pred > 0, pred, jnp.inf)
+    accept = running & jnp.isfinite(f_new) & (decrease > 0) & (rho > 1e-4)
+    lam_acc = s.lam * jnp.maximum(_LAM_DOWN, 1.0 - (2.0 * rho - 1.0) ** 3)
+    lam = jnp.where(accept, lam_acc, jnp.where(running, s.lam * s.nu, s.lam))
+    nu = jnp.where(accept, 2.0, jnp.where(running, s.nu * 2.0, s.nu))
+    pick = lambda new, old: jnp.where(  # noqa: E731
+        accept.reshape(accept.shape + (1,) * (new.ndim - 1)), new, old)
+    x, f, g, h = pick(x_new, s.x), pick(f_new, s.f), pick(g_new, s.g), pick(h_new, s.h)
+    pg = jnp.where(_free(b, x, g), g, 0.0)
+    # a small decrease (or step) means converged only where the step was not damped far
+    # below a Gauss-Newton step (a heavily damped step is short wherever it is)
+    gn = accept & (s.lam <= _CONVERGED_LAM)
+    small_f = gn & (decrease <= b.ftol * (1.0 + jnp.abs(f)))
+    small_g = jnp.max(jnp.abs(pg), axis=1) <= b.gtol
+    step = jnp.max(jnp.abs(d), axis=1)
+    small_x = gn & (step <= b.xtol * (1.0 + jnp.max(jnp.abs(x), axis=1)))
+    no_move = running & ~accept & (step == 0.0)
+    why = jnp.where(small_g, _GTOL, jnp.where(small_f, _FTOL, _XTOL))
+    stop = running & (small_f | small_g | small_x | no_move)
+    code = jnp.where(stop, CONVERGED, s.code)
+    reason = jnp.where(stop, why, s.reason)
+    stalled = (code == RUNNING) & (lam > b.lam_max)
+    code = jnp.where(stalled, STALLED, code)
+    reason = jnp.where(stalled, _DAMPING, reason)
+    return s._replace(x=x, f=f, g=g, h=h, lam=lam, nu=nu, code=code, reason=reason,
+                      iters=s.iters + running, accepted=s.accepted + accept)
 
 
 class LevenbergMarquardt(AbstractOptimizer):
@@ -459,11 +532,30 @@ class LevenbergMarquardt(AbstractOptimizer):
                 "normal or Laplace noise on the observations); use method='lbfgs' or an "
                 "Optax optimizer")
 
-    def _pass(self, rt, lo, hi, x0, mask, bar, tol_factor, ftol, deadline):
+    def _pass(self, rt, lo, hi, x0, mask, bar, tol_factor, ftol, deadline, like=None):
         """One batched LM run from ``x0`` with the solves at ``tol_factor`` times the
-        problem's tolerances: (final state, objective history, kernel, stopped early)."""
+        problem's tolerances: (final state, objective history, kernel, stopped early).
+        ``like``: an earlier pass's kernel, whose compiled evaluation this one shares (the
+        residuals are the same; only the record's tolerances and ``ftol`` differ)."""
         policy = self.policy
         record_factor = tol_factor * policy.record_tol_factor
+
+        def record(x):
+            return rt.record(x, record_factor)
+
+        late = [False]
+
+        def after(s):
+            bar.update(1)
+            if deadline is not None and time.monotonic() > deadline:
+                late[0] = True
+                return True
+            return False
+
+        if like is not None:
+            kernel = like.with_record(record, ftol=ftol)
+            s, history = kernel.run(x0, self.max_iter, callback=after)
+            return s, history, kernel, late[0]
         held = None if mask is None else jnp.asarray(mask)
 
         def frozen(x):
@@ -479,19 +571,10 @@ class LevenbergMarquardt(AbstractOptimizer):
             def penalty(x):
                 return rt.penalty(frozen(x))
 
-        mesh_terms = MeshTerms(lambda x: rt.record(x, record_factor), terms_on, rt.cost)
+        mesh_terms = MeshTerms(record, terms_on, rt.cost)
         kernel = LMKernel(None, rt.laplace, penalty, lower=lo, upper=hi,
                           mesh_terms=mesh_terms, ftol=ftol, gtol=self.gtol, policy=policy,
                           profiled=rt.profiled)
-        late = [False]
-
-        def after(s):
-            bar.update(1)
-            if deadline is not None and time.monotonic() > deadline:
-                late[0] = True
-                return True
-            return False
-
         s, history = kernel.run(x0, self.max_iter, callback=after)
         return s, history, kernel, late[0]
 
@@ -513,7 +596,7 @@ class LevenbergMarquardt(AbstractOptimizer):
                 x = np.asarray(passes[-1][0].x)
             if not (passes and passes[-1][3]):
                 passes.append(self._pass(rt, lo, hi, x, mask, bar, 1.0, self.ftol,
-                                         deadline))
+                                         deadline, like=passes[-1][2] if passes else None))
         finally:
             bar.close()
         s, late = passes[-1][0], passes[-1][3]

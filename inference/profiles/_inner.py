@@ -10,7 +10,10 @@ start) or anything else (stopped without converging).
   (`AbstractProblem.residual_terms`): one batched bounded LM over every row, on kept
   meshes (`LM_POLICY`), compiled once for every profiled coordinate. A row is ``(u (D,),
   j)``; the terms see ``u`` with ``u_j`` behind ``stop_gradient``, so ``u_j`` has zero
-  gradient and curvature and the LM never moves it (nor ``j``).
+  gradient and curvature and the LM never moves it; ``j`` is a data column, in which no
+  derivative is taken (``D`` tangents a row, not ``D + 1``). The batch stays whole as
+  rows converge (`LMKernel.run`'s ``shrink=False``): one compiled evaluation for the
+  whole profile.
 - `host_runner` otherwise (an ODE model's or a program's likelihood with its noise
   parameters, a population's integrated likelihood): `inference.optimize.LBFGSB`
   (SciPy's L-BFGS-B, row by row) with the held coordinate masked, on
@@ -56,11 +59,12 @@ def lm_runner(problem, terms, max_iter: int, *, ftol: float = 1e-8):
     kernel = LMKernel(None, terms.laplace, pen, lower=np.append(lo, 0.0),
                       upper=np.append(hi, d),
                       mesh_terms=MeshTerms(record, terms_on, terms.cost), ftol=ftol,
-                      gtol=1e-6, policy=LM_POLICY, profiled=terms.profiled)
+                      gtol=1e-6, policy=LM_POLICY, profiled=terms.profiled,
+                      data_columns=1)
 
     def run(points, which):
         xe = np.concatenate([points, np.asarray(which, float)[:, None]], axis=1)
-        s, _ = kernel.run(xe, int(max_iter))
+        s, _ = kernel.run(xe, int(max_iter), shrink=False)
         return (np.asarray(s.f) + terms.constant, np.asarray(s.x)[:, :d],
                 np.asarray(s.code))
 
