@@ -279,16 +279,23 @@ def observe(groups: list[dict], ys, p, theta) -> list[tuple[jax.Array, jax.Array
 def noise_weighted(groups: list[dict], obs) -> tuple[jax.Array, jax.Array]:
     """``(z (m,), log_sigma (m,))``: every measurement's residual on its observable's
     transformation divided by the noise, and ``log |sigma|``, in the groups' order (that
-    of `residual_constants`), from `observe`'s ``obs``. Jittable and differentiable."""
-    zs, logs = [], []
-    for g, (h, sigma) in zip(groups, obs):
-        m = jnp.asarray(g["meas"])
-        if g["trans"] == "log":
-            r = jnp.log(m) - jnp.log(h)
-        elif g["trans"] == "log10":
-            r = jnp.log10(m) - jnp.log10(h)
-        else:
-            r = m - h
-        zs.append(r / sigma)
-        logs.append(jnp.log(jnp.abs(sigma)))
-    return jnp.concatenate(zs), jnp.concatenate(logs)
+    of `residual_constants`), from `observe`'s ``obs``. Jittable and differentiable.
+
+    One vectorised pass over all measurements (each transformation selected per row), not
+    one per group: every group's few operations were kernels of their own in the compiled
+    objective and its gradient (Zheng's 15 observables: ~100 of its ~150)."""
+    h = jnp.concatenate([o[0] for o in obs])
+    sigma = jnp.concatenate([o[1] for o in obs])
+    m = np.concatenate([np.asarray(g["meas"], float) for g in groups])
+    trans = np.concatenate([np.full(len(g["meas"]), g["trans"]) for g in groups])
+    on_log = trans != "lin"
+    if on_log.any():
+        # log-transformed rows through log(h); lin rows through a 1 there, so that no
+        # log of a lin row's value (<= 0 is allowed there) reaches the gradient
+        per = np.where(trans == "log10", 1.0 / math.log(10.0), 1.0)
+        m_t = np.where(on_log, np.log(np.where(on_log, m, 1.0)) * per, m)
+        log_h = jnp.log(jnp.where(jnp.asarray(on_log), h, 1.0)) * jnp.asarray(per)
+        r = jnp.where(jnp.asarray(on_log), jnp.asarray(m_t) - log_h, jnp.asarray(m) - h)
+    else:
+        r = jnp.asarray(m) - h
+    return r / sigma, jnp.log(jnp.abs(sigma))
