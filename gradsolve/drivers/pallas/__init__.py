@@ -6,6 +6,7 @@
 - `_replay`: the forward replay and its exact discrete adjoint, two kernels.
 - `_events`: known-time events (jumps, tstops) in those kernels.
 - `_record`: the adaptive record, one kernel with a per-lane masked step loop.
+- `_fold`: under ``jax.vmap``, the mapped calls folded into one ensemble.
 - `driver`: the `Pallas` driver that runs them.
 """
 

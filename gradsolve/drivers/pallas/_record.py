@@ -39,8 +39,8 @@ HBM when the block moves on to the next, and a lane whose next node falls past i
 The loop state crosses chunks in VMEM scratch; every lane takes the same attempts in the
 same order as with one window, so the mesh is the same (``tests/test_pallas.py``).
 Streaming chunks rather than shrinking further keeps the kernel's blocks whole (a
-``(8, 128)`` register tile is the smallest) and needs no DMA of its own, so it runs under
-``jax.vmap`` like the other kernels (batching adds a grid axis). Each chunk goes back
+``(8, 128)`` register tile is the smallest) and needs no DMA of its own. Under ``jax.vmap``
+the mapped calls' trajectories are folded into one call (`gradsolve.drivers.pallas._fold`). Each chunk goes back
 whole, used or not, and an XLA transpose takes the buffer to the mesh's ``(n, S + 1)``: a
 capacity far beyond the steps taken costs those writes. A chunk's loop stops when each lane
 of the block is done or waits.
@@ -66,6 +66,7 @@ from ..._flat import flat_params, flatten_spec
 from ..._mesh import Mesh, Status
 from ..lanes import LaneArray
 from ._field import BlockField, kernel_solver
+from ._fold import fold_vmap
 from ._layout import blocks_for, from_lanes, loop, to_lanes
 from ._replay import error_norm, read, where, write
 
@@ -367,6 +368,60 @@ def _at_least_one(x, fill):
     return jnp.full((x.shape[0], 1) + x.shape[2:], fill, x.dtype)
 
 
+def _record_call(kernel, window: Window, d: int, P: int, k_in: int, counts, interpret: bool):
+    """The record kernel as a function of per-trajectory inputs ``scal (n, 4)``, ``h0
+    (n,)``, ``y0 (n, d)``, ``params (n, P)``, ``ts (n, k_in)`` (and the padded events: jump
+    times ``(n, J)``, sizes ``(n, J, d)``, tstops ``(n, L)``) to per-trajectory outputs
+    (node times ``(n, S1p)``, save nodes, counts, status, next step, final state and time;
+    jump and tstop nodes). Under ``jax.vmap`` it runs once on the folded trajectories
+    (`gradsolve.drivers.pallas._fold`): each lane keeps its own step loop, so the meshes are
+    the per-call ones."""
+    rows = window.rows
+
+    def call(scal, h0, y0, pf, ts_in, *ev_in):
+        n = y0.shape[0]
+        dtype = y0.dtype
+        blocks = blocks_for(n, rows)
+        nr = blocks.n_rows
+
+        def spec(*lead):
+            return pl.BlockSpec((*lead, rows, 128), lambda b, j: (0,) * len(lead) + (b, 0))
+
+        i32 = jnp.int32
+        out_shape = (jax.ShapeDtypeStruct((window.s1p, nr, 128), dtype),
+                     jax.ShapeDtypeStruct((k_in, nr, 128), i32),
+                     jax.ShapeDtypeStruct((nr, 128), i32), jax.ShapeDtypeStruct((nr, 128), i32),
+                     jax.ShapeDtypeStruct((nr, 128), i32), jax.ShapeDtypeStruct((nr, 128), dtype),
+                     jax.ShapeDtypeStruct((d, nr, 128), dtype),
+                     jax.ShapeDtypeStruct((nr, 128), dtype))
+        in_specs = [spec(4), spec(), spec(d), spec(P), spec(k_in)]
+        times_spec = pl.BlockSpec((window.chunk, rows, 128), lambda b, j: (j, b, 0))
+        out_specs = [times_spec, spec(k_in), spec(), spec(), spec(), spec(), spec(d), spec()]
+        args = [to_lanes(scal, blocks), to_lanes(h0, blocks), to_lanes(y0, blocks),
+                to_lanes(pf, blocks), to_lanes(ts_in, blocks)]
+        if ev_in:
+            jt, js, stops = ev_in
+            in_specs += [spec(counts[0]), spec(counts[0], d), spec(counts[1])]
+            out_specs += [spec(counts[0]), spec(counts[1])]
+            out_shape += (jax.ShapeDtypeStruct((counts[0], nr, 128), i32),
+                          jax.ShapeDtypeStruct((counts[1], nr, 128), i32))
+            args += [to_lanes(jt, blocks, fill=jnp.inf), to_lanes(js, blocks, fill=0.0),
+                     to_lanes(stops, blocks, fill=jnp.inf)]
+        scratch = [pltpu.VMEM((3 + 2 * d, rows, 128), dtype),
+                   pltpu.VMEM((_STATE_INTS, rows, 128), i32)]
+        run = pl.pallas_call(
+            kernel, out_shape=out_shape,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=0, grid=(blocks.n_blocks, window.n_chunks),
+                in_specs=in_specs, out_specs=tuple(out_specs), scratch_shapes=scratch),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                                 vmem_limit_bytes=_VMEM_LIMIT),
+            interpret=interpret)
+        return tuple(from_lanes(o, blocks) for o in run(*args))
+
+    return fold_vmap(call)
+
+
 def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, ts, rtol, atol,
                   dt0, max_steps: int, fill: bool, interpret: bool, events=None,
                   vmem_budget: int | None = None) -> Mesh:
@@ -392,8 +447,6 @@ def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, 
     if events is not None:
         counts = (max(ev.n_jumps, 1), max(ev.tstops.shape[1], 1))
     window = record_window(s1, d, P, k_in, jnp.dtype(dtype).itemsize, counts, vmem_budget)
-    blocks = blocks_for(n, window.rows)
-    rows, nr = blocks.rows, blocks.n_rows
     y_start = y0
     if ev.n_jumps:
         # With jumps at t0 the first step is taken from the jumped state: pick h0 there.
@@ -407,43 +460,15 @@ def pallas_record(field: BlockField, f, solver, controller, t0, t1, y0, params, 
     scal = jnp.broadcast_to(jnp.stack([jnp.asarray(x, dtype) for x in (t0, t1, rtol, atol)]),
                             (n, 4))
     ts_in = ts if k else jnp.broadcast_to(jnp.asarray(t1, dtype), (n, 1))
-
-    def spec(*lead):
-        return pl.BlockSpec((*lead, rows, 128), lambda b, j: (0,) * len(lead) + (b, 0))
-
-    i32 = jnp.int32
-    out_shape = (jax.ShapeDtypeStruct((window.s1p, nr, 128), dtype),
-                 jax.ShapeDtypeStruct((k_in, nr, 128), i32),
-                 jax.ShapeDtypeStruct((nr, 128), i32), jax.ShapeDtypeStruct((nr, 128), i32),
-                 jax.ShapeDtypeStruct((nr, 128), i32), jax.ShapeDtypeStruct((nr, 128), dtype),
-                 jax.ShapeDtypeStruct((d, nr, 128), dtype), jax.ShapeDtypeStruct((nr, 128), dtype))
-    in_specs = [spec(4), spec(), spec(d), spec(P), spec(k_in)]
-    times_spec = pl.BlockSpec((window.chunk, rows, 128), lambda b, j: (j, b, 0))
-    out_specs = [times_spec, spec(k_in), spec(), spec(), spec(), spec(), spec(d), spec()]
-    args = [to_lanes(scal, blocks), to_lanes(h0.astype(dtype), blocks), to_lanes(y0, blocks),
-            to_lanes(pf, blocks), to_lanes(ts_in.astype(dtype), blocks)]
+    kernel = _record_kernel(field, kernel_solver(solver), controller, d, P, k_in if k else 0,
+                            max_steps, 4 * max_steps + 64, window, counts)
+    call = _record_call(kernel, window, d, P, k_in, counts, interpret)
+    ev_in = ()
     if events is not None:
-        jt = _at_least_one(ev.jump_times.astype(dtype), jnp.inf)
-        js = _at_least_one(ev.jump_sizes.astype(dtype), 0.0)
-        stops = _at_least_one(ev.tstops.astype(dtype), jnp.inf)
-        in_specs += [spec(counts[0]), spec(counts[0], d), spec(counts[1])]
-        out_specs += [spec(counts[0]), spec(counts[1])]
-        out_shape += (jax.ShapeDtypeStruct((counts[0], nr, 128), i32),
-                      jax.ShapeDtypeStruct((counts[1], nr, 128), i32))
-        args += [to_lanes(jt, blocks, fill=jnp.inf), to_lanes(js, blocks, fill=0.0),
-                 to_lanes(stops, blocks, fill=jnp.inf)]
-    scratch = [pltpu.VMEM((3 + 2 * d, rows, 128), dtype), pltpu.VMEM((_STATE_INTS, rows, 128), i32)]
-    call = pl.pallas_call(
-        _record_kernel(field, kernel_solver(solver), controller, d, P, k_in if k else 0,
-                       max_steps, 4 * max_steps + 64, window, counts),
-        out_shape=out_shape,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=0, grid=(blocks.n_blocks, window.n_chunks), in_specs=in_specs,
-            out_specs=tuple(out_specs), scratch_shapes=scratch),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
-                                             vmem_limit_bytes=_VMEM_LIMIT),
-        interpret=interpret)
-    outs = [from_lanes(o, blocks) for o in call(*args)]
+        ev_in = (_at_least_one(ev.jump_times.astype(dtype), jnp.inf),
+                 _at_least_one(ev.jump_sizes.astype(dtype), 0.0),
+                 _at_least_one(ev.tstops.astype(dtype), jnp.inf))
+    outs = call(scal, h0.astype(dtype), y0, pf, ts_in.astype(dtype), *ev_in)
     times, save, n_steps, n_rej, status, dt_next, y_last, t_last = outs[:8]
     if events is not None:
         jump_index = outs[8][:, :ev.n_jumps]

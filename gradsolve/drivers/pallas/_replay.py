@@ -41,7 +41,10 @@ tangent is transposed into the adjoint, which keeps forward mode and second deri
 working through the batched driver's JAX derivatives of the same steps, where a
 ``custom_vjp`` would forbid them). The XLA work around the kernels is layout (transposes
 to and from ``(..., rows, 128)``) and, for moved save times, node times built by
-comparison rather than a scatter (`moved_nodes`).
+comparison rather than a scatter (`moved_nodes`), and the node states handed from the
+forward to the adjoint trajectory first (``(n, S * d)``: a transpose each way; a residual
+with a trajectory axis lets ``jax.vmap`` fold the mapped calls into one, `_fold`, and holds
+``n`` trajectories rather than the padded lanes).
 
 Measured on a TPU v5e (Lotka–Volterra, Tsit5, float32, 32,768 trajectories, ~67 steps;
 ``benchmarks/bench_accelerator.py``, ``benchmarks/results/tpu_v5e_pallas.log``): forward
@@ -65,6 +68,7 @@ from ..base import ReplayLayout, ReplayNodes, ReplayOutput
 from ..lanes import LaneArray, recomputed_step
 from ._field import BlockField, kernel_solver
 from ._events import KernelEvents, event_nodes, lane_events
+from ._fold import fold_vmap
 from ._layout import Blocks, blocks_for, from_lanes, loop, pad_rows, to_lanes
 
 CHUNK = 8  # steps per grid step of the chunk axis
@@ -512,7 +516,7 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
                   moved: bool, layout: ReplayLayout, interpret: bool) -> ReplayOutput:
     """The Pallas replay of ``nodes`` (known-time events included), differentiable in
     every mode (`gradsolve.drivers._adjoint.adjoint_replay`)."""
-    n, d = y0.shape
+    d = y0.shape[1]
     k, s1 = nodes.save_index.shape[1], nodes.times.shape[1]
     step = kernel_solver(solver)  # what the kernels step with (a Rosenbrock step on blocks)
     ev0 = nodes.events
@@ -525,11 +529,12 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
         return node_t if ev is None else event_nodes(node_t, ev)
 
     def prepare(times, n_eff, pf, save, tm, subst, ev):
-        s = Shapes(n, d, pf.shape[1], k, s1, times.dtype, events=counts)
+        # n from the inputs: under jax.vmap the calls run on the folded trajectories
+        s = Shapes(times.shape[0], d, pf.shape[1], k, s1, times.dtype, events=counts)
         bl = s.blocks
         t_l = to_lanes(pad_rows(node_fn(times, save, tm, subst, ev), s.chunk, axis=1), bl)
         neff_l = to_lanes(n_eff.astype(jnp.int32), bl, fill=0)
-        pf = pf if pf.shape[1] else jnp.zeros((n, 1), times.dtype)
+        pf = pf if pf.shape[1] else jnp.zeros((times.shape[0], 1), times.dtype)
         p_l = to_lanes(pf, bl)
         save_l = to_lanes(jnp.minimum(save, n_eff[:, None]).astype(jnp.int32), bl)
         ev_l = None if ev is None else lane_events(ev, bl, times.dtype)
@@ -543,14 +548,18 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
                                       to_lanes(y, bl), p_l, save_l, to_lanes(tol, bl), ev_l)
         ys = from_lanes(ys, bl)                                          # (n, k, d)
         per_block = (last + 1) * s.chunk
-        cost = jnp.repeat(per_block, bl.rows * 128)[:n].astype(jnp.int32)
-        return ys, from_lanes(y1, bl), from_lanes(err, bl), (t_l, states), cost
+        cost = jnp.repeat(per_block, bl.rows * 128)[:bl.n].astype(jnp.int32)
+        # The node states go to the adjoint trajectory first, (n, s1p * d): a residual
+        # with a trajectory axis folds under jax.vmap (`_fold`) and holds n trajectories,
+        # not the padded lanes (one transpose each way).
+        states = from_lanes(states.reshape((s.s1p * d,) + states.shape[2:]), bl)
+        return ys, from_lanes(y1, bl), from_lanes(err, bl), states, cost
 
     def bwd(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, ev=None):
         p_size = pf.shape[1]
-        s, _, neff_l, p_l, save_l, ev_l = prepare(times, n_eff, pf, save, tm, subst, ev)
+        s, t_l, neff_l, p_l, save_l, ev_l = prepare(times, n_eff, pf, save, tm, subst, ev)
         bl = s.blocks
-        t_l, states_l = states
+        states_l = to_lanes(states, bl).reshape((s.s1p, d, bl.n_rows, 128))
         last, span = _prefetch(neff_l, save_l, s)
         ctys_l = to_lanes(ct_ys, bl, fill=0)
         outs = backward(field, step, s, interpret, with_times, last, span, t_l, neff_l, p_l,
@@ -585,4 +594,13 @@ def pallas_replay(field: BlockField, f, solver, nodes: ReplayNodes, y0, params, 
             ct_jt = jnp.zeros(ev.jump_times.shape, ct_y1.dtype)
         return ct_tm, ct_y0, ct_pf, ct_jt, ct_js
 
-    return adjoint_replay(fwd, bwd, f, solver, nodes, y0, params, rtol, atol, layout, moved)
+    # Under jax.vmap each runs once on the C * n trajectories of the mapped calls (`_fold`).
+    fwd_folded = fold_vmap(fwd)
+    bwd_folded = {w: fold_vmap(lambda *a, w=w: bwd(*a[:9], w, *a[9:])) for w in (False, True)}
+
+    def bwd_call(times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst, with_times, *ev):
+        return bwd_folded[with_times](times, n_eff, pf, save, states, ct_ys, ct_y1, tm, subst,
+                                      *ev)
+
+    return adjoint_replay(fwd_folded, bwd_call, f, solver, nodes, y0, params, rtol, atol,
+                          layout, moved)

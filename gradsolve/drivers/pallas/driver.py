@@ -34,8 +34,11 @@ class Pallas(AbstractDriver):
     ``sinh``, ``lgamma``, and says where a stiff system has too many states: the batched
     XLA driver runs it). Known-time events (``jumps=``, ``tstops=``, and
     so ``doses=``) run in the record, the replay and the adjoint, as in the lanes replay
-    (`gradsolve.drivers.pallas._events`). The record runs under ``jax.vmap`` (batching adds
-    a grid axis) at any capacity: a mesh too long for VMEM is written in chunks of rows.
+    (`gradsolve.drivers.pallas._events`). The record runs at any capacity: a mesh too long
+    for VMEM is written in chunks of rows. Under ``jax.vmap`` (e.g. a sampler's chains) the
+    record, the replay and the adjoint each run once on the ``C * n`` trajectories of the
+    mapped calls, padded to the ``(8, 128)`` tile once rather than per call
+    (`gradsolve.drivers.pallas._fold`).
     `gradsolve.drivers.Auto` takes it first on a TPU where it applies.
 
     Measured on a TPU v5e (Lotka–Volterra, Tsit5, float32, rtol 1e-5, 32,768 trajectories,
