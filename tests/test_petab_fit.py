@@ -221,6 +221,30 @@ def test_lm_with_record_shares_the_evaluation_and_runs_as_a_fresh_kernel():
     assert first.ftol == 1e-4  # the first kernel is left as it was
 
 
+def test_lm_data_columns_are_never_moved_and_bad_counts_are_named():
+    # x = (a, b, c, w): the last column a weight the terms read, not a parameter; the fit
+    # of (a, b, c) equals SciPy's with the weight given, and w stays where it started
+    def on_mesh(x, mesh):
+        r = (Y - _model(x[:3])) / x[3]
+        return r, jnp.zeros_like(r), jnp.zeros(1)
+
+    lower, upper = np.array([-10.0, -10.0, -10.0, 0.01]), np.full(4, 10.0)
+    starts = np.array([[1.0, 1.0, 0.0, 0.05], [5.0, 3.0, -1.0, 0.1]])
+    kernel = LMKernel(None, lower=lower, upper=upper, data_columns=1,
+                      mesh_terms=MeshTerms(lambda x: x, on_mesh))
+    s, _ = kernel.run(starts, 300)
+    np.testing.assert_array_equal(np.asarray(s.x)[:, 3], starts[:, 3])
+    assert np.all(np.asarray(s.g)[:, 3] == 0.0) and np.all(np.asarray(s.h)[:, 3] == 0.0)
+    for row, w in zip(np.asarray(s.x), starts[:, 3]):
+        ref = optimize.least_squares(lambda x: (Y - _model(x)) / w, [1.0, 1.0, 0.0],
+                                     xtol=1e-15, ftol=1e-15, gtol=1e-15)
+        np.testing.assert_allclose(row[:3], ref.x, atol=1e-5)
+    for bad in (-1, 4, 1.5, True):
+        with pytest.raises(ValueError, match="data_columns"):
+            LMKernel(None, lower=lower, upper=upper, data_columns=bad,
+                     mesh_terms=MeshTerms(lambda x: x, on_mesh))
+
+
 def _why(s):
     return [REASONS[i] for i in np.asarray(s.reason)]
 

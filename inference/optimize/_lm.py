@@ -180,6 +180,11 @@ class LMKernel:
                  policy: MeshPolicy = LM_POLICY, profiled=None, data_columns: int = 0):
         self.lower = jnp.asarray(lower, float)
         self.upper = jnp.asarray(upper, float)
+        if not (isinstance(data_columns, (int, np.integer)) and not isinstance(
+                data_columns, bool) and 0 <= data_columns < self.lower.shape[-1]):
+            raise ValueError(f"`data_columns` must be an int in [0, {self.lower.shape[-1]}) "
+                             f"(the coordinates that are data, not parameters), got "
+                             f"{data_columns!r}")
         self.ftol, self.gtol, self.xtol, self.lam_max = ftol, gtol, xtol, lam_max
         self.mesh_terms, self.policy = mesh_terms, policy
         self.n_records = 0  # batched records run (init included)
