@@ -129,6 +129,7 @@ def _loop_temp_bytes(problem, C: int, block: int | None) -> int:
     return int(lowered.compile().memory_analysis().temp_size_in_bytes)
 
 
+@pytest.mark.slow  # compiles the loop four times (~40 s)
 def test_blocked_loop_temporaries_grow_by_a_small_constant_per_chain(lynx):
     """Lynx–hare under ``rerecord="always"``: with all chains in one vmap the loop's
     temporaries grow by a solve's buffers per chain; in blocks of 2 chains they are one
