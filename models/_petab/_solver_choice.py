@@ -27,8 +27,12 @@ from gradsolve._solver.tsit5 import Tsit5
 
 __all__ = ["probe_explicit", "tsit5_steps"]
 
-# I-controller of `gradsolve.PIDController`'s defaults (the probe's record used them).
-_SAFETY, _FACTOR_MIN, _FACTOR_MAX = 0.9, 0.2, 10.0
+# the I-controller of `gradsolve.PIDController`'s defaults (the probe's record used them),
+# its factor rule applied in NumPy below
+_CONTROLLER = gs.PIDController()
+assert _CONTROLLER.pcoeff == 0 and _CONTROLLER.icoeff == 1, "the probe steps as an I-controller"
+_SAFETY, _FACTOR_MIN, _FACTOR_MAX = (_CONTROLLER.safety, _CONTROLLER.factormin,
+                                     _CONTROLLER.factormax)
 _ERROR_ORDER = Tsit5().error_order  # 5: the step size follows err^(-1/5)
 
 
