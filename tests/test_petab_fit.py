@@ -136,20 +136,23 @@ def test_lm_does_not_stop_on_the_small_decrease_of_a_heavily_damped_step():
     np.testing.assert_allclose(np.asarray(s.f), ref.cost, rtol=1e-6)
 
 
+def _sixteen_starts():
+    """``(on_mesh, lower, upper, starts)``: the decay fit's residuals on a "mesh" (the
+    recording point, replayed exactly), its box and 16 spread starts."""
+    def on_mesh(x, mesh):
+        r = (Y - _model(x)) / 0.05
+        return r, jnp.zeros_like(r), jnp.zeros(1)
+
+    starts = np.random.default_rng(3).uniform([0.5, 0.2, -1.0], [4.0, 4.0, 1.0], (16, 3))
+    return on_mesh, np.full(3, -10.0), np.full(3, 10.0), starts
+
+
 @pytest.mark.slow  # ~7 s
 def test_lm_grouped_by_mesh_cost_takes_the_same_path_as_one_batch():
     # 16 starts: with a mesh cost of wide spread the kernel evaluates them in groups of 4
     # sorted by that cost; each start's iterations are its own, so the path equals one batch's (a "mesh"
     # here is the recording point, replayed exactly), and both reach SciPy's optimum
-    def terms(x):
-        r = (Y - _model(x)) / 0.05
-        return r, jnp.zeros_like(r)
-
-    def on_mesh(x, mesh):
-        return (*terms(x), jnp.zeros(1))
-
-    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
-    starts = np.random.default_rng(3).uniform([0.5, 0.2, -1.0], [4.0, 4.0, 1.0], (16, 3))
+    on_mesh, lower, upper, starts = _sixteen_starts()
     runs = []
     # a cost spread over 6 orders of magnitude at the starts (one batch would pad to it)
     for cost in (None, lambda mesh: np.exp(3.0 * np.asarray(mesh)[:, 1])):
@@ -171,15 +174,7 @@ def test_lm_run_of_shrinking_batches_takes_the_full_batch_path():
     # state by one compiled program a size) once at most 4 run; each start's iterations
     # are its own, so the path equals the full batch stepped to the end, and every start
     # reaches SciPy's optimum
-    def terms(x):
-        r = (Y - _model(x)) / 0.05
-        return r, jnp.zeros_like(r)
-
-    def on_mesh(x, mesh):
-        return (*terms(x), jnp.zeros(1))
-
-    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
-    starts = np.random.default_rng(3).uniform([0.5, 0.2, -1.0], [4.0, 4.0, 1.0], (16, 3))
+    on_mesh, lower, upper, starts = _sixteen_starts()
     kernel = LMKernel(None, lower=lower, upper=upper,
                       mesh_terms=MeshTerms(lambda x: x, on_mesh))
     run, _ = kernel.run(starts, 300)
@@ -200,11 +195,7 @@ def test_lm_with_record_shares_the_evaluation_and_runs_as_a_fresh_kernel():
     # a second pass at other record tolerances (here: another "mesh", the recording point
     # moved) and ftol: the copy keeps the compiled evaluation and counts afresh, and its
     # run equals that of a kernel built for it
-    def on_mesh(x, mesh):
-        r = (Y - _model(x)) / 0.05
-        return r, jnp.zeros_like(r), jnp.zeros(1)
-
-    lower, upper = np.full(3, -10.0), np.full(3, 10.0)
+    on_mesh, lower, upper, _ = _sixteen_starts()
     starts = np.array([[1.0, 1.0, 0.0], [5.0, 3.0, -1.0], [0.1, 0.1, 0.1]])
     first = LMKernel(None, lower=lower, upper=upper, ftol=1e-4,
                      mesh_terms=MeshTerms(lambda x: x, on_mesh))
