@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._sharding import host
+from ._sharding import device, host
 
 if TYPE_CHECKING:
     from ._mesh import Mesh
@@ -216,8 +216,7 @@ def to_host(mesh: "Mesh") -> "Mesh":
 
 def to_device(mesh: "Mesh") -> "Mesh":
     """`Mesh.to_device`: every NumPy leaf as a JAX array."""
-    to_jnp = lambda x: jnp.asarray(x) if is_host(x) else x
-    return jax.tree_util.tree_map(to_jnp, mesh)
+    return jax.tree_util.tree_map(device, mesh)
 
 
 # ---------------------------------------------------------------------- rows
