@@ -8,6 +8,7 @@ Exponential decay (a closed form) with rates spread over 40x gives a ragged ense
 """
 
 import dataclasses
+import logging
 
 import equinox as eqx
 import jax
@@ -260,6 +261,30 @@ def test_host_meshes_stay_numpy(rec):
         assert kinds == {np.ndarray}, (name, kinds)
     dev = host.select([0]).to_device()
     assert all(isinstance(x, jax.Array) for x in _array_leaves(dev))
+
+
+def test_to_device_gives_what_jnp_asarray_gives_without_compiling(rec):
+    """A host mesh on the device: every leaf as ``jnp.asarray`` makes it (dtype, weak type,
+    values), by transfers alone (``jnp.asarray`` of a NumPy array compiles a program per
+    shape in JAX 0.10; a new shape here must not)."""
+    _, _, host = rec
+    odd = host.with_capacity(int(np.max(host.n_steps)) + 7)   # leaf shapes not seen before
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda r: seen.append(r.getMessage())
+    logger = logging.getLogger("jax")
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles(True):
+            dev = odd.to_device()
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in seen if "Compiling" in m], seen
+    for a, b in zip(_array_leaves(dev), _array_leaves(odd), strict=True):
+        ref = jnp.asarray(b)
+        assert isinstance(a, jax.Array)
+        assert a.dtype == ref.dtype and a.weak_type == ref.weak_type and a.shape == ref.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(ref))
 
 
 def test_bad_arguments_raise_naming_them(rec):
