@@ -181,13 +181,10 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_chees_posterior_matches_nuts(case):
-    """ChEES at its own warmup (300 iterations of 16 chains) against NUTS at NumPyro's
-    (500 a chain), 1,000 draws a chain each."""
     m, data, nuts_chains = CASES[case]()
-    kw = dict(num_samples=1000, seed=0, progress=False)
+    kw = dict(num_warmup=500, num_samples=1000, seed=0, progress=False)
     chees = inference.sample(m, data, sampler=ChEES(num_chains=16), **kw)
-    assert chees.posterior.attrs["num_warmup"] == 300
-    nuts = inference.sample(m, data, num_chains=nuts_chains, num_warmup=500, **kw)
+    nuts = inference.sample(m, data, num_chains=nuts_chains, **kw)
     assert int(chees.sample_stats["diverging"].sum()) == 0
     _agree(chees, nuts)
 
@@ -207,22 +204,20 @@ def _settled_options(model, data, **kw):
 
 
 def test_default_sampler_is_chees_and_nuts_where_asked(lynx):
-    """No sampler named: ChEES on its 16 chains x (300 + 250) (Stan's 4,000 draws in all) for
+    """No sampler named: ChEES on its 16 chains x 250 draws (Stan's 4,000 draws in all) for
     lynx–hare and for a random-effects hierarchy, settled exactly as ``sampler="chees"``
     (the hierarchy keeps its own mesh policy and start); NUTS where the call sets NUTS's
     settings (chains, tree depth, chain method), settled exactly as ``sampler="nuts"``
-    with those settings, with NumPyro's 500 + 1,000 a chain."""
+    with those settings, with NumPyro's 1,000 draws a chain."""
     m, data = lynx
-    keys = ("kernel", "num_chains", "num_samples", "num_warmup", "target_accept",
-            "dense_mass", "rerecord", "init", "max_tree_depth", "devices")
+    keys = ("kernel", "num_chains", "num_samples", "target_accept", "dense_mass",
+            "rerecord", "init", "max_tree_depth", "devices")
     default = _settled_options(m, data)
     chees = _settled_options(m, data, sampler="chees")
     assert {k: default[k] for k in keys} == {k: chees[k] for k in keys}
     assert default["kernel"] == "chees" and default["num_chains"] == 16
     assert default["num_chains"] * default["num_samples"] == 4000
-    assert default["num_warmup"] == 300
     assert _settled_options(m, data, sampler="chees", num_samples=7)["num_samples"] == 7
-    assert _settled_options(m, data, num_warmup=9)["num_warmup"] == 9
     per_chain = {k: np.stack([np.asarray(v)] * 2) for k, v in m.defaults.items()}
     for kw in (dict(num_chains=2), dict(max_tree_depth=5), dict(chain_method="vectorized"),
                dict(init=per_chain)):
@@ -230,7 +225,6 @@ def test_default_sampler_is_chees_and_nuts_where_asked(lynx):
         nuts = _settled_options(m, data, kernel="nuts", **kw)
         assert {k: got[k] for k in keys} == {k: nuts[k] for k in keys}, kw
         assert got["kernel"] == "nuts" and got["num_samples"] == 1000
-        assert got["num_warmup"] == 500
     theo, tdata = models.theophylline(), models.load_dataset("theophylline")
     got = _settled_options(theo, tdata)
     assert {k: got[k] for k in keys} == {

@@ -81,8 +81,8 @@ iterations took 311 s from the MAP point (trees of 350-720 leapfrog steps at ste
 0.009-0.07) and 24 s from the ADVI draws (26-30 steps at 0.14-0.18), the fit itself ~30 s.
 
 Defaults that depend on the problem. ``dense_mass``: dense with at most ``max(10,
-num_warmup // 10)`` unconstrained parameters (50 at NUTS's default warmup, 30 at ChEES's),
-diagonal otherwise. An ODE's parameters are correlated (rates that the data identify only through
+num_warmup // 10)`` unconstrained parameters (50 at the default warmup), diagonal
+otherwise. An ODE's parameters are correlated (rates that the data identify only through
 their ratio or product), and a diagonal metric makes NUTS take many short steps along those
 ridges: lynx–hare (8 parameters, 2 chains x (500 + 1,000), 2-core CPU) takes 30-33 leapfrog
 steps a draw for a min ESS of ~490 with a diagonal metric (seeds 0, 1), 7 for 1,500-2,350
@@ -226,7 +226,7 @@ def _checked_sample_args(o: dict) -> None:
     # no sampler named: chosen with the problem (`default_sampler`)
     o["sampler"] = (None if o["sampler"] is None and o["kernel"] is None
                     else sampler_of(o["sampler"], o["kernel"]))
-    for name, v, lo in (("num_warmup", 0 if num_warmup is None else num_warmup, 0),
+    for name, v, lo in (("num_warmup", num_warmup, 0),
                         ("num_samples", 1 if o["num_samples"] is None else o["num_samples"], 1),
                         ("num_chains", 1 if o["num_chains"] is None else o["num_chains"], 1),
                         ("checkpoint_every", o["checkpoint_every"], 1),
@@ -347,7 +347,7 @@ def _first_state(problem, policy, data, o: dict, fingerprint: dict
 
 
 def sample(
-    model, data=None, *, num_warmup: int | None = None, num_samples: int | None = None,
+    model, data=None, *, num_warmup: int = 500, num_samples: int | None = None,
     num_chains: int | None = None, kernel: str | None = None, sampler: Any = None,
     rerecord: str | None = None, seed: int = 0, init: Any = None,
     checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 250,
@@ -371,10 +371,9 @@ def sample(
         model: a `models.ODEModel` (or a NumPyro program, a population model, a
             `models.PetabProblem`); data: a `models.Dataset` (``None`` for a PEtab problem).
         num_warmup, num_samples, num_chains: as NumPyro's ``MCMC``; ``None``: the
-            sampler's defaults, 2 chains x (500 + 1,000) for NUTS and HMC, 16 chains x
-            (300 + 250) for ChEES (Stan's 4,000 draws in all: the lockstep chains share
-            them, and adapt from statistics pooled across chains); a ``num_chains`` given
-            with ``sampler=None`` runs NUTS.
+            sampler's defaults, 2 chains x 1,000 draws for NUTS and HMC, 16 chains x 250
+            draws for ChEES (Stan's 4,000 draws in all: the lockstep chains share them);
+            a ``num_chains`` given with ``sampler=None`` runs NUTS.
         chain_method: ``"vectorized"`` (all chains in one ``jax.vmap`` on one device),
             ``"parallel"`` (the chains split over the local devices, each device
             vectorising its share; on a CPU, one device per core: call
@@ -477,8 +476,8 @@ def sample(
     problem, policy, o = _settled(model, data, o)
     fingerprint = _fingerprint(problem, policy, o)
     base, retuned, state, info = _first_state(problem, policy, data, o, fingerprint)
-    num_warmup, num_samples = int(o["num_warmup"]), int(o["num_samples"])
-    total = num_warmup + num_samples
+    num_samples = int(o["num_samples"])
+    total = int(num_warmup) + num_samples
     bar = progress_bar(progress, total=total, done=state.iteration,
                        desc=f"sample {problem.model.name} ({o['num_chains']} chains)",
                        phases=(("warmup", int(num_warmup)), ("sampling", int(num_samples))))

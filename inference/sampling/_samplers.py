@@ -42,9 +42,8 @@ class Sampler:
             whether its metric is dense; ``None``: the sampler's default for the problem
             (`settle`). `sample`'s arguments of the same names take precedence.
 
-    ``default_chains`` is the number of chains where `sample` is not given one,
-    `default_samples` the draws a chain makes where it is given no ``num_samples``, and
-    `default_warmup` its warmup iterations where it is given no ``num_warmup``.
+    ``default_chains`` is the number of chains where `sample` is not given one, and
+    `default_samples` the draws a chain makes where it is given no ``num_samples``.
     """
 
     name = "sampler"
@@ -56,11 +55,6 @@ class Sampler:
         """Draws per chain where `sample` is given no ``num_samples``: NumPyro's and
         Stan's 1,000."""
         return 1000
-
-    def default_warmup(self, num_chains: int) -> int:
-        """Warmup iterations where `sample` is given no ``num_warmup``: 500, NumPyro's
-        examples' and half of Stan's (each chain adapts from its own draws)."""
-        return 500
 
     def default_init(self, problem: AbstractProblem) -> str:
         """Where the chains start: a random-effects hierarchy's joint mode lies far from
@@ -90,8 +84,6 @@ class Sampler:
             o["num_chains"] = self.default_chains
         if o.get("num_samples") is None:
             o["num_samples"] = self.default_samples(int(o["num_chains"]))
-        if o.get("num_warmup") is None:
-            o["num_warmup"] = self.default_warmup(int(o["num_chains"]))
         if o["init"] is None:
             o["init"] = self.default_init(problem)
         if o["rerecord"] is None:
@@ -229,14 +221,6 @@ class ChEES(Sampler):
         ESS 8,000), so 1,000 each would give 4x the draws and the wait of Stan's default
         for nothing a summary needs."""
         return max(100, -(-4000 // int(num_chains)))
-
-    def default_warmup(self, num_chains: int) -> int:
-        """300 iterations: the step size, the trajectory length and the metric adapt
-        from statistics pooled across the chains (16 x 300 = 4,800 draws by the end,
-        against one NUTS chain's 500), so the ensemble settles in fewer iterations. On
-        Boehm's posterior (16 chains, 2-core CPU) 300 iterations gave R-hat <= 1.008 and a
-        min bulk ESS of ~1,800 in 150 s, against 240 s at 500."""
-        return 300
 
     def default_target(self, problem, dense: bool) -> float:
         from blackjax.adaptation.chees_adaptation import OPTIMAL_TARGET_ACCEPTANCE_RATE
