@@ -45,7 +45,8 @@ def _args():
                     help="comma-separated: nuts, chees, default (no sampler named)")
     ap.add_argument("--nuts-chains", type=int, default=None, help="default: NUTS's (2)")
     ap.add_argument("--chees-chains", type=int, default=16)
-    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="warmup iterations (default: the sampler's, as `sample` without it)")
     ap.add_argument("--samples", type=int, default=None,
                     help="draws a chain (default: 1,000 for a named sampler; sample's own "
                          "default, the sampler's, for 'default')")
@@ -123,7 +124,9 @@ def route(m, data) -> str:
 
 
 def run(m, data, sampler: str, a) -> dict:
-    kw = dict(num_warmup=a.warmup, seed=a.seed, progress=False)
+    kw = dict(seed=a.seed, progress=False)
+    if a.warmup is not None:
+        kw["num_warmup"] = a.warmup
     if a.samples is not None or sampler != "default":
         kw["num_samples"] = 1000 if a.samples is None else a.samples
     if sampler == "default":
