@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import models
+from conftest import write_petab
 
 TIMES = [0.5, 1.0, 2.0, 3.5, 5.0]
 CONDS = {"c1": 1.0, "c2": 3.0}  # x(0)
@@ -33,27 +34,21 @@ def _problem(tmp_path):
     r = m.createRateRule()
     r.setVariable("x")
     r.setMath(libsbml.parseL3Formula("-d * x"))
-    libsbml.writeSBMLToFile(doc, str(tmp_path / "model.xml"))
-    (tmp_path / "conditions.tsv").write_text("conditionId\tx\n" + "".join(
-        f"{cid}\t{x0}\n" for cid, x0 in CONDS.items()))
-    (tmp_path / "observables.tsv").write_text(
-        "observableId\tobservableFormula\tobservableTransformation\tnoiseFormula\n" + "".join(
-            f"{o}\t{f}\t{t}\t{n}\n" for o, (f, t, n) in OBSERVABLES.items()))
-    meas = ["observableId\tsimulationConditionId\tmeasurement\ttime\tnoiseParameters"]
-    for i, cid in enumerate(CONDS):
-        for j, t in enumerate(TIMES):
-            for k, o in enumerate(OBSERVABLES):
-                noise = "s" if o == "o_log10" else ""
-                meas.append(f"{o}\t{cid}\t{0.4 + 0.3 * i + 0.1 * j + 0.05 * k}\t{t}\t{noise}")
-    (tmp_path / "measurements.tsv").write_text("\n".join(meas) + "\n")
-    (tmp_path / "parameters.tsv").write_text(
-        "parameterId\tparameterScale\tlowerBound\tupperBound\tnominalValue\testimate\n"
-        "d\tlog10\t0.01\t10\t0.4\t1\ns\tlin\t0.01\t5\t0.3\t1\n")
-    (tmp_path / "p.yaml").write_text(
-        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n- condition_files:\n"
-        "  - conditions.tsv\n  measurement_files:\n  - measurements.tsv\n"
-        "  observable_files:\n  - observables.tsv\n  sbml_files:\n  - model.xml\n")
-    return tmp_path / "p.yaml"
+    rows = [(o, cid, 0.4 + 0.3 * i + 0.1 * j + 0.05 * k, t, "s" if o == "o_log10" else "")
+            for i, cid in enumerate(CONDS) for j, t in enumerate(TIMES)
+            for k, o in enumerate(OBSERVABLES)]
+    return write_petab(
+        tmp_path, doc,
+        conditions={"conditionId": list(CONDS), "x": list(CONDS.values())},
+        observables={"observableId": list(OBSERVABLES),
+                     "observableFormula": [f for f, _, _ in OBSERVABLES.values()],
+                     "observableTransformation": [t for _, t, _ in OBSERVABLES.values()],
+                     "noiseFormula": [n for _, _, n in OBSERVABLES.values()]},
+        measurements=dict(zip(("observableId", "simulationConditionId", "measurement", "time",
+                               "noiseParameters"), map(list, zip(*rows)))),
+        parameters={"parameterId": ["d", "s"], "parameterScale": ["log10", "lin"],
+                    "lowerBound": [0.01, 0.01], "upperBound": [10.0, 5.0],
+                    "nominalValue": [0.4, 0.3], "estimate": [1, 1]})
 
 
 def _closed_form(d, s):
