@@ -43,6 +43,8 @@ def _args(argv=None):
     ap.add_argument("--float32", action="store_true", help="single precision (the chip's)")
     ap.add_argument("--profile", action="store_true",
                     help="also time the fit's parts: compiled chunks, re-records, merges")
+    ap.add_argument("--calls", type=int, default=2,
+                    help="calls per size and side (1: the first call, compiles included)")
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
 
@@ -72,15 +74,16 @@ def _profiled() -> None:
         timed(name)
 
 
-def run(m, data, n: int, steps: int, seed: int, chunk: int | None, device) -> list[dict]:
-    """Two timed calls of the fit of ``n`` starts on ``device``; one row each."""
+def run(m, data, n: int, steps: int, seed: int, chunk: int | None, device, calls: int = 2
+        ) -> list[dict]:
+    """``calls`` timed calls of the fit of ``n`` starts on ``device``; one row each."""
     import numpy as np
     import optax
 
     import inference
 
     rows = []
-    for call in (1, 2):
+    for call in range(1, calls + 1):
         kw = dict(steps=steps)
         if chunk is not None:
             kw = dict(optimizer=inference.optimize.Optax(optax.adam(1e-2), max_iter=steps,
@@ -135,10 +138,10 @@ def main(argv=None) -> dict:
             if side == "cpu" and a.host_max_n is not None and n > a.host_max_n:
                 print(f" cpu n={n:>7}: skipped (--host-max-n {a.host_max_n})", flush=True)
                 continue
-            rows = run(m, data, n, a.steps, a.seed, a.chunk, devices[side])
+            rows = run(m, data, n, a.steps, a.seed, a.chunk, devices[side], a.calls)
             out["runs"] += rows
             second[side] = rows[-1]["seconds"]
-        if len(second) == 2:
+        if len(second) == 2 and a.calls >= 2:
             ratio = second["cpu"] / second["device"]
             out["ratios"][str(n)] = ratio
             print(f"n={n}: host {second['cpu']:.2f} s / device {second['device']:.2f} s "

@@ -160,8 +160,32 @@ class FitKernel:
             drift = policy.drift(space.flat_constrained(u), space.flat_constrained(u_rec))
             return u_new, new_state, loss, policy.error_ratio(err), drift
 
-        def steps(u, opt_state, mesh, u_rec, alive, max_err, urgency, k, force):
-            """Up to ``k`` steps on the fixed meshes, stopping after a step whose verdict
+        in_place = bool(getattr(problem, "records_in_place", False))
+        self.in_place = in_place
+        tol_factor = policy.record_tol_factor
+
+        def rerecord(c):
+            """Every start recorded at its current point, at the compiled capacity, and
+            taken where it is alive and its record succeeded; the pending starts whose
+            record failed stay pending, for the host (a larger capacity, or a freeze)."""
+            fresh = problem.record_in_place(c["u"], c["mesh"], tol_factor)
+            take = c["alive"] & (fresh.status == 0)
+            return dict(c, mesh=c["mesh"].where(take, fresh),
+                        u_rec=jnp.where(take[:, None], c["u"], c["u_rec"]),
+                        pending=c["pending"] & ~take, fresh=jnp.ones((), bool),
+                        n_rec=c["n_rec"] + 1, per=c["per"] + take.astype(c["per"].dtype))
+
+        def steps(u, opt_state, mesh, u_rec, alive, max_err, urgency, pending, k, force):
+            """Up to ``k`` steps on the meshes, stopping early where the host must act.
+
+            Where the problem records in place (`AbstractProblem.record_in_place`), the
+            policy's re-records and redone steps happen here: before a step, if any
+            start is pending, all starts are re-recorded at the compiled capacity (one
+            ensemble record; on an accelerator a record of every start costs about what a
+            record of a few does, and the rows never leave the device), and a step the
+            policy says to redo is re-recorded and redone. The loop stops for the host
+            only where a pending start's record failed, or a step must be redone on a
+            mesh that is already fresh. Otherwise it stops after a step whose verdict
             asks for a re-record, or before committing a step the policy says to redo
             (its evaluation is returned, for the host to redo it on fresh meshes).
             ``force``: commit the first step whatever the verdict (a plain evaluation)."""
@@ -171,9 +195,17 @@ class FitKernel:
                 return (c["done"] < k) & ~c["stop"]
 
             def body(c):
-                u_new, opt_new, loss, err, drift = evaluate(c["u"], c["opt"], mesh, u_rec,
-                                                            alive)
-                ok = force | ~jnp.any(policy.redo(alive, loss, err))
+                if in_place:
+                    c = jax.lax.cond(jnp.any(c["pending"]) & ~force, rerecord,
+                                     lambda c: dict(c, fresh=jnp.zeros((), bool)), c)
+                    # a pending start whose record failed here: the host records it
+                    blocked = jnp.any(c["pending"]) & ~force
+                else:
+                    blocked = jnp.zeros((), bool)
+                u_new, opt_new, loss, err, drift = evaluate(c["u"], c["opt"], c["mesh"],
+                                                            c["u_rec"], alive)
+                redo = policy.redo(alive, loss, err)
+                ok = (force | ~jnp.any(redo)) & ~blocked
                 pending = policy.rerecord_after(alive, drift, err)
                 seen = jnp.where(alive & jnp.isfinite(err), err, 0.0)
                 row = jnp.where(alive, loss, jnp.inf).astype(c["history"].dtype)
@@ -182,22 +214,35 @@ class FitKernel:
                 def keep(new, old):
                     return jnp.where(ok, new, old)
 
+                if in_place:
+                    # a step to redo on a mesh recorded just now goes to the host too
+                    host_redo = ~ok & ~blocked & c["fresh"]
+                    stop = blocked | host_redo
+                    pending_next = jnp.where(ok, pending, c["pending"] | redo)
+                else:
+                    host_redo = ~ok
+                    stop = ~ok | jnp.any(pending)
+                    pending_next = keep(pending, c["pending"])
                 return dict(
+                    c,
                     u=keep(u_new, c["u"]),
                     opt=jax.tree_util.tree_map(keep, opt_new, c["opt"]),
                     history=c["history"].at[i].set(keep(row, c["history"][i])),
                     max_err=keep(jnp.maximum(c["max_err"], seen), c["max_err"]),
-                    pending=keep(pending, c["pending"]),
+                    pending=pending_next,
                     urgency=keep(policy.urgency(drift, err), c["urgency"]),
-                    done=i + ok.astype(i.dtype), stop=~ok | jnp.any(pending),
-                    redo=~ok, loss=loss, err=err, drift=drift)
+                    done=i + ok.astype(i.dtype), evals=c["evals"] + 1, stop=stop, redo=host_redo,
+                    blocked=blocked, loss=loss, err=err, drift=drift)
 
             zero = jnp.zeros(n, u.dtype)
             c = dict(u=u, opt=opt_state, history=jnp.full((self.chunk, n), jnp.inf, u.dtype),
-                     max_err=max_err.astype(u.dtype), pending=jnp.zeros(n, bool),
+                     max_err=max_err.astype(u.dtype), pending=pending,
                      urgency=urgency.astype(u.dtype), done=jnp.zeros((), jnp.int32),
                      stop=jnp.zeros((), bool), redo=jnp.zeros((), bool), loss=zero,
-                     err=zero, drift=zero)
+                     err=zero, drift=zero, mesh=mesh, u_rec=u_rec, alive=alive,
+                     fresh=jnp.zeros((), bool), blocked=jnp.zeros((), bool),
+                     n_rec=jnp.zeros((), jnp.int32), evals=jnp.zeros((), jnp.int32),
+                     per=jnp.zeros(n, jnp.int32))
             return jax.lax.while_loop(cond, body, c)
 
         self._steps = jax.jit(steps)
@@ -209,14 +254,15 @@ class FitKernel:
         self.init_optimizer = jax.jit(optimizer.init)
 
     def _run(self, s: FitState, k: int, force: bool) -> dict:
-        """The compiled loop of up to ``k`` steps from ``s`` (host arrays out)."""
+        """The compiled loop of up to ``k`` steps from ``s`` (host arrays out, but for the
+        optimiser state, the loss rows and the mesh, which stay on the device)."""
         c = self._steps(jnp.asarray(s.u), s.opt_state, s.mesh, jnp.asarray(s.u_rec),
                         jnp.asarray(s.alive), jnp.asarray(s.max_error_ratio),
-                        jnp.asarray(s.urgency), jnp.asarray(k, jnp.int32),
-                        jnp.asarray(force))
-        opt, history = c.pop("opt"), c.pop("history")
+                        jnp.asarray(s.urgency), jnp.asarray(s.pending),
+                        jnp.asarray(k, jnp.int32), jnp.asarray(force))
+        kept = {key: c.pop(key) for key in ("opt", "history", "mesh")}
         out = jax.device_get(c)
-        out["opt"], out["history"] = opt, history  # on the device: `advance` reads its rows
+        out.update(kept)  # `advance` reads the rows of "history" it needs
         return out
 
     def _rows(self, history: jax.Array, done: int) -> tuple:
@@ -235,23 +281,35 @@ class FitKernel:
 
     def advance(self, s: FitState, k: int) -> FitState:
         """Up to ``k >= 1`` optimisation steps, the same as ``k`` calls of `step`, in one
-        compiled loop: it runs until the ``k`` steps are done, a step's verdict asks for
-        a re-record (done here, on the host, at the next call), or the policy says a step
-        must be redone on fresh meshes (re-recorded and redone here, as `step` does).
-        At least one step is taken; the host sees each start's numbers once per call,
-        not once per step."""
-        if s.pending.any():
+        compiled loop. Where the problem records in place, re-records and redone steps
+        happen inside that loop, and it returns early only for what the host must do: a
+        start that no longer fits the mesh capacity, or a step to redo on a mesh recorded
+        just now (both done here). Otherwise the loop runs until the ``k`` steps are done,
+        a step's verdict asks for a re-record (done here, on the host, at the next call),
+        or the policy says a step must be redone on fresh meshes (re-recorded and redone
+        here, as `step` does). The host sees each start's numbers once per call, not once
+        per step."""
+        if s.pending.any() and not self.in_place:
             s = self.rerecord(s, s.pending, s.urgency)
         c = self._run(s, min(int(k), self.chunk), False)
         done = int(c["done"])
+        # evaluations in the loop; an uncommitted one handed to `_took` is counted there
+        s = s._replace(n_grad_evals=s.n_grad_evals + int(c["evals"]) - bool(c["redo"]))
+        if int(c["n_rec"]):  # re-recorded in the loop: the mesh changed on the device
+            s = s._replace(mesh=c["mesh"], mesh_host=None, u_rec=np.array(c["u_rec"]),
+                           n_records=s.n_records + int(c["n_rec"]),
+                           n_records_per_start=s.n_records_per_start + c["per"])
         if done:
             s = s._replace(
                 u=np.array(c["u"]), opt_state=c["opt"], step=s.step + done,
-                n_grad_evals=s.n_grad_evals + done,
                 history=s.history + self._rows(c["history"], done),
                 max_error_ratio=np.asarray(c["max_err"], s.max_error_ratio.dtype),
-                pending=np.asarray(c["pending"]),
                 urgency=np.asarray(c["urgency"], s.urgency.dtype))
+        if done or self.in_place:
+            s = s._replace(pending=np.asarray(c["pending"]))
+        if c["blocked"]:  # starts the loop could not record at its capacity
+            s = self.rerecord(s, s.pending, s.urgency)
+            s = s._replace(pending=np.zeros_like(s.pending))
         if c["redo"]:  # the next step's evaluation, not committed: redo it
             s = self._took(s, _Eval(None, None, c["loss"], c["err"], c["drift"]))
         return s

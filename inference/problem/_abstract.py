@@ -215,6 +215,17 @@ class AbstractProblem(abc.ABC):
         """The mesh (or meshes) recorded at ``u (D,)`` or ``(n, D)``, tolerances scaled by
         ``tol_factor``."""
 
+    #: Whether `record_in_place` works (under ``jit``, at a given mesh's capacity).
+    records_in_place: bool = False
+
+    def record_in_place(self, u: jax.Array, mesh, tol_factor: float = 1.0):
+        """The mesh recorded at ``u (n, D)`` with the shapes of ``mesh`` (its step
+        capacity), traceable, so that a compiled loop can swap rows in with
+        ``mesh.where`` without leaving ``jit``; a row that needs more steps than the
+        capacity comes back with a failed ``status``. Problems that cannot (their meshes
+        are recorded on the host) leave `records_in_place` False."""
+        raise NotImplementedError(f"{type(self).__name__} records its meshes on the host")
+
     @abc.abstractmethod
     def log_density(self, u: jax.Array, mesh=None, *, prior: bool = True,
                     jacobian: bool = True, max_steps: int | None = None):

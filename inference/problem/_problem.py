@@ -199,6 +199,16 @@ class Problem(AbstractProblem):
                          atol=self.atol * tol_factor,
                          max_steps=self.max_steps, throw=False)
 
+    records_in_place = True
+
+    def record_in_place(self, u: jax.Array, mesh: gs.Mesh, tol_factor: float = 1.0) -> gs.Mesh:
+        """`record` at ``u (n, D)`` under ``jit``, at ``mesh``'s step capacity (see
+        `AbstractProblem.record_in_place`; ``mesh.where`` casts the rows it takes)."""
+        args = self._args(self.space.from_unconstrained(u))
+        return gs.record(*args, ts=self.ts, solver=self.solver,
+                         rtol=tightened(self.rtol, tol_factor, args[3]),
+                         atol=self.atol * tol_factor, max_steps=mesh.capacity, throw=False)
+
     def solve(self, x: Mapping[str, jax.Array], max_steps: int | None = None) -> gs.Solution:
         """``gs.solve`` (record + replay: the adaptive solution) at a constrained dict."""
         return gs.solve(*self._args(x), ts=self.ts, solver=self.solver, rtol=self.rtol,
