@@ -559,7 +559,10 @@ def test_the_compiled_loop_takes_the_per_step_loops_path(lynx, monkeypatch):
     re-recorded between steps and some steps are redone on fresh meshes, in the middle of
     a compiled chunk; chunks of 50 and of 3 steps give the per-step loop's fit."""
     from inference.optimize import Optax
+    from inference.problem._problem import Problem
 
+    # the host's re-records (the loop in place records every start: another path)
+    monkeypatch.setattr(Problem, "records_in_place", False)
     m, data = lynx
     kw = dict(n_starts=4, seed=1, progress=False)
     chunked = {k: inference.fit(m, data, optimizer=Optax(optax.adam(0.1), max_iter=30,
@@ -598,6 +601,104 @@ def test_rerecorded_rows_scattered_on_the_device_give_the_host_merges_fit(lynx, 
     monkeypatch.setattr(FitKernel, "_capacity", lambda self, *a: -1)  # always on the host
     ref = inference.fit(m, data, optimizer=Optax(optax.adam(0.1), max_iter=30), **kw)
     _assert_same_fit(res, ref, rtol=0)
+
+
+def _host_records(monkeypatch) -> list:
+    """The rows of each record `FitKernel` makes on the host (appended as they happen)."""
+    from inference.optimize._optax import FitKernel
+
+    rows, inner = [], FitKernel.record
+
+    def counted(self, u, which, fill=None):
+        rows.append(np.asarray(which).copy())
+        return inner(self, u, which, fill)
+
+    monkeypatch.setattr(FitKernel, "record", counted)
+    return rows
+
+
+def test_an_ode_models_starts_are_rerecorded_inside_the_compiled_loop(lynx, monkeypatch):
+    """Lynx–hare, 16 starts: the re-records happen inside the compiled loop (the host
+    records the first and the final meshes, and any start that outgrows the capacity),
+    and the fit reaches the best loss, parameters and starts-at-best of the fit whose
+    every re-record is the host's (`FitKernel.record`, `gs.Mesh.scatter`)."""
+    from inference.problem._problem import Problem
+
+    m, data = lynx
+    kw = dict(n_starts=16, seed=0, steps=300, progress=False)
+    host = _host_records(monkeypatch)
+    res = inference.fit(m, data, **kw)
+    assert res.n_records > len(host) + 20      # most records in the loop
+    monkeypatch.setattr(Problem, "records_in_place", False)
+    host.clear()
+    ref = inference.fit(m, data, **kw)
+    assert ref.n_records == len(host)          # every record the host's
+    np.testing.assert_allclose(res.loss, ref.loss, rtol=1e-6)
+    for k in res.params:
+        np.testing.assert_allclose(res.params[k], ref.params[k], rtol=1e-3)
+    at_best = lambda r: np.sum(np.asarray(r.losses) < r.loss + 0.1)
+    assert at_best(res) == at_best(ref)
+    np.testing.assert_array_equal(res.status, ref.status)
+
+
+def test_a_start_that_outgrows_the_loops_capacity_is_recorded_by_the_host(lynx,
+                                                                         monkeypatch):
+    """A start whose in-loop record runs out of steps (here start 0's, every time, as
+    if it needed more than the compiled capacity) stops the loop before the step; the
+    host records it (at the full step capacity) and the fit goes on to the losses of the
+    fit without the failures."""
+    import equinox as eqx
+
+    from inference.problem._problem import Problem
+
+    m, data = lynx
+    kw = dict(n_starts=4, seed=1, progress=False)
+    opt = lambda: inference.optimize.Optax(optax.adam(0.1), max_iter=30)
+    ref = inference.fit(m, data, optimizer=opt(), **kw)
+    inner = Problem.record_in_place
+
+    def failing(self, u, mesh, tol_factor=1.0):
+        new = inner(self, u, mesh, tol_factor)
+        return eqx.tree_at(lambda x: x.status, new, new.status.at[0].set(1))
+
+    monkeypatch.setattr(Problem, "record_in_place", failing)
+    host = _host_records(monkeypatch)
+    res = inference.fit(m, data, optimizer=opt(), **kw)
+    again = [r for r in host[1:-1]]            # not the first and final records
+    assert again and all(0 in r for r in again)
+    assert res.n_records_per_start[0] >= len(again)
+    np.testing.assert_array_equal(res.status, ref.status)
+    np.testing.assert_allclose(res.losses, ref.losses, rtol=1e-3)
+
+
+def test_a_start_whose_solve_fails_in_the_loop_is_frozen_there(lynx, monkeypatch):
+    """A start whose in-loop record fails with a non-finite solve (start 0, from its
+    first re-record on) is frozen in the loop, as the host freezes one: reported
+    failed with an infinite loss, never recorded by the host again, its parameters
+    those of its last good mesh; the other starts fit as without it."""
+    import equinox as eqx
+
+    from inference.problem._problem import Problem
+
+    m, data = lynx
+    kw = dict(n_starts=4, seed=1, progress=False)
+    opt = lambda: inference.optimize.Optax(optax.adam(0.1), max_iter=30)
+    ref = inference.fit(m, data, optimizer=opt(), **kw)
+    inner = Problem.record_in_place
+
+    def failing(self, u, mesh, tol_factor=1.0):
+        new = inner(self, u, mesh, tol_factor)
+        return eqx.tree_at(lambda x: x.status, new,
+                           new.status.at[0].set(int(gs.Status.NONFINITE)))
+
+    monkeypatch.setattr(Problem, "record_in_place", failing)
+    host = _host_records(monkeypatch)
+    res = inference.fit(m, data, optimizer=opt(), **kw)
+    assert res.status[0] != 0 and not np.isfinite(res.losses[0])
+    assert all(0 not in r for r in host[1:])
+    np.testing.assert_array_equal(res.status[1:], ref.status[1:])
+    np.testing.assert_allclose(res.losses[1:], ref.losses[1:], rtol=1e-3)
+    assert res.loss_history[-1][0] == np.inf
 
 
 def test_the_compiled_loop_with_a_mask_reaches_the_closed_form_conditional_optimum(
