@@ -50,6 +50,7 @@ def _args(argv=None):
 
 
 _PARTS = {}
+_LOOPS = {}
 
 
 def _profiled() -> None:
@@ -65,8 +66,14 @@ def _profiled() -> None:
             out = inner(self, *args, **kwargs)
             if name == "_run":
                 jax.block_until_ready(out["history"])
+            dt = time.perf_counter() - t
             calls, seconds = _PARTS.get(name, (0, 0.0))
-            _PARTS[name] = (calls + 1, seconds + time.perf_counter() - t)
+            _PARTS[name] = (calls + 1, seconds + dt)
+            if name == "_run":  # the compiled loop's work, by mesh capacity
+                key = f"loop at capacity {args[0].mesh.capacity}"
+                c, sec, ev, rec = _LOOPS.get(key, (0, 0.0, 0, 0))
+                _LOOPS[key] = (c + 1, sec + dt, ev + int(out.get("evals", 1)),
+                               rec + int(out.get("n_rec", 0)))
             return out
         setattr(FitKernel, name, wrapper)
 
@@ -89,6 +96,7 @@ def run(m, data, n: int, steps: int, seed: int, chunk: int | None, device, calls
             kw = dict(optimizer=inference.optimize.Optax(optax.adam(1e-2), max_iter=steps,
                                                          chunk=chunk, seed=seed))
         _PARTS.clear()
+        _LOOPS.clear()
         with jax.default_device(device):
             t = time.perf_counter()
             res = inference.fit(m, data, n_starts=n, seed=seed, progress=False, **kw)
@@ -111,7 +119,13 @@ def run(m, data, n: int, steps: int, seed: int, chunk: int | None, device, calls
             r["parts"] = {k: dict(calls=c, seconds=t) for k, (c, t) in _PARTS.items()}
             print("      " + ", ".join(f"{k} {c}x {t:.2f} s" for k, (c, t) in _PARTS.items()),
                   flush=True)
+            r["loops"] = {k: dict(calls=c, seconds=t, evaluations=e, records_in_loop=q)
+                          for k, (c, t, e, q) in _LOOPS.items()}
+            for k, (c, t, e, q) in sorted(_LOOPS.items()):
+                print(f"      {k}: {c} calls, {e} evaluations, {q} records in the loop, "
+                      f"{t:.2f} s ({1e3 * t / max(e, 1):.2f} ms an evaluation)", flush=True)
             _PARTS.clear()
+            _LOOPS.clear()
     return rows
 
 

@@ -663,9 +663,9 @@ class Optax(AbstractOptimizer):
                         self.checkpoint_every - state.step % self.checkpoint_every)
                 before = state.step
                 state = kernel.advance(state, k)
-                bar.update(state.step - before)
                 if state.step // 10 > before // 10 or state.step == steps:
-                    bar.set_postfix(**kernel.summary(state))
+                    bar.set_postfix(**kernel.summary(state))  # shown by the update
+                bar.update(state.step - before)
                 if state.step % self.checkpoint_every == 0 or state.step == steps:
                     save(state)
                 if self.callback is not None and \
