@@ -122,6 +122,34 @@ def test_program_mesh_rows(problem):
     assert np.all(np.asarray(errs) <= 1.0)
 
 
+def test_a_programs_meshes_recorded_in_place_are_the_hosts(problem):
+    """`ProgramProblem.record_in_place` (under ``jit``, at a kept mesh's capacity: what a
+    fit's compiled loop records) gives the host record's steps, point by point, and
+    `ProgramMesh.where` swaps whole points (a point's 3 subjects together)."""
+    u0 = problem.space.to_unconstrained(problem.model.defaults)
+    U = jnp.stack([u0 + 0.1 * i for i in range(4)])
+    host = problem.record(U, 0.5)
+    rec = jax.jit(lambda v, m: problem.record_in_place(v, m, 0.5))
+    kept = host.to_device()
+    dev = rec(U, kept)
+    assert dev.meshes["pk"].times.shape == kept.meshes["pk"].times.shape
+    np.testing.assert_array_equal(dev.status, 0)
+    a, b = dev.meshes["pk"], host.meshes["pk"]
+    np.testing.assert_array_equal(a.n_steps, b.n_steps)
+    for i in range(a.n):
+        k = int(b.n_steps[i]) + 1
+        np.testing.assert_allclose(np.asarray(a.times[i, :k]), b.times[i, :k], rtol=1e-12)
+    moved = rec(U + 0.3, kept)
+    mask = jnp.asarray([True, False, True, False])
+    both = jax.jit(lambda m, o: m.where(mask, o))(kept, moved).meshes["pk"]
+    rows = np.repeat(np.asarray(mask), 3)
+    np.testing.assert_array_equal(np.asarray(both.n_steps),
+                                  np.where(rows, moved.meshes["pk"].n_steps, b.n_steps))
+    np.testing.assert_array_equal(np.asarray(both.params["ka"]),
+                                  np.where(rows, moved.meshes["pk"].params["ka"],
+                                           b.params["ka"]))
+
+
 def test_fit_program_matches_closed_form_optimum(data):
     res = inference.fit(_program, data, n_starts=4, steps=600, seed=1, objective="mle",
                         optimizer=__import__("optax").adam(0.05), progress=False)

@@ -224,14 +224,20 @@ class RecordSites(_Sites):
 
     Args:
         tol_factor: record at this times each site's ``rtol``/``atol``.
+        capacities: site name -> the step capacity to record it at, instead of the site's
+            ``max_steps`` (a compiled loop that swaps fresh rows into kept meshes needs
+            their shapes); ``None``: the sites' own.
     """
 
-    def __init__(self, tol_factor: float = 1.0, defaults=None, fn=None):
+    def __init__(self, tol_factor: float = 1.0, defaults=None, fn=None, capacities=None):
         super().__init__(defaults, fn)
         self.tol_factor = float(tol_factor)
+        self.capacities = dict(capacities or {})
         self.meshes: dict[str, gs.Mesh] = {}
 
     def run(self, name, call):
+        if name in self.capacities:
+            call = call._replace(max_steps=int(self.capacities[name]))
         mesh = call.record(self.tol_factor)
         self.meshes[name] = mesh
         return call.replay(mesh)

@@ -124,6 +124,16 @@ class ProgramMesh(eqx.Module):
         r = np.asarray(rows)
         return np.flatnonzero(r) if r.dtype == bool else r.astype(np.int64).reshape(-1)
 
+    def where(self, mask, other: "ProgramMesh") -> "ProgramMesh":
+        """Point ``i``'s meshes from ``other`` where ``mask[i]`` (``(n,)`` bool, possibly
+        traced), else from this one; shapes kept (`gs.Mesh.where`, site by site)."""
+        out = {}
+        for k, m in self.meshes.items():
+            S = self.sizes[k]
+            rows = mask if S is None else jnp.repeat(jnp.asarray(mask), S)
+            out[k] = m.where(rows, other.meshes[k])
+        return ProgramMesh(out, self.sizes, self.n)
+
     def select(self, rows) -> "ProgramMesh":
         """Points ``rows`` (int indices or a bool mask of shape ``(n,)``), in that order."""
         p = self._points(rows)
@@ -464,6 +474,32 @@ class ProgramProblem(AbstractProblem):
         h = RecordSites(tol_factor, self.defaults)
         self._run(u, h)
         return h.meshes
+
+    records_in_place = True
+
+    def record_in_place(self, u, mesh: ProgramMesh, tol_factor: float = 1.0) -> ProgramMesh:
+        """Every ode site recorded at the points ``u (n, D)`` under ``jit``, each at its
+        capacity in ``mesh`` (see `AbstractProblem.record_in_place`)."""
+        caps = {k: m.capacity for k, m in mesh.meshes.items()}
+
+        def point(ui):
+            h = RecordSites(tol_factor, self.defaults, capacities=caps)
+            self._run(ui, h)
+            return h.meshes
+
+        n = u.shape[0]
+        out = {}
+        for k, m in jax.vmap(point)(u).items():
+            S = self.sizes[k]
+            changes = {}
+            for f in dataclasses.fields(m):
+                per_row = f.name in gs.Mesh.PER_TRAJECTORY or f.name == "params"
+                flat = ((lambda x: x if S is None else jnp.reshape(x, (n * S,) + x.shape[2:]))
+                        if per_row else (lambda x: x[0]))
+                changes[f.name] = jax.tree_util.tree_map(
+                    lambda x, flat=flat: flat(x) if eqx.is_array(x) else x, getattr(m, f.name))
+            out[k] = dataclasses.replace(m, **changes)
+        return ProgramMesh(out, dict(self.sizes), n)
 
     def record(self, u, tol_factor: float = 1.0) -> ProgramMesh:
         """Every ode site recorded at ``u (D,)`` or ``(n, D)`` (host, trimmed)."""
