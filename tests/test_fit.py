@@ -674,8 +674,8 @@ def test_a_start_that_outgrows_the_loops_capacity_is_recorded_by_the_host(lynx,
 def test_a_start_whose_solve_fails_in_the_loop_is_frozen_there(lynx, monkeypatch):
     """A start whose in-loop record fails with a non-finite solve (start 0, from its
     first re-record on) is frozen in the loop, as the host freezes one: reported
-    failed with an infinite loss, never recorded by the host again, its parameters
-    those of its last good mesh; the other starts fit as without it."""
+    failed with an infinite loss, never recorded by the host again, its mesh row
+    replaying no step; the other starts fit as without it."""
     import equinox as eqx
 
     from inference.problem._problem import Problem
@@ -693,9 +693,16 @@ def test_a_start_whose_solve_fails_in_the_loop_is_frozen_there(lynx, monkeypatch
 
     monkeypatch.setattr(Problem, "record_in_place", failing)
     host = _host_records(monkeypatch)
+    from inference.optimize._optax import FitKernel
+
+    finals, final = [], FitKernel.final
+    monkeypatch.setattr(FitKernel, "final",
+                        lambda self, s: finals.append(s) or final(self, s))
     res = inference.fit(m, data, optimizer=opt(), **kw)
     assert res.status[0] != 0 and not np.isfinite(res.losses[0])
     assert all(0 not in r for r in host[1:])
+    steps = np.asarray(finals[0].mesh.n_steps)   # the frozen start replays no step
+    assert steps[0] == 0 and np.all(steps[1:] > 0)
     np.testing.assert_array_equal(res.status[1:], ref.status[1:])
     np.testing.assert_allclose(res.losses[1:], ref.losses[1:], rtol=1e-3)
     assert res.loss_history[-1][0] == np.inf

@@ -51,6 +51,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -127,6 +128,17 @@ class _Eval(NamedTuple):
     drift: np.ndarray
 
 
+def _retired(mesh, alive):
+    """``mesh`` with the rows of frozen starts (``~alive``) replaying no step: their losses
+    are not used, and a replay whose cost follows its longest trajectory (a TPU block of
+    4,096 lanes; the CPU kernel, per trajectory) would otherwise keep paying for the long
+    mesh a start was frozen with. Meshes of other kinds are returned as they are."""
+    if isinstance(mesh, gs.Mesh):
+        return eqx.tree_at(lambda m: m.n_steps, mesh, jnp.where(alive, mesh.n_steps, 0))
+    retire = getattr(mesh, "retired", None)
+    return mesh if retire is None else retire(alive)
+
+
 #: Steps after an in-loop redo before each of which every start is re-recorded (`FitKernel`).
 EAGER = 16
 
@@ -183,11 +195,15 @@ class FitKernel:
             record failed for want of steps stays pending, for the host (a larger
             capacity); one whose solve failed otherwise (not finite, step underflow) is
             frozen at its last good parameters, as the host freezes it."""
-            fresh = problem.record_in_place(c["u"], c["mesh"], tol_factor)
-            take = c["alive"] & (fresh.status == 0)
+            # a frozen start is recorded at a live one's point: it is not used, and its
+            # own may take far more steps (a device's block waits for its longest lane)
+            live = c["alive"]
+            u = jnp.where(live[:, None], c["u"], c["u"][jnp.argmax(live)])
+            fresh = problem.record_in_place(u, c["mesh"], tol_factor)
+            take = live & (fresh.status == 0)
             failed = c["pending"] & ~take
             freeze = failed & (fresh.status != gs.Status.MAX_STEPS)
-            return dict(c, mesh=c["mesh"].where(take, fresh),
+            return dict(c, mesh=_retired(c["mesh"].where(take, fresh), live & ~freeze),
                         u=jnp.where(freeze[:, None], c["u_rec"], c["u"]),
                         u_rec=jnp.where(take[:, None], c["u"], c["u_rec"]),
                         alive=c["alive"] & ~freeze,
@@ -261,6 +277,7 @@ class FitKernel:
                     blocked=blocked, loss=loss, err=err, drift=drift)
 
             zero = jnp.zeros(n, u.dtype)
+            mesh = _retired(mesh, alive)
             c = dict(u=u, opt=opt_state, history=jnp.full((self.chunk, n), jnp.inf, u.dtype),
                      max_err=max_err.astype(u.dtype), pending=pending,
                      urgency=urgency.astype(u.dtype), done=jnp.zeros((), jnp.int32),
@@ -322,8 +339,10 @@ class FitKernel:
         done = int(c["done"])
         # evaluations in the loop; an uncommitted one handed to `_took` is counted there
         s = s._replace(n_grad_evals=s.n_grad_evals + int(c["evals"]) - bool(c["redo"]))
-        if int(c["n_rec"]):  # re-recorded in the loop: the mesh changed on the device
-            s = s._replace(mesh=c["mesh"], mesh_host=None, u_rec=np.array(c["u_rec"]),
+        if self.in_place:  # the loop's mesh: re-recorded rows, frozen starts' retired
+            s = s._replace(mesh=c["mesh"], mesh_host=None)
+        if int(c["n_rec"]):  # re-recorded in the loop
+            s = s._replace(u_rec=np.array(c["u_rec"]),
                            u=np.array(c["u"]), alive=np.asarray(c["alive"]),
                            n_records=s.n_records + int(c["n_rec"]),
                            n_records_per_start=s.n_records_per_start + c["per"])

@@ -134,6 +134,16 @@ class ProgramMesh(eqx.Module):
             out[k] = m.where(rows, other.meshes[k])
         return ProgramMesh(out, self.sizes, self.n)
 
+    def retired(self, keep) -> "ProgramMesh":
+        """The points where ``keep (n,)`` is False replaying no step (their trajectories'
+        ``n_steps`` set to 0; jittable): points a fit no longer uses."""
+        out = {}
+        for k, m in self.meshes.items():
+            S = self.sizes[k]
+            rows = keep if S is None else jnp.repeat(jnp.asarray(keep), S)
+            out[k] = eqx.tree_at(lambda x: x.n_steps, m, jnp.where(rows, m.n_steps, 0))
+        return ProgramMesh(out, self.sizes, self.n)
+
     def select(self, rows) -> "ProgramMesh":
         """Points ``rows`` (int indices or a bool mask of shape ``(n,)``), in that order."""
         p = self._points(rows)
