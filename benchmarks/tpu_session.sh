@@ -30,7 +30,8 @@
 # "defaults" (gs.solve's gradient at its defaults, $DEF_N trajectories, default 1,048,576:
 # route, capacity, second call, peak HBM), "theophylline" (inference.sample of the
 # theophylline population, 4 chains vectorised on the chip, 50 + 50 draws), "fitstarts"
-# (inference.fit of lynx-hare at 1,024 and 100,000 starts, chip and host), "samplers"
+# (inference.fit of lynx-hare at 1,024 and 100,000 starts, chip and host), "fitstep" (one
+# fit step's parts: the record in place, the gradient, both), "samplers"
 # (NUTS against ChEES, benchmarks/bench_samplers.py: $SAMP_MODELS, default lynx; theo in a
 # call of its own; float32; $SAMP_ARGS its flags)); $NS the sizes of the bench step.
 set -u
@@ -131,6 +132,15 @@ for n in [int(x) for x in os.environ.get("FIT_NS", "16 1024").split()]:
     # inference.fit of lynx-hare at ensemble width, chip against its host in one process
     # (benchmarks/bench_fit_starts.py): $FITSTARTS_NS sizes, $FITSTARTS_ARGS more flags
     # (e.g. "--host-max-n 1024": the host at 100,000 starts takes about half an hour)
+    # one fit step's parts (benchmarks/bench_fit_step.py) at $FITSTEP_NS starts, at the
+    # trimmed capacity and padded to 4,096 (what a fit's capacity grows to)
+    fitstep)
+      for n in ${FITSTEP_NS:-16384 100000}; do
+        for cap in "" "--capacity 4096"; do
+          PYTHONUNBUFFERED=1 timeout 200 $PY benchmarks/bench_fit_step.py --n "$n" $cap 2>&1 \
+            | grep -v "^WARNING" | tee -a "$LOG"
+        done
+      done ;;
     fitstarts)
       PYTHONUNBUFFERED=1 timeout "${FITSTARTS_S:-580}" $PY benchmarks/bench_fit_starts.py \
         --n "${FITSTARTS_NS:-1024,100000}" --float32 ${FITSTARTS_ARGS:---host-max-n 1024} \
