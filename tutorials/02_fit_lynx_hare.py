@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -20,8 +22,10 @@
 #
 # **Why many starts are cheap here:** the starts are one *ensemble*. One `gs.record` call
 # solves all of them, and every optimisation step differentiates a `gs.replay` of that
-# mesh. A start is re-recorded only when its parameters drift or the replay's error
-# estimate says the mesh no longer holds — so the number of adaptive solves
+# mesh. The ensemble is recorded again only when some start's parameters drift or the
+# replay's error estimate says its mesh no longer holds, and then every start at once,
+# inside the compiled loop (one ensemble record costs about what a record of a few
+# starts does, and the mesh never leaves the device) — so the number of adaptive solves
 # (`n_records`) is far below the number of gradient evaluations (`n_grad_evals`).
 
 # %%
