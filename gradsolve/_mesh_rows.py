@@ -169,6 +169,12 @@ def row(mesh: "Mesh", i) -> "Mesh":
     i = int(i)
     if on_host(mesh):
         return map_rows(mesh, lambda x: np.asarray(np.asarray(x)[i]))
+    # one compiled program per mesh structure (eager indexing would compile one per leaf)
+    return _device_row(mesh, np.asarray(i % n, np.int32))
+
+
+@eqx.filter_jit
+def _device_row(mesh: "Mesh", i) -> "Mesh":
     return map_rows(mesh, lambda x: jnp.asarray(x)[i])
 
 

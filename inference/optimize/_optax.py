@@ -63,6 +63,7 @@ import gradsolve as gs
 from .. import _checkpoint
 from .._progress import progress_bar
 from .._result import FAILED, FitResult
+from .._transfer import to_device
 from ..problem._abstract import AbstractProblem
 from ..problem._policy import MeshPolicy
 from ._optimizer import AbstractOptimizer, OptimizeResult, checked_mask
@@ -300,10 +301,10 @@ class FitKernel:
     def _run(self, s: FitState, k: int, force: bool) -> dict:
         """The compiled loop of up to ``k`` steps from ``s`` (host arrays out, but for the
         optimiser state, the loss rows and the mesh, which stay on the device)."""
-        c = self._steps(jnp.asarray(s.u), s.opt_state, s.mesh, jnp.asarray(s.u_rec),
-                        jnp.asarray(s.alive), jnp.asarray(s.max_error_ratio),
-                        jnp.asarray(s.urgency), jnp.asarray(s.pending),
-                        jnp.asarray(k, jnp.int32), jnp.asarray(force))
+        put = to_device
+        c = self._steps(put(s.u), s.opt_state, s.mesh, put(s.u_rec), put(s.alive),
+                        put(s.max_error_ratio), put(s.urgency), put(s.pending),
+                        put(np.int32(k)), put(np.bool_(force)))
         kept = {key: c.pop(key) for key in ("opt", "history", "mesh")}
         out = jax.device_get(c)
         out.update(kept)  # `advance` reads the rows of "history" it needs
@@ -389,7 +390,7 @@ class FitKernel:
             pad = np.zeros(size - len(rows), np.int64)  # repeats of the first row
             idx = np.concatenate([rows, rows[pad]])
             sub = sub.select(np.concatenate([np.arange(len(rows)), pad])).with_capacity(cap)
-            return dict(mesh=self._put(s.mesh, jnp.asarray(idx), sub.to_device()),
+            return dict(mesh=self._put(s.mesh, to_device(idx), sub.to_device()),
                         mesh_host=None)
         host = s.mesh.to_host() if s.mesh_host is None else s.mesh_host
         host = self.sized(host.scatter(rows, sub), cap)
@@ -447,7 +448,7 @@ class FitKernel:
         mesh, _ = self.record(u, np.arange(n))
         self.ragged = self.problem.ragged_replay(u[0], mesh.row(0))
         mesh = self.sized(mesh)
-        s = FitState(u=u, u_rec=u.copy(), opt_state=self.init_optimizer(jnp.asarray(u)),
+        s = FitState(u=u, u_rec=u.copy(), opt_state=self.init_optimizer(to_device(u)),
                      mesh=mesh.to_device(), mesh_host=mesh, alive=np.ones(n, bool),
                      pending=np.zeros(n, bool), urgency=np.zeros(n), step=0, history=(),
                      max_error_ratio=np.zeros(n), n_records=1,
@@ -468,7 +469,7 @@ class FitKernel:
         if bad.all():
             _no_start_left(bad, np.asarray(s.mesh.status) != 0, max_redraws, can_redraw)
         return s._replace(alive=~bad, u_rec=s.u.copy(),
-                          opt_state=self.init_optimizer(jnp.asarray(s.u)))
+                          opt_state=self.init_optimizer(to_device(s.u)))
 
     def step(self, s: FitState) -> FitState:
         """One optimisation step: the pending re-records, the loss and gradient on the

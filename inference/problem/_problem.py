@@ -37,6 +37,7 @@ from ._abstract import AbstractProblem
 from ._policy import tightened
 from .._checkpoint import digest
 from ._space import ParamSpace
+from .._transfer import to_device
 
 __all__ = ["InferenceModel", "Problem", "Tolerances", "TOLERANCES"]
 
@@ -192,7 +193,7 @@ class Problem(AbstractProblem):
     def record(self, u: jax.Array, tol_factor: float = 1.0) -> gs.Mesh:
         """``gs.record`` at ``u (D,)`` or ``(n, D)``, at ``tol_factor`` times the
         tolerances (fitters record tighter than they test; see `MeshPolicy`)."""
-        x = self._constrained(jnp.asarray(u))
+        x = self._constrained(to_device(u))
         args = self._args(x)
         return gs.record(*args, ts=self.ts, solver=self.solver,
                          rtol=tightened(self.rtol, tol_factor, args[3]),

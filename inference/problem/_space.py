@@ -81,7 +81,22 @@ class ParamSpace:
         return tuple(s[: len(s) - len(e.shape)])
 
     def to_unconstrained(self, params: Mapping[str, Any]) -> jax.Array:
-        """Constrained dict (leaves ``(..., *shape)``) -> flat ``(..., D)``."""
+        """Constrained dict (leaves ``(..., *shape)``) -> flat ``(..., D)``.
+
+        Called on concrete values it runs one compiled program per shape (cached), not
+        an operation at a time: eagerly, each operation would compile a program of its
+        own for every new shape, which costs most on an accelerator."""
+        params = {e.name: params[e.name] for e in self.entries}
+        if any(isinstance(v, jax.core.Tracer) for v in jax.tree_util.tree_leaves(params)):
+            return self._to_unconstrained(params)
+        if getattr(self, "_jit_to_u", None) is None:
+            self._jit_to_u = jax.jit(self._to_unconstrained)
+        return self._jit_to_u(params)
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_jit_to_u"}
+
+    def _to_unconstrained(self, params: Mapping[str, Any]) -> jax.Array:
         batch = self._batch(params)
         parts = []
         for e in self.entries:

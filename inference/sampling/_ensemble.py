@@ -184,7 +184,7 @@ class EnsembleKernel(ChainKernel):
                              lambda: None)
             return lp
 
-        ones = jnp.ones(D)
+        ones = jax.device_put(np.ones(D, jnp.result_type(float)))
         self._log_p, self._step_fn, self._chees_update, self._ones = (
             log_p, step_fn, chees_update, ones)
         self._solves = solve
@@ -247,29 +247,35 @@ class EnsembleKernel(ChainKernel):
 
     # ------------------------------------------------------------------ state
     def _adapt(self, mu, L, chees, left) -> EnsembleAdapt:
+        # built on the host and transferred whole: eager jnp calls would each compile
         var = np.sum(np.asarray(L) ** 2, axis=1)
         eps = np.exp(float(chees.log_step_size_moving_average))
         f = jnp.result_type(float)
-        return EnsembleAdapt(step_size=jnp.full((self.C,), eps, f),
-                             inverse_mass_matrix=jnp.broadcast_to(jnp.asarray(var, f),
-                                                                  (self.C, len(var))),
-                             chees=chees, mu=jnp.asarray(mu, f), L=jnp.asarray(L, f),
-                             left=jnp.asarray(int(left), jnp.int32))
+        return EnsembleAdapt(**jax.device_put(dict(
+            step_size=np.full((self.C,), eps, f),
+            inverse_mass_matrix=np.broadcast_to(np.asarray(var, f), (self.C, len(var))),
+            mu=np.asarray(mu, f), L=np.asarray(L, f), left=np.asarray(int(left), np.int32))),
+            chees=chees)
 
     def _fresh_chees(self, step_size: float, trajectory_length: float | None = None):
         """BlackJAX's initial ChEES state at ``step_size`` (and ``trajectory_length``,
         default one step), its leaves strongly typed (the compiled loop carries them)."""
         f = jnp.result_type(float)
-        eps = jnp.asarray(step_size, f)
-        t = eps if trajectory_length is None else jnp.asarray(trajectory_length, f)
-        ch = self._chees_init(jnp.asarray(0, jnp.int32), eps)
-        ch = ch._replace(trajectory_length=t, log_trajectory_length_moving_average=jnp.log(t),
-                         log_step_size_moving_average=jnp.log(eps),
-                         optim_state=self._optim_init(jnp.log(t)),
-                         step=jnp.asarray(1, jnp.int32))
-        return jax.tree_util.tree_map(
-            lambda v: jnp.asarray(v, f) if jnp.issubdtype(jnp.result_type(v), jnp.floating)
-            else jnp.asarray(v, jnp.int32), ch)
+        eps = np.asarray(step_size, f)
+        t = eps if trajectory_length is None else np.asarray(trajectory_length, f)
+        if getattr(self, "_chees_state", None) is None:  # one program, not one per op
+            def state(eps, t):
+                ch = self._chees_init(jnp.asarray(0, jnp.int32), eps)
+                ch = ch._replace(
+                    trajectory_length=t, log_trajectory_length_moving_average=jnp.log(t),
+                    log_step_size_moving_average=jnp.log(eps),
+                    optim_state=self._optim_init(jnp.log(t)), step=jnp.asarray(1, jnp.int32))
+                return jax.tree_util.tree_map(
+                    lambda v: jnp.asarray(v, f) if jnp.issubdtype(jnp.result_type(v),
+                                                                  jnp.floating)
+                    else jnp.asarray(v, jnp.int32), ch)
+            self._chees_state = jax.jit(state)
+        return self._chees_state(jax.device_put(eps), jax.device_put(t))
 
     def init(self, u0: np.ndarray, key, s: SampleState, tuned=None, metric=None):
         """The chains at ``u0 (C, D)``, the whitening from ``metric`` (an inverse mass
@@ -296,10 +302,9 @@ class EnsembleKernel(ChainKernel):
             mu = np.mean(u0, axis=0)
             ch = self._fresh_chees(0.5)
         f = jnp.result_type(float)
-        x = jnp.zeros((C, D), f)
-        hmc = DynamicHMCState(x, jnp.zeros(C, f), jnp.zeros((C, D), f),
-                              jnp.zeros(C, jnp.int32))
-        return EnsembleChains(jnp.asarray(u0, f), hmc,
+        hmc = DynamicHMCState(*jax.device_put((np.zeros((C, D), f), np.zeros(C, f),
+                                               np.zeros((C, D), f), np.zeros(C, np.int32))))
+        return EnsembleChains(jax.device_put(u0.astype(f)), hmc,
                               self._adapt(mu, L, ch, self.num_warmup),
                               jax.random.split(key, self.C))
 
@@ -324,8 +329,9 @@ class EnsembleKernel(ChainKernel):
         f = jnp.result_type(float)
         C, D = self.C, self.problem.space.dim
         left0 = int(s.chains.adapt_state.left)
-        buf = Draws(jnp.zeros((C, CHUNK, D), f), jnp.zeros((C, CHUNK), bool),
-                    jnp.zeros((C, CHUNK), jnp.int32), *(jnp.zeros((C, CHUNK), f),) * 4)
+        buf = Draws(*jax.device_put((np.zeros((C, CHUNK, D), f), np.zeros((C, CHUNK), bool),
+                                     np.zeros((C, CHUNK), np.int32))
+                                    + (np.zeros((C, CHUNK), f),) * 4))
         meshes = self.meshes(s)
         while True:
             self.failures.count = 0

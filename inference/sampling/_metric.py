@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._transfer import to_device
 from ..problem._abstract import AbstractProblem
 
 __all__ = ["curvature_metric", "prior_variance", "MAX_METRIC_DIM"]
@@ -49,7 +50,7 @@ def _hessian(problem: AbstractProblem, centre: np.ndarray, mesh) -> np.ndarray:
         pad = _BLOCK - part.shape[0]
         if pad:
             part = np.concatenate([part, np.repeat(part[-1:], pad, axis=0)])
-        out.append(np.asarray(grad(jnp.asarray(part)))[: _BLOCK - pad])
+        out.append(np.asarray(grad(to_device(part)))[: _BLOCK - pad])
     g = np.concatenate(out)
     H = (g[:D] - g[D:]).T / (2 * _STEP)
     return 0.5 * (H + H.T)
