@@ -33,7 +33,7 @@ from ._solver.diffrax_adapter import DiffraxSolver
 from .drivers import AbstractDriver
 from .drivers.auto import resolve
 from .drivers.base import ReplayLayout, ReplayNodes
-from ._sharding import host
+from ._sharding import host, platform
 
 _sg = jax.lax.stop_gradient
 
@@ -211,7 +211,7 @@ def replay_prepared(f, mesh: Mesh, b, ts_given: bool, group_size: int | None,
     check_layout(group_size, chunk_size, where)
     driver = resolve(driver, "replay", f, mesh.solver, b.y0, b.params, where, mesh.has_events)
     layout = ReplayLayout(None if group_size is None else int(group_size), int(chunk_size),
-                          jax.default_backend())
+                          platform())
     jumps = None if events is None else (events.jump_times, events.jump_sizes)
     # The Taylor terms that differentiate t0, t1 and save times that cannot move a node
     # evaluate f in forward mode (jax.jvp); only where those times are traced, so a vector

@@ -17,6 +17,17 @@ from jax.sharding import Mesh as DeviceMesh
 from jax.sharding import NamedSharding, PartitionSpec
 
 
+def platform() -> str:
+    """The platform the next computation runs on: that of ``jax.default_device`` where one
+    is set (``with jax.default_device(jax.devices("cpu")[0]):`` on a TPU machine runs on
+    its CPU), else ``jax.default_backend()``. The drivers choose by it, so a solve asked
+    for on the host of an accelerator takes the host's kernel, not the chip's."""
+    d = jax.config.jax_default_device
+    if d is None:
+        return jax.default_backend()
+    return d if isinstance(d, str) else d.platform
+
+
 def ensemble_sharding(devices=None) -> NamedSharding:
     """A ``NamedSharding`` that splits axis 0 (the ensemble) over ``devices``.
 

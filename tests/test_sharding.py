@@ -56,3 +56,24 @@ def test_shard_ensemble_rejects_bad_shapes():
         gs.shard_ensemble((jnp.ones((4, 2)), jnp.ones((3, 4))))
     with pytest.raises(ValueError, match="`devices` is empty"):
         gs.ensemble_sharding([])
+
+
+def test_the_drivers_follow_the_default_device(monkeypatch):
+    """On an accelerator's machine, ``jax.default_device(cpu)`` runs a solve on the host:
+    the drivers choose by that device's platform, so Auto passes over the chip's Pallas
+    kernels there (it tried them, and failed to lower them on the CPU, before). The chip
+    is imitated by the default backend's name."""
+    import jax
+
+    from gradsolve._sharding import platform
+
+    f = lambda t, y, p: -p * y
+    y0, p = jnp.ones((4, 1), jnp.float32), jnp.ones(4, jnp.float32)
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert platform() == "tpu"
+    assert isinstance(gs.drivers.Auto().choose("replay", f, gs.Tsit5(), y0, p),
+                      gs.drivers.Pallas)
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert platform() == "cpu"
+        assert not isinstance(gs.drivers.Auto().choose("replay", f, gs.Tsit5(), y0, p),
+                              gs.drivers.Pallas)

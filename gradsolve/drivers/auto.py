@@ -6,11 +6,11 @@ import sys
 import warnings
 from typing import ClassVar
 
-import jax
 
 from .._flat import cache_key
 from .._solver.rosenbrock import AbstractRosenbrock
 from .._caches import cache
+from .._sharding import platform
 from .base import AbstractDriver, refuse
 from .batched import Batched
 from .kernel import Kernel, build, kernel_allowed
@@ -98,7 +98,7 @@ class Auto(AbstractDriver):
     def _choose(self, kind, f, solver, y0, params, events):
         """``(driver, [(name, reason) of the drivers passed over before it])``."""
         order = (Kernel(), Batched()) if kind == "record" else (Kernel(), Lanes(), Batched())
-        if jax.default_backend() == "tpu":  # the fused kernels first, where they apply
+        if platform() == "tpu":  # the fused kernels first, where they apply
             order = (Pallas(),) + order
         untranslated = []  # (driver, what its translator did not handle)
         passed = []

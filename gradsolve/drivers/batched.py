@@ -54,6 +54,7 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 from .._controller import PIDController, error_norm, initial_step
 from .._events import Events, apply_jumps, empty_events, jump_node_times, reset_state
 from .._mesh import Mesh, Status
+from .._sharding import platform
 from .._misc import length_groups, shared_max, tree_where
 from .._savetimes import node_times
 from .._solver.base import AbstractSolver
@@ -89,7 +90,7 @@ def record_chunk(backend: str | None = None) -> int:
     chunk, for at most ``chunk - 1`` spare no-op attempts at the end. On CPU the condition
     costs nothing and the spare attempts would be pure overhead.
     """
-    backend = jax.default_backend() if backend is None else backend
+    backend = platform() if backend is None else backend
     return 1 if backend == "cpu" else 8
 
 
@@ -407,7 +408,7 @@ _GROUP_SIZE_ACCELERATOR = 1 << 17
 
 def default_group_size(backend: str | None = None) -> int:
     """Trajectories per length-sorted group of the batched replay on ``backend`` (default:
-    ``jax.default_backend()``).
+    the default device's platform, `gradsolve._sharding.platform`).
 
     Groups run one after another (``lax.map``). On CPU that is what we want: a group keeps
     a step's working set in cache, and a ragged ensemble replays only as many steps as each
@@ -420,7 +421,7 @@ def default_group_size(backend: str | None = None) -> int:
     there the default is 131,072, a single group for most ensembles. (The lanes replay has
     its own, `gradsolve.drivers.lanes.default_group_size`.)
     """
-    backend = jax.default_backend() if backend is None else backend
+    backend = platform() if backend is None else backend
     return _GROUP_SIZE_CPU if backend == "cpu" else _GROUP_SIZE_ACCELERATOR
 
 

@@ -48,6 +48,7 @@ from .._caches import cache
 from .._jaxpr import Scalarizer, Unsupported, unsupported_primitive
 from .._misc import length_groups, shared_any, shared_max
 from .._mesh import Mesh
+from .._sharding import platform
 from .._events import jump_node_times
 from .._savetimes import node_times
 from .._solver.base import AbstractExplicitRK
@@ -506,11 +507,11 @@ _GROUP_SIZE_ACCELERATOR = 1 << 17
 
 def default_group_size(backend: str | None = None) -> int:
     """Trajectories per length-sorted group of the lanes replay on ``backend`` (default
-    ``jax.default_backend()``): 1,024 on CPU, whose steps are a few large fusions that
+    the default device's platform, `gradsolve._sharding.platform`): 1,024 on CPU, whose steps are a few large fusions that
     prefer wider groups than the batched driver's (LV n = 1,000 gradient: 18 ms against
     24 ms at 256); one group of up to 131,072 on GPU/TPU, where groups run one after
     another and would only multiply kernel launches."""
-    backend = jax.default_backend() if backend is None else backend
+    backend = platform() if backend is None else backend
     return _GROUP_SIZE_CPU if backend == "cpu" else _GROUP_SIZE_ACCELERATOR
 
 

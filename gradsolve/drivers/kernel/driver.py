@@ -27,6 +27,7 @@ from ..._checks import batch, check_vector_field, split_static
 from ..._flat import cache_key, flat_field, flat_params, flatten_spec, per_trajectory
 from ..._config import kernel_enabled
 from ..._cpus import usable_cpus
+from ..._sharding import platform
 from ..._events import empty_events
 from ..._mesh import Mesh
 from ..._solver import Tsit5
@@ -211,9 +212,9 @@ def kernel_target(f, solver, y0, params, background: bool = False) -> Target:
     estimated to take longer than ``$GRADSOLVE_KERNEL_BACKGROUND_S`` runs in a daemon
     thread instead, and until it is done the answer is ``Target(building=True)``
     (`gradsolve.drivers.kernel.build.start`)."""
-    if jax.default_backend() != "cpu":
-        return Target(None, f"it runs on CPU only (the default backend is "
-                            f"{jax.default_backend()}).")
+    if platform() != "cpu":
+        return Target(None, f"it runs on CPU only (the default device's platform is "
+                            f"{platform()}).")
     if not isinstance(solver, (AbstractExplicitRK, AbstractRosenbrock)):
         return Target(None, f"it runs explicit Runge–Kutta solvers (gs.Tsit5, gs.Dopri5, "
                             f"gs.Vern7) and Rosenbrock methods (gs.Rodas5P, "

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..._sharding import platform
 from ..base import AbstractDriver
 from ._field import pallas_field
 from ._replay import pallas_replay
@@ -64,7 +65,7 @@ class Pallas(AbstractDriver):
     def _reason(self, f, solver, y0, params) -> str | None:
         """Why the kernels cannot run this work (record and replay share the rules)."""
         if not self.interpret:
-            backend = jax.default_backend()
+            backend = platform()
             if backend != "tpu":
                 return (f"it runs Pallas kernels on a TPU, and the default backend is "
                         f"{backend}; gs.drivers.Pallas(interpret=True) runs the same kernels "
