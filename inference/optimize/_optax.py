@@ -16,16 +16,19 @@ How it works:
 3. Each step also measures, per start, the parameter drift since its mesh was recorded and
    the replay's ``error_ratio``; `MeshPolicy` says which starts to re-record before the
    next step and which steps to redo at once on a fresh mesh. Where the problem can record
-   under ``jit`` (`AbstractProblem.record_in_place`: an ODE model's), both happen inside
-   the compiled loop: every start is recorded again at the loop's step capacity and the
-   rows swapped in (`gs.Mesh.where`), and after a redo every step of the next ``EAGER``
+   under ``jit`` (`AbstractProblem.record_in_place`: an ODE model's, a NumPyro program's,
+   a population's), both happen inside the compiled loop: every start is recorded again
+   at the loop's step capacity and the rows swapped in (`gs.Mesh.where`), and after a
+   redo every step of the next ``EAGER``
    is preceded by such a record (at ensemble width some start needs a redo at nearly
    every step; a record before the step saves the second evaluation). The loop returns
    to the host only for a start that outgrows the capacity, or a step to redo on a mesh
    recorded just now. Why all starts: on an accelerator one record of every start costs
    about what a record of a few does, and the mesh never leaves the device (lynx–hare,
    1,024 starts x 300 steps on 2 CPU cores: 8.4 s with host re-records, 2.7 s in the
-   loop). Other problems (programs, PEtab, populations) end the loop at either verdict
+   loop). Where the replay's cost follows the mesh capacity (the TPU's kernels), a start
+   that outgrows it by far is frozen rather than grow every start's mesh
+   (`FitKernel.step_limit`). Other problems (PEtab's) end the loop at either verdict
    and re-record on the host, only the starts concerned, as a sub-ensemble padded to one
    of a few fixed sizes (``n, n/4, n/16, ...``, so few record programs are compiled); the
    padding slots re-record, for free, the starts closest to triggering.
