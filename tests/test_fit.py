@@ -744,3 +744,39 @@ def test_the_compiled_loop_with_a_mask_reaches_the_closed_form_conditional_optim
     starts = inference.fit(m, data, optimizer=Masked(max_iter=0), **kw)
     np.testing.assert_array_equal(long.all_params["sigma"], starts.all_params["sigma"])
     np.testing.assert_allclose(long.all_params["k"], k_star, rtol=1e-6)
+
+
+def test_a_start_far_past_the_others_steps_is_frozen_where_the_capacity_costs(lynx):
+    """Where the replay's cost follows the mesh capacity (not `ragged`: the TPU's kernels),
+    a start whose fresh mesh needs more than `STEP_RATIO` times the live starts' median
+    steps is frozen (as one whose solve fails) instead of growing every start's mesh; where
+    each trajectory pays its own steps (the CPU kernel) there is no limit."""
+    import equinox as eqx
+
+    from inference.optimize import Optax
+    from inference.optimize._optax import MIN_STEP_LIMIT, STEP_RATIO, FitKernel
+
+    m, data = lynx
+    problem = inference.problem._problem.Problem(m, data)
+    kernel = Optax(max_iter=5).kernel(problem)
+    u0 = np.asarray(problem.sample_starts(jax.random.PRNGKey(0), 8))
+    s = kernel.init(u0, jax.random.PRNGKey(1), max_redraws=0, can_redraw=False)
+    assert kernel.ragged and kernel.step_limit(s) == np.inf
+    kernel.ragged = False
+    steps = np.asarray(s.mesh_host.n_steps)
+    assert kernel.step_limit(s) == max(STEP_RATIO * np.median(steps[s.alive]),
+                                       MIN_STEP_LIMIT, s.mesh.capacity)
+    inner = FitKernel.record
+
+    def long_first(self, u, rows, fill=None):  # start 0 needs 10,000 steps
+        sub, got = inner(self, u, rows, fill)
+        return eqx.tree_at(lambda x: x.n_steps, sub,
+                           np.where(got == 0, 10_000, np.asarray(sub.n_steps))), got
+
+    kernel.record = long_first.__get__(kernel)
+    moved = s._replace(u=s.u + 0.05)
+    out = kernel.rerecord(moved, np.array([True, True] + [False] * 6), np.zeros(8))
+    assert not out.alive[0] and out.alive[1:].all()
+    np.testing.assert_array_equal(out.u[0], s.u_rec[0])      # back to its last good point
+    np.testing.assert_array_equal(out.u_rec[1], moved.u[1])  # start 1 re-recorded there
+    assert out.mesh.capacity == s.mesh.capacity
