@@ -780,3 +780,37 @@ def test_a_start_far_past_the_others_steps_is_frozen_where_the_capacity_costs(ly
     np.testing.assert_array_equal(out.u[0], s.u_rec[0])      # back to its last good point
     np.testing.assert_array_equal(out.u_rec[1], moved.u[1])  # start 1 re-recorded there
     assert out.mesh.capacity == s.mesh.capacity
+
+
+def test_a_start_that_outgrows_a_capacity_that_may_not_grow_is_frozen_in_the_loop(
+        lynx, monkeypatch):
+    """Where the capacity may not grow (`FitKernel.step_limit` at the capacity: here a
+    replay that pays for the capacity, and a ratio of 1), a start whose in-loop record runs
+    out of steps is frozen in the loop, as the host would freeze it, and never goes to the
+    host; the other starts fit as without it."""
+    import equinox as eqx
+
+    from inference.optimize import _optax
+    from inference.problem._problem import Problem
+
+    m, data = lynx
+    kw = dict(n_starts=4, seed=1, progress=False)
+    opt = lambda: inference.optimize.Optax(optax.adam(0.1), max_iter=30)
+    monkeypatch.setattr(Problem, "ragged_replay", lambda self, u, mesh: False)
+    monkeypatch.setattr(_optax, "STEP_RATIO", 1)
+    monkeypatch.setattr(_optax, "MIN_STEP_LIMIT", 1)
+    ref = inference.fit(m, data, optimizer=opt(), **kw)
+    inner = Problem.record_in_place
+
+    def failing(self, u, mesh, tol_factor=1.0):
+        new = inner(self, u, mesh, tol_factor)
+        return eqx.tree_at(lambda x: x.status, new,
+                           new.status.at[0].set(int(gs.Status.MAX_STEPS)))
+
+    monkeypatch.setattr(Problem, "record_in_place", failing)
+    host = _host_records(monkeypatch)
+    res = inference.fit(m, data, optimizer=opt(), **kw)
+    assert res.status[0] != 0 and not np.isfinite(res.losses[0])
+    assert all(0 not in r for r in host[1:])
+    np.testing.assert_array_equal(res.status[1:], ref.status[1:])
+    np.testing.assert_allclose(res.losses[1:], ref.losses[1:], rtol=1e-3)

@@ -211,7 +211,8 @@ class FitKernel:
             fresh = problem.record_in_place(u, c["mesh"], tol_factor)
             take = live & (fresh.status == 0)
             failed = c["pending"] & ~take
-            freeze = failed & (fresh.status != gs.Status.MAX_STEPS)
+            # out of steps goes to the host, unless the capacity may not grow (`step_limit`)
+            freeze = failed & ((fresh.status != gs.Status.MAX_STEPS) | ~c["can_grow"])
             return dict(c, mesh=_retired(c["mesh"].where(take, fresh), live & ~freeze),
                         u=jnp.where(freeze[:, None], c["u_rec"], c["u"]),
                         u_rec=jnp.where(take[:, None], c["u"], c["u_rec"]),
@@ -219,7 +220,8 @@ class FitKernel:
                         pending=failed & ~freeze, fresh=jnp.ones((), bool),
                         n_rec=c["n_rec"] + 1, per=c["per"] + take.astype(c["per"].dtype))
 
-        def steps(u, opt_state, mesh, u_rec, alive, max_err, urgency, pending, k, force):
+        def steps(u, opt_state, mesh, u_rec, alive, max_err, urgency, pending, k, force,
+                  can_grow):
             """Up to ``k`` steps on the meshes, stopping early where the host must act.
 
             Where the problem records in place (`AbstractProblem.record_in_place`), the
@@ -232,7 +234,9 @@ class FitKernel:
             a mesh that is already fresh. Otherwise it stops after a step whose verdict
             asks for a re-record, or before committing a step the policy says to redo
             (its evaluation is returned, for the host to redo it on fresh meshes).
-            ``force``: commit the first step whatever the verdict (a plain evaluation)."""
+            ``force``: commit the first step whatever the verdict (a plain evaluation);
+            ``can_grow``: whether a start that outgrows the capacity may grow it (else it is
+            frozen here, as the host would freeze it: `step_limit`)."""
             n = u.shape[0]
 
             def cond(c):
@@ -294,7 +298,7 @@ class FitKernel:
                      err=zero, drift=zero, mesh=mesh, u_rec=u_rec, alive=alive,
                      fresh=jnp.zeros((), bool), blocked=jnp.zeros((), bool),
                      n_rec=jnp.zeros((), jnp.int32), evals=jnp.zeros((), jnp.int32),
-                     eager=jnp.zeros((), jnp.int32),
+                     eager=jnp.zeros((), jnp.int32), can_grow=can_grow,
                      per=jnp.zeros(n, jnp.int32))
             return jax.lax.while_loop(cond, body, c)
 
@@ -312,7 +316,8 @@ class FitKernel:
         put = to_device
         c = self._steps(put(s.u), s.opt_state, s.mesh, put(s.u_rec), put(s.alive),
                         put(s.max_error_ratio), put(s.urgency), put(s.pending),
-                        put(np.int32(k)), put(np.bool_(force)))
+                        put(np.int32(k)), put(np.bool_(force)),
+                        put(np.bool_(self.in_place and self.step_limit(s) > s.mesh.capacity)))
         kept = {key: c.pop(key) for key in ("opt", "history", "mesh")}
         out = jax.device_get(c)
         out.update(kept)  # `advance` reads the rows of "history" it needs
