@@ -244,8 +244,9 @@ def fit(
     problem whose noise is all normal, else L-BFGS-B; L-BFGS-B for a problem object
     without unconstrained coordinates of its own (a population model's outer problem).
     With Optax the starts form one ensemble recorded by one ``gs.record``; the loss
-    gradient comes from replaying the recorded mesh (``gs.replay``), re-recorded only
-    where the parameters drift (``inference/optimize/_optax.py``).
+    gradient comes from replaying the recorded mesh (``gs.replay``), recorded again when
+    some start's parameters drift, all starts at once inside the compiled loop
+    (``inference/optimize/_optax.py``).
 
     A `models.PetabProblem` (which carries its data: ``data=None``) is fitted by a
     multistart local optimiser instead: starts by Latin hypercube inside the bounds on the
