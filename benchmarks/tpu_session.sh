@@ -31,7 +31,8 @@
 # route, capacity, second call, peak HBM), "theophylline" (inference.sample of the
 # theophylline population, 4 chains vectorised on the chip, 50 + 50 draws), "fitstarts"
 # (inference.fit of lynx-hare at 1,024 and 100,000 starts, chip and host), "fitstep" (one
-# fit step's parts: the record in place, the gradient, both), "samplers"
+# fit step's parts: the record in place, the gradient, both), "popstep" (one leapfrog
+# step of theophylline's and the 200-subject study's posteriors), "samplers"
 # (NUTS against ChEES, benchmarks/bench_samplers.py: $SAMP_MODELS, default lynx; theo in a
 # call of its own; float32; $SAMP_ARGS its flags)); $NS the sizes of the bench step.
 set -u
@@ -140,6 +141,15 @@ for n in [int(x) for x in os.environ.get("FIT_NS", "16 1024").split()]:
           PYTHONUNBUFFERED=1 timeout 200 $PY benchmarks/bench_fit_step.py --n "$n" $cap 2>&1 \
             | grep -v "^WARNING" | tee -a "$LOG"
         done
+      done ;;
+    # one leapfrog step of a population posterior (benchmarks/bench_theo_step.py
+    # --steps-only): theophylline and the simulated $POPSTEP_STUDY-subject study (default
+    # 200) at $POPSTEP_CHAINS chains (default 128): record, replay gradient, solve gradient
+    popstep)
+      for study in 0 "${POPSTEP_STUDY:-200}"; do
+        PYTHONUNBUFFERED=1 timeout 240 $PY benchmarks/bench_theo_step.py --steps-only \
+          --study "$study" --chains "${POPSTEP_CHAINS:-128}" 2>&1 | grep -v "^WARNING" \
+          | tee -a "$LOG"
       done ;;
     fitstarts)
       PYTHONUNBUFFERED=1 timeout "${FITSTARTS_S:-580}" $PY benchmarks/bench_fit_starts.py \
