@@ -23,8 +23,9 @@ import warnings
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from . import _transfer
 
 __all__ = ["Checkpoint", "check_path", "save", "save_or_warn", "load", "digest", "fingerprint",
            "to_host", "to_device"]
@@ -53,9 +54,10 @@ def to_host(tree):
 
 
 def to_device(tree):
-    """``tree`` with its NumPy arrays as JAX arrays (a restored optimiser or chain state)."""
+    """``tree`` with its NumPy arrays as JAX arrays (a restored optimiser or chain state),
+    transferred without a compiled conversion (`inference._transfer`)."""
     return jax.tree_util.tree_map(
-        lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, tree)
+        lambda x: _transfer.to_device(x) if isinstance(x, np.ndarray) else x, tree)
 
 
 def digest(tree) -> str | None:

@@ -19,8 +19,3 @@ def to_device(x, dtype=None) -> jax.Array:
     if isinstance(x, jax.Array) and dtype is None:
         return x
     return jax.device_put(np.asarray(x, dtype=dtype))
-
-
-def tree_to_device(tree):
-    """Every NumPy leaf of ``tree`` on the default device, by one transfer."""
-    return jax.device_put(tree)

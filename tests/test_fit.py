@@ -617,6 +617,28 @@ def _host_records(monkeypatch) -> list:
     return rows
 
 
+def _four_fast_starts(lynx):
+    """Lynx–hare, 4 starts, Adam at 0.1 for 30 steps: steps that outrun their meshes."""
+    opt = inference.optimize.Optax(optax.adam(0.1), max_iter=30)
+    return inference.fit(*lynx, optimizer=opt, n_starts=4, seed=1, progress=False)
+
+
+def _first_start_fails_in_place(monkeypatch, status: gs.Status) -> None:
+    """Make every in-loop record (`Problem.record_in_place`) report start 0 failed with
+    ``status`` (its other rows as recorded)."""
+    import equinox as eqx
+
+    from inference.problem._problem import Problem
+
+    inner = Problem.record_in_place
+
+    def failing(self, u, mesh, tol_factor=1.0):
+        new = inner(self, u, mesh, tol_factor)
+        return eqx.tree_at(lambda x: x.status, new, new.status.at[0].set(int(status)))
+
+    monkeypatch.setattr(Problem, "record_in_place", failing)
+
+
 def test_an_ode_models_starts_are_rerecorded_inside_the_compiled_loop(lynx, monkeypatch):
     """Lynx–hare, 16 starts: the re-records happen inside the compiled loop (the host
     records the first and the final meshes, and any start that outgrows the capacity),
@@ -647,23 +669,10 @@ def test_a_start_that_outgrows_the_loops_capacity_is_recorded_by_the_host(lynx,
     if it needed more than the compiled capacity) stops the loop before the step; the
     host records it (at the full step capacity) and the fit goes on to the losses of the
     fit without the failures."""
-    import equinox as eqx
-
-    from inference.problem._problem import Problem
-
-    m, data = lynx
-    kw = dict(n_starts=4, seed=1, progress=False)
-    opt = lambda: inference.optimize.Optax(optax.adam(0.1), max_iter=30)
-    ref = inference.fit(m, data, optimizer=opt(), **kw)
-    inner = Problem.record_in_place
-
-    def failing(self, u, mesh, tol_factor=1.0):
-        new = inner(self, u, mesh, tol_factor)
-        return eqx.tree_at(lambda x: x.status, new, new.status.at[0].set(1))
-
-    monkeypatch.setattr(Problem, "record_in_place", failing)
+    ref = _four_fast_starts(lynx)
+    _first_start_fails_in_place(monkeypatch, gs.Status.MAX_STEPS)
     host = _host_records(monkeypatch)
-    res = inference.fit(m, data, optimizer=opt(), **kw)
+    res = _four_fast_starts(lynx)
     again = [r for r in host[1:-1]]            # not the first and final records
     assert again and all(0 in r for r in again)
     assert res.n_records_per_start[0] >= len(again)
@@ -676,29 +685,15 @@ def test_a_start_whose_solve_fails_in_the_loop_is_frozen_there(lynx, monkeypatch
     first re-record on) is frozen in the loop, as the host freezes one: reported
     failed with an infinite loss, never recorded by the host again, its mesh row
     replaying no step; the other starts fit as without it."""
-    import equinox as eqx
-
-    from inference.problem._problem import Problem
-
-    m, data = lynx
-    kw = dict(n_starts=4, seed=1, progress=False)
-    opt = lambda: inference.optimize.Optax(optax.adam(0.1), max_iter=30)
-    ref = inference.fit(m, data, optimizer=opt(), **kw)
-    inner = Problem.record_in_place
-
-    def failing(self, u, mesh, tol_factor=1.0):
-        new = inner(self, u, mesh, tol_factor)
-        return eqx.tree_at(lambda x: x.status, new,
-                           new.status.at[0].set(int(gs.Status.NONFINITE)))
-
-    monkeypatch.setattr(Problem, "record_in_place", failing)
+    ref = _four_fast_starts(lynx)
+    _first_start_fails_in_place(monkeypatch, gs.Status.NONFINITE)
     host = _host_records(monkeypatch)
     from inference.optimize._optax import FitKernel
 
     finals, final = [], FitKernel.final
     monkeypatch.setattr(FitKernel, "final",
                         lambda self, s: finals.append(s) or final(self, s))
-    res = inference.fit(m, data, optimizer=opt(), **kw)
+    res = _four_fast_starts(lynx)
     assert res.status[0] != 0 and not np.isfinite(res.losses[0])
     assert all(0 not in r for r in host[1:])
     steps = np.asarray(finals[0].mesh.n_steps)   # the frozen start replays no step
@@ -788,28 +783,16 @@ def test_a_start_that_outgrows_a_capacity_that_may_not_grow_is_frozen_in_the_loo
     replay that pays for the capacity, and a ratio of 1), a start whose in-loop record runs
     out of steps is frozen in the loop, as the host would freeze it, and never goes to the
     host; the other starts fit as without it."""
-    import equinox as eqx
-
     from inference.optimize import _optax
     from inference.problem._problem import Problem
 
-    m, data = lynx
-    kw = dict(n_starts=4, seed=1, progress=False)
-    opt = lambda: inference.optimize.Optax(optax.adam(0.1), max_iter=30)
     monkeypatch.setattr(Problem, "ragged_replay", lambda self, u, mesh: False)
     monkeypatch.setattr(_optax, "STEP_RATIO", 1)
     monkeypatch.setattr(_optax, "MIN_STEP_LIMIT", 1)
-    ref = inference.fit(m, data, optimizer=opt(), **kw)
-    inner = Problem.record_in_place
-
-    def failing(self, u, mesh, tol_factor=1.0):
-        new = inner(self, u, mesh, tol_factor)
-        return eqx.tree_at(lambda x: x.status, new,
-                           new.status.at[0].set(int(gs.Status.MAX_STEPS)))
-
-    monkeypatch.setattr(Problem, "record_in_place", failing)
+    ref = _four_fast_starts(lynx)
+    _first_start_fails_in_place(monkeypatch, gs.Status.MAX_STEPS)
     host = _host_records(monkeypatch)
-    res = inference.fit(m, data, optimizer=opt(), **kw)
+    res = _four_fast_starts(lynx)
     assert res.status[0] != 0 and not np.isfinite(res.losses[0])
     assert all(0 not in r for r in host[1:])
     np.testing.assert_array_equal(res.status[1:], ref.status[1:])

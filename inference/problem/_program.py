@@ -50,6 +50,22 @@ def _xp(mesh: gs.Mesh):
     return np if _is_host(mesh.n_steps) else jnp
 
 
+def _flat_points(m: gs.Mesh, S: int | None, n: int, xp) -> gs.Mesh:
+    """A site's mesh from a record ``jax.vmap``-ed over ``n`` points (every leaf with a
+    leading axis ``n``, then the site's ``S`` trajectories) as one ensemble of ``n * S``
+    rows (``n`` where ``S is None``); the shared fields from the first point. ``xp``:
+    ``np`` for a host mesh, ``jnp`` under ``jit``."""
+    changes = {}
+    for f in dataclasses.fields(m):
+        per_row = f.name in gs.Mesh.PER_TRAJECTORY or f.name == "params"
+        flat = ((lambda x: x if S is None else xp.reshape(x, (n * S,) + x.shape[2:]))
+                if per_row else (lambda x: x[0]))
+        changes[f.name] = jax.tree_util.tree_map(
+            lambda x, flat=flat: flat(xp.asarray(x)) if eqx.is_array(x) else x,
+            getattr(m, f.name))
+    return dataclasses.replace(m, **changes)
+
+
 class ProgramMesh(eqx.Module):
     """The meshes of a program's ode sites at one point or at ``n`` points.
 
@@ -127,22 +143,20 @@ class ProgramMesh(eqx.Module):
     def where(self, mask, other: "ProgramMesh") -> "ProgramMesh":
         """Point ``i``'s meshes from ``other`` where ``mask[i]`` (``(n,)`` bool, possibly
         traced), else from this one; shapes kept (`gs.Mesh.where`, site by site)."""
-        out = {}
-        for k, m in self.meshes.items():
-            S = self.sizes[k]
-            rows = mask if S is None else jnp.repeat(jnp.asarray(mask), S)
-            out[k] = m.where(rows, other.meshes[k])
-        return ProgramMesh(out, self.sizes, self.n)
+        return ProgramMesh({k: m.where(self._row_mask(k, mask), other.meshes[k])
+                            for k, m in self.meshes.items()}, self.sizes, self.n)
 
     def retired(self, keep) -> "ProgramMesh":
         """The points where ``keep (n,)`` is False replaying no step (their trajectories'
         ``n_steps`` set to 0; jittable): points a fit no longer uses."""
-        out = {}
-        for k, m in self.meshes.items():
-            S = self.sizes[k]
-            rows = keep if S is None else jnp.repeat(jnp.asarray(keep), S)
-            out[k] = eqx.tree_at(lambda x: x.n_steps, m, jnp.where(rows, m.n_steps, 0))
-        return ProgramMesh(out, self.sizes, self.n)
+        return ProgramMesh({k: eqx.tree_at(lambda x: x.n_steps, m,
+                                           jnp.where(self._row_mask(k, keep), m.n_steps, 0))
+                            for k, m in self.meshes.items()}, self.sizes, self.n)
+
+    def _row_mask(self, name: str, mask) -> jax.Array:
+        """A per-point ``(n,)`` bool as the per-trajectory mask of site ``name``'s rows."""
+        S = self.sizes[name]
+        return jnp.asarray(mask) if S is None else jnp.repeat(jnp.asarray(mask), S)
 
     def select(self, rows) -> "ProgramMesh":
         """Points ``rows`` (int indices or a bool mask of shape ``(n,)``), in that order."""
@@ -230,16 +244,7 @@ class ProgramMesh(eqx.Module):
             # (n, S, max_steps + 1) times, mostly unused, and copying and padding them all
             # on the host cost more than the record itself
             m = m.trim().to_host()
-            S = sizes[k]
-            changes = {}
-            for f in dataclasses.fields(m):
-                per_row = f.name in gs.Mesh.PER_TRAJECTORY or f.name == "params"
-                flat = ((lambda x: x if S is None else np.reshape(x, (n * S,) + x.shape[2:]))
-                        if per_row else (lambda x: x[0]))
-                changes[f.name] = jax.tree_util.tree_map(
-                    lambda x, flat=flat: flat(np.asarray(x)) if eqx.is_array(x) else x,
-                    getattr(m, f.name))
-            out[k] = dataclasses.replace(m, **changes).padded().trim()
+            out[k] = _flat_points(m, sizes[k], n, np).padded().trim()
         return ProgramMesh(out, dict(sizes), n)
 
     @staticmethod
@@ -498,17 +503,8 @@ class ProgramProblem(AbstractProblem):
             return h.meshes
 
         n = u.shape[0]
-        out = {}
-        for k, m in jax.vmap(point)(u).items():
-            S = self.sizes[k]
-            changes = {}
-            for f in dataclasses.fields(m):
-                per_row = f.name in gs.Mesh.PER_TRAJECTORY or f.name == "params"
-                flat = ((lambda x: x if S is None else jnp.reshape(x, (n * S,) + x.shape[2:]))
-                        if per_row else (lambda x: x[0]))
-                changes[f.name] = jax.tree_util.tree_map(
-                    lambda x, flat=flat: flat(x) if eqx.is_array(x) else x, getattr(m, f.name))
-            out[k] = dataclasses.replace(m, **changes)
+        out = {k: _flat_points(m, self.sizes[k], n, jnp)
+               for k, m in jax.vmap(point)(u).items()}
         return ProgramMesh(out, dict(self.sizes), n)
 
     def record(self, u, tol_factor: float = 1.0) -> ProgramMesh:
